@@ -1,0 +1,224 @@
+"""The public elementwise face of the emulator: settings plus a sticky status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from . import ops
+from .formats import BINARY16, Format, format_of
+from .rounding import Flag, OverflowMode, Rounding, Tininess, round_float64, saturate
+
+__all__ = ["Fpu"]
+
+#: Elements per chunk: the working set of one chunk stays in the L2 cache.
+CHUNK = 1 << 14
+
+_Out = np.ndarray | tuple[np.ndarray, np.ndarray]
+
+
+class Fpu:
+    """A binary16 (or bfloat16) floating-point unit.
+
+    Every operation rounds once, in ``rounding``, and returns the IEEE result
+    (``OverflowMode.INF_NAN``) or the Ascend saturated one (``SATURATION``:
+    +-Inf -> +-MAX, NaN -> +0, or NaN kept with ``nan_to_zero=False``, as OCP
+    FP8 does). Per-element flags are the IEEE flags in both modes; ``status``
+    is their sticky OR since the last :meth:`clear_status`. NaN results are
+    the format's canonical quiet NaN (``default_nan`` overrides the bits);
+    input payloads are not propagated.
+    """
+
+    def __init__(
+        self,
+        overflow: OverflowMode | str = OverflowMode.INF_NAN,
+        rounding: Rounding | str = Rounding.NEAREST_EVEN,
+        tininess: Tininess | str = Tininess.AFTER,
+        *,
+        format: Format | str = BINARY16,
+        nan_to_zero: bool = True,
+        default_nan: int | None = None,
+    ) -> None:
+        self.overflow = OverflowMode.parse(overflow)
+        self.rounding = Rounding.parse(rounding)
+        self.tininess = Tininess.parse(tininess)
+        self.format = format_of(format)
+        if self.format.precision > 25:
+            raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
+                             f"(binary16, bfloat16), not {self.format.name}")
+        self.nan_to_zero = bool(nan_to_zero)
+        self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
+        self._status = 0
+
+    def __repr__(self) -> str:
+        return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
+                f"tininess={self.tininess.name}, format={self.format.name})")
+
+    # -- status ---------------------------------------------------------------
+    @property
+    def status(self) -> Flag:
+        """OR of every flag raised since the last clear (sticky)."""
+        return Flag(self._status)
+
+    def clear_status(self) -> None:
+        self._status = 0
+
+    # -- arithmetic -------------------------------------------------------------
+    def add(self, a, b, *, return_flags: bool = False) -> _Out:
+        """a + b, rounded once."""
+        down = self.rounding is Rounding.DOWNWARD
+        return self._run("add", lambda x, y: ops.add(x, y, self.format, down), (a, b), return_flags)
+
+    def sub(self, a, b, *, return_flags: bool = False) -> _Out:
+        """a - b, rounded once."""
+        down = self.rounding is Rounding.DOWNWARD
+        return self._run("sub", lambda x, y: ops.add(x, -y, self.format, down), (a, b), return_flags)
+
+    def mul(self, a, b, *, return_flags: bool = False) -> _Out:
+        """a * b, rounded once."""
+        return self._run("mul", lambda x, y: ops.mul(x, y, self.format), (a, b), return_flags)
+
+    def div(self, a, b, *, return_flags: bool = False) -> _Out:
+        """a / b, rounded once."""
+        return self._run("div", lambda x, y: ops.div(x, y, self.format), (a, b), return_flags)
+
+    def sqrt(self, a, *, return_flags: bool = False) -> _Out:
+        """Square root, rounded once; sqrt(-0) is -0."""
+        return self._run("sqrt", lambda x: ops.sqrt(x, self.format), (a,), return_flags)
+
+    def fma(self, a, b, c, *, return_flags: bool = False) -> _Out:
+        """a * b + c with a single rounding."""
+        down = self.rounding is Rounding.DOWNWARD
+        return self._run("fma", lambda x, y, z: ops.fma(x, y, z, self.format, down), (a, b, c), return_flags)
+
+    def rint(self, a, *, exact: bool = False, return_flags: bool = False) -> _Out:
+        """Round to an integral value in the current rounding mode.
+
+        IEEE ``roundToIntegral``: no INEXACT unless ``exact=True``
+        (``roundToIntegralExact``).
+        """
+        return self._run("rint", lambda x: (x, None), (a,), return_flags,
+                         quantum=0, keep=0x1F if exact else 0x1F & ~Flag.INEXACT)
+
+    # -- conversions ------------------------------------------------------------
+    def convert(self, x, dtype, *, return_flags: bool = False) -> _Out:
+        """Convert between binary16, bfloat16, binary32 and binary64.
+
+        Narrowing rounds in the current mode; widening is exact. The overflow
+        mode applies to every result (an Inf becomes the target's MAX in
+        saturation mode). A signaling NaN raises INVALID.
+        """
+        src = self._format_of_array(x, "convert")
+        dst = format_of(dtype)
+        if dst.precision > 51:
+            return self._run("convert", lambda v: (v, None), (x,), return_flags, src=src, dst=dst, exact=True)
+        return self._run("convert", lambda v: (v, None), (x,), return_flags, src=src, dst=dst)
+
+    # -- comparisons ------------------------------------------------------------
+    def eq(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
+        """a == b; quiet (INVALID only for a signaling NaN) unless ``signaling``."""
+        return self._compare(np.equal, a, b, signaling, return_flags)
+
+    def lt(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
+        """a < b; signaling (INVALID for any NaN) unless ``signaling=False``."""
+        return self._compare(np.less, a, b, signaling, return_flags)
+
+    def le(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
+        """a <= b; signaling (INVALID for any NaN) unless ``signaling=False``."""
+        return self._compare(np.less_equal, a, b, signaling, return_flags)
+
+    # -- machinery --------------------------------------------------------------
+    def _format_of_array(self, x, op: str) -> Format:
+        if not isinstance(x, (np.ndarray, np.generic)):
+            raise TypeError(f"{op}: expected a numpy array or numpy scalar, got {type(x).__name__}; "
+                            f"wrap values as np.asarray(x, dtype=...)")
+        try:
+            return format_of(x.dtype)
+        except ValueError:
+            raise TypeError(f"{op}: unsupported dtype {x.dtype}; valid: float16, bfloat16, float32, float64") from None
+
+    def _operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
+        for name, x in zip("abc", args, strict=False):
+            if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != fmt.dtype:
+                got = x.dtype if hasattr(x, "dtype") else type(x).__name__
+                raise TypeError(f"{op}: operand {name} has dtype {got}; {fmt.name} operations take "
+                                f"numpy {fmt.dtype} arrays or scalars (convert with fpu.convert(x, {fmt.dtype}))")
+        try:
+            shape = np.broadcast_shapes(*(np.shape(x) for x in args))
+        except ValueError:
+            shapes = ", ".join(str(np.shape(x)) for x in args)
+            raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
+        flat = [np.ascontiguousarray(np.broadcast_to(x, shape)).reshape(-1) for x in args]
+        scalar = all(isinstance(x, np.generic) for x in args)
+        return flat, shape, scalar
+
+    def _finish(self, out, flags, shape, scalar, return_flags):
+        out = out.reshape(shape)
+        flags = flags.reshape(shape)
+        if scalar:
+            out, flags = out[()], flags[()]
+        return (out, flags) if return_flags else out
+
+    def _run(self, op: str, kernel: Callable, args: tuple, return_flags: bool, *,
+             quantum: int | None = None, keep: int = 0x1F,
+             src: Format | None = None, dst: Format | None = None, exact: bool = False) -> _Out:
+        src = src or self.format
+        dst = dst or self.format
+        flat, shape, scalar = self._operands(op, args, src)
+        n = flat[0].size
+        out = np.empty(n, dst.dtype)
+        flags = np.zeros(n, np.uint8)
+        status = 0
+        with np.errstate(all="ignore"):
+            for lo in range(0, n, CHUNK):
+                status |= self._chunk(kernel, flat, lo, min(lo + CHUNK, n), src, dst, out, flags,
+                                      quantum=quantum, keep=keep, exact=exact)
+        self._status |= status
+        return self._finish(out, flags, shape, scalar, return_flags)
+
+    def _chunk(self, kernel, flat, lo, hi, src, dst, out, flags, *, quantum, keep, exact) -> int:
+        parts = [x[lo:hi] for x in flat]
+        snan = np.zeros(hi - lo, bool)
+        for p in parts:
+            snan |= ops.is_snan(p.view(src.uint), src)
+        r, opflags = kernel(*(p.astype(np.float64) for p in parts))
+        if exact:
+            bits, f = self._widen(r, dst)
+        else:
+            bits, f = round_float64(r, dst, self.rounding, self.overflow, tininess=self.tininess,
+                                    quantum=quantum, nan_bits=self._nan_bits(dst), nan_to_zero=self.nan_to_zero)
+        if opflags is not None:
+            f |= opflags
+        f |= snan * np.uint8(Flag.INVALID)
+        f &= np.uint8(keep)
+        out.view(dst.uint)[lo:hi] = bits
+        flags[lo:hi] = f
+        return int(np.bitwise_or.reduce(f))
+
+    def _nan_bits(self, dst: Format) -> int:
+        return self.default_nan if dst == self.format else dst.default_nan
+
+    def _widen(self, r: np.ndarray, dst: Format) -> tuple[np.ndarray, np.ndarray]:
+        """Exact results in binary64: only NaN canonicalisation and the overflow mode apply."""
+        out = r.astype(dst.dtype)
+        bits = out.view(dst.uint).copy()
+        nan = np.isnan(r)
+        bits[nan] = dst.default_nan
+        if self.overflow is OverflowMode.SATURATION:
+            saturate(bits, dst, self.nan_to_zero)
+        return bits, np.zeros(r.shape, np.uint8)
+
+    def _compare(self, ufunc, a, b, signaling: bool, return_flags: bool) -> _Out:
+        fmt = self.format
+        flat, shape, scalar = self._operands(ufunc.__name__, (a, b), fmt)
+        x, y = (v.astype(np.float64) for v in flat)
+        result = ufunc(x, y)
+        if signaling:
+            bad = np.isnan(x) | np.isnan(y)
+        else:
+            bad = ops.is_snan(flat[0].view(fmt.uint), fmt) | ops.is_snan(flat[1].view(fmt.uint), fmt)
+        flags = bad * np.uint8(Flag.INVALID)
+        if bad.any():
+            self._status |= Flag.INVALID
+        return self._finish(result, flags, shape, scalar, return_flags)

@@ -1,0 +1,89 @@
+"""Berkeley TestFloat conformance: every vector, value and flags, both overflow modes.
+
+The vectors live in ``tests/data/testfloat.npz`` (see ``make_testfloat.py``
+there for provenance). Saturation-mode expectations are derived from the IEEE
+ones as the TestFloat README beside the originals says: +-Inf -> +-MAX, NaN -> 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from sim import Fpu, OverflowMode, Rounding, format_of
+
+DATA = np.load(Path(__file__).parent / "data" / "testfloat.npz")
+STEMS = sorted({k.rsplit("/", 1)[0] for k in DATA.files if k.endswith("/out")})
+DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64}
+COMPARE = {"eq": ("eq", False), "eq_signaling": ("eq", True), "le": ("le", True),
+           "le_quiet": ("le", False), "lt": ("lt", True), "lt_quiet": ("lt", False)}
+BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "mulAdd": "fma",
+          "sqrt": "sqrt", "roundToInt": "rint"}
+
+
+def parse(stem: str):
+    """(operation key, call(fpu, operands) -> (value, flags), result dtype, rounding, tininess)."""
+    tininess = "before" if stem.endswith("_tininessbefore") else "after"
+    base = stem.removesuffix("_tininessbefore")
+    for mode in ("near_maxMag", "near_even", "minMag", "min", "max", "odd"):
+        if base.endswith("_" + mode):
+            op, rounding = base[: -len(mode) - 1], Rounding.parse(mode)
+            break
+    else:
+        op, rounding = base, Rounding.NEAREST_EVEN
+    src, _, rest = op.partition("_")
+    if rest.startswith("to_"):
+        dst = DTYPES[rest[3:]]
+        return op, (lambda fpu, x: fpu.convert(x, dst, return_flags=True)), DTYPES[src], dst, rounding, tininess
+    if rest in COMPARE:
+        name, signaling = COMPARE[rest]
+        return (op, (lambda fpu, a, b: getattr(fpu, name)(a, b, signaling=signaling, return_flags=True)),
+                np.float16, bool, rounding, tininess)
+    name = BINARY[rest]
+    return op, (lambda fpu, *xs: getattr(fpu, name)(*xs, return_flags=True)), np.float16, np.float16, rounding, tininess
+
+
+def case(operands: list[np.ndarray], i: int) -> str:
+    hexes = " ".join(f"{int(o.view(f'u{o.dtype.itemsize}')[i]):x}" for o in operands)
+    return f"case {i}, operands {hexes}"
+
+
+def expected_saturated(bits: np.ndarray, dst) -> np.ndarray:
+    fmt = format_of(dst)
+    bits = bits.astype(np.uint64)
+    mag = bits & np.uint64(fmt.sign_bit - 1)
+    out = np.where(mag == fmt.inf_bits, bits - np.uint64(1), bits)
+    return np.where(mag > fmt.inf_bits, np.uint64(0), out)
+
+
+@pytest.mark.parametrize("overflow", [OverflowMode.INF_NAN, OverflowMode.SATURATION], ids=["inf_nan", "saturation"])
+@pytest.mark.parametrize("stem", STEMS)
+def test_vectors(stem: str, overflow: OverflowMode) -> None:
+    op, call, src, dst, rounding, tininess = parse(stem)
+    operands = []
+    k = 0
+    while f"{op}/in{k}" in DATA.files:
+        operands.append(DATA[f"{op}/in{k}"].view(src))
+        k += 1
+    want, want_flags = DATA[f"{stem}/out"], DATA[f"{stem}/flags"]
+    fpu = Fpu(overflow=overflow, rounding=rounding, tininess=tininess)
+    got, flags = call(fpu, *operands)
+    bad = np.flatnonzero(flags != want_flags)
+    assert bad.size == 0, (f"{bad.size} flag mismatches; {case(operands, bad[0])}: "
+                           f"got {flags[bad[0]]:#x} want {want_flags[bad[0]]:#x}")
+    if dst is bool:
+        np.testing.assert_array_equal(got, want.astype(bool))
+        return
+    fmt = format_of(dst)
+    got_bits = got.view(fmt.uint).astype(np.uint64)
+    want_bits = want.astype(np.uint64)
+    if overflow is OverflowMode.SATURATION:
+        want_bits = expected_saturated(want_bits, dst)
+    nan = lambda b: (b & np.uint64(fmt.sign_bit - 1)) > fmt.inf_bits  # noqa: E731
+    same = (got_bits == want_bits) | (nan(got_bits) & nan(want_bits))
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, (f"{bad.size} value mismatches; {case(operands, bad[0])}: "
+                           f"got {int(got_bits[bad[0]]):#x} want {int(want_bits[bad[0]]):#x}")
