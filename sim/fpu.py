@@ -8,7 +8,7 @@ import numpy as np
 
 from . import ops
 from .formats import BINARY16, Format, format_of
-from .rounding import Flag, OverflowMode, Rounding, Tininess, round_float64, saturate
+from .rounding import Flag, OverflowMode, Rounder, Rounding, Tininess, saturate
 
 __all__ = ["Fpu"]
 
@@ -98,7 +98,7 @@ class Fpu:
         IEEE ``roundToIntegral``: no INEXACT unless ``exact=True``
         (``roundToIntegralExact``).
         """
-        return self._run("rint", lambda x: (x, None), (a,), return_flags,
+        return self._run("rint", lambda x: x, (a,), return_flags,
                          quantum=0, keep=0x1F if exact else 0x1F & ~Flag.INEXACT)
 
     # -- conversions ------------------------------------------------------------
@@ -110,10 +110,7 @@ class Fpu:
         saturation mode). A signaling NaN raises INVALID.
         """
         src = self._format_of_array(x, "convert")
-        dst = format_of(dtype)
-        if dst.precision > 51:
-            return self._run("convert", lambda v: (v, None), (x,), return_flags, src=src, dst=dst, exact=True)
-        return self._run("convert", lambda v: (v, None), (x,), return_flags, src=src, dst=dst)
+        return self._run("convert", lambda v: v, (x,), return_flags, src=src, dst=format_of(dtype))
 
     # -- comparisons ------------------------------------------------------------
     def eq(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
@@ -155,58 +152,71 @@ class Fpu:
 
     def _finish(self, out, flags, shape, scalar, return_flags):
         out = out.reshape(shape)
+        if not return_flags:
+            return out[()] if scalar else out
         flags = flags.reshape(shape)
-        if scalar:
-            out, flags = out[()], flags[()]
-        return (out, flags) if return_flags else out
+        return (out[()], flags[()]) if scalar else (out, flags)
+
+    def _rounder(self, dst: Format) -> Rounder:
+        nan = self.default_nan if dst == self.format else None
+        return Rounder(dst, self.rounding, self.overflow, self.tininess, nan, self.nan_to_zero)
 
     def _run(self, op: str, kernel: Callable, args: tuple, return_flags: bool, *,
              quantum: int | None = None, keep: int = 0x1F,
-             src: Format | None = None, dst: Format | None = None, exact: bool = False) -> _Out:
-        src = src or self.format
-        dst = dst or self.format
+             src: Format | None = None, dst: Format | None = None) -> _Out:
+        """Apply ``kernel`` (binary64 operands -> exact or round-to-odd binary64
+        result) chunk by chunk, round, and gather flags. The rare results that
+        need the full rounding treatment are collected and rounded at the end."""
+        src, dst = src or self.format, dst or self.format
         flat, shape, scalar = self._operands(op, args, src)
+        rounder = None if dst.precision > 51 else self._rounder(dst)
         n = flat[0].size
         out = np.empty(n, dst.dtype)
-        flags = np.zeros(n, np.uint8)
+        bits_out = out.view(dst.uint)
+        flags = np.empty(n if return_flags else 0, np.uint8)
         status = 0
+        hard_at, hard_x = [], []
         with np.errstate(all="ignore"):
             for lo in range(0, n, CHUNK):
-                status |= self._chunk(kernel, flat, lo, min(lo + CHUNK, n), src, dst, out, flags,
-                                      quantum=quantum, keep=keep, exact=exact)
+                parts = [x[lo:lo + CHUNK] for x in flat]
+                xs = [p.astype(np.float64) for p in parts]
+                r = kernel(*xs)
+                if rounder is None:
+                    bits, f = self._widen(r, dst)
+                elif quantum is not None:
+                    bits, f = rounder.to_quantum(r, quantum)
+                else:
+                    bits, f, hard = rounder.bulk(r)
+                    if hard.size:
+                        f[hard] = 0
+                        hard_at.append(hard + lo)
+                        hard_x.append(r[hard])
+                if not np.isfinite(r).all():
+                    f |= ops.special_flags(op, xs, r)
+                    for p in parts:
+                        f |= ops.is_snan(p.view(src.uint), src) * np.uint8(Flag.INVALID)
+                bits_out[lo:lo + CHUNK] = bits
+                if return_flags:
+                    flags[lo:lo + CHUNK] = f
+                status |= int(np.bitwise_or.reduce(f))
+            if hard_at:
+                at = np.concatenate(hard_at)
+                bits_out[at], f = rounder.hard(np.concatenate(hard_x))
+                if return_flags:
+                    flags[at] |= f
+                status |= int(np.bitwise_or.reduce(f))
+        if keep != 0x1F:
+            flags &= np.uint8(keep)
+            status &= keep
         self._status |= status
         return self._finish(out, flags, shape, scalar, return_flags)
 
-    def _chunk(self, kernel, flat, lo, hi, src, dst, out, flags, *, quantum, keep, exact) -> int:
-        parts = [x[lo:hi] for x in flat]
-        snan = np.zeros(hi - lo, bool)
-        for p in parts:
-            snan |= ops.is_snan(p.view(src.uint), src)
-        r, opflags = kernel(*(p.astype(np.float64) for p in parts))
-        if exact:
-            bits, f = self._widen(r, dst)
-        else:
-            bits, f = round_float64(r, dst, self.rounding, self.overflow, tininess=self.tininess,
-                                    quantum=quantum, nan_bits=self._nan_bits(dst), nan_to_zero=self.nan_to_zero)
-        if opflags is not None:
-            f |= opflags
-        f |= snan * np.uint8(Flag.INVALID)
-        f &= np.uint8(keep)
-        out.view(dst.uint)[lo:hi] = bits
-        flags[lo:hi] = f
-        return int(np.bitwise_or.reduce(f))
-
-    def _nan_bits(self, dst: Format) -> int:
-        return self.default_nan if dst == self.format else dst.default_nan
-
     def _widen(self, r: np.ndarray, dst: Format) -> tuple[np.ndarray, np.ndarray]:
         """Exact results in binary64: only NaN canonicalisation and the overflow mode apply."""
-        out = r.astype(dst.dtype)
-        bits = out.view(dst.uint).copy()
-        nan = np.isnan(r)
-        bits[nan] = dst.default_nan
+        bits = r.astype(dst.dtype).view(dst.uint).copy()
+        bits[np.isnan(r)] = dst.default_nan
         if self.overflow is OverflowMode.SATURATION:
-            saturate(bits, dst, self.nan_to_zero)
+            bits = saturate(bits, dst, self.nan_to_zero)
         return bits, np.zeros(r.shape, np.uint8)
 
     def _compare(self, ufunc, a, b, signaling: bool, return_flags: bool) -> _Out:

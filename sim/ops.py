@@ -1,13 +1,17 @@
-"""Exact operation kernels: each returns its result as a binary64 array that is
-exact or rounded to odd (see :mod:`sim.rounding`), plus the operation's own
-INVALID / DIVBYZERO flags.
+"""Exact operation kernels over binary64 arrays.
 
-The kernels hold for formats of at most 25 significand bits (binary16,
-bfloat16): products are then exact in binary64, and a quotient or square root
-that is not exact lies so far from every (p+1)-bit number that setting the
-last bit of binary64's correctly rounded result gives a valid round-to-odd
-value. Sums are exact in binary64 when the format's exponent range is narrow
-(binary16) and go through an error-free TwoSum otherwise.
+Each kernel returns a binary64 result that the rounding routine can turn into
+the correctly rounded format value (see :mod:`sim.rounding`): the exact result
+when it has at most p+1 significant bits, and otherwise a number strictly
+between the same two consecutive (p+1)-bit numbers as the exact result.
+
+For formats of at most 25 significand bits (binary16, bfloat16) that is cheap:
+products are exact in binary64; a quotient or square root that is not exact
+lies at least 2**-(2p+2) (relative) away from every (p+1)-bit number, far more
+than binary64's rounding error of 2**-53, so binary64's own correctly rounded
+``/`` and ``sqrt`` qualify as they are. Sums are exact in binary64 when the
+format's exponent range is narrow (binary16); otherwise, and for fma, an
+error-free TwoSum yields the sum rounded to odd.
 """
 
 from __future__ import annotations
@@ -25,18 +29,6 @@ def is_snan(bits: np.ndarray, fmt: Format) -> np.ndarray:
     """Signaling NaNs: exponent all ones, quiet bit clear, fraction non-zero."""
     mag = bits & fmt.uint.type(fmt.sign_bit - 1)
     return (mag > fmt.inf_bits) & ((mag & fmt.uint.type(fmt.quiet_bit)) == 0)
-
-
-def _odd(r: np.ndarray, inexact: np.ndarray) -> np.ndarray:
-    """Set the last bit of binary64 ``r`` where the true value differs from it."""
-    u = r.view(_U)
-    return (u | inexact.astype(_U)).view(np.float64)
-
-
-def _sticky_if_wide(r: np.ndarray, fmt: Format) -> np.ndarray:
-    """Round-to-odd for a quotient or root: exact iff it fits ``fmt.precision`` bits."""
-    low = _U((1 << (52 - fmt.man_bits)) - 1)
-    return _odd(r, (r.view(_U) & low) != 0)
 
 
 def _two_sum_odd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -60,49 +52,43 @@ def _zero_sign_downward(r: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarr
     return np.where(z, -0.0, r) if z.any() else r
 
 
-def _invalid_where(r: np.ndarray, *inputs: np.ndarray) -> np.ndarray | None:
-    """INVALID where the result is NaN though no input is (Inf-Inf, 0*Inf, ...)."""
-    nan = np.isnan(r)
-    if not nan.any():
-        return None
-    for v in inputs:
-        nan &= ~np.isnan(v)
-    return nan * _INV
-
-
-def add(x: np.ndarray, y: np.ndarray, fmt: Format, downward: bool = False):
+def add(x: np.ndarray, y: np.ndarray, fmt: Format, downward: bool = False) -> np.ndarray:
     r = x + y if fmt.sum_exact_in_float64 else _two_sum_odd(x, y)
-    if downward:
-        r = _zero_sign_downward(r, x, y)
-    return r, _invalid_where(r, x, y)
+    return _zero_sign_downward(r, x, y) if downward else r
 
 
-def mul(x: np.ndarray, y: np.ndarray, fmt: Format):
-    r = x * y
-    return r, _invalid_where(r, x, y)
+def mul(x: np.ndarray, y: np.ndarray, fmt: Format) -> np.ndarray:
+    return x * y
 
 
-def div(x: np.ndarray, y: np.ndarray, fmt: Format):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = _sticky_if_wide(x / y, fmt)
-    flags = _invalid_where(r, x, y)
-    dz = (y == 0) & np.isfinite(x) & (x != 0)
-    if dz.any():
-        flags = (dz * np.uint8(Flag.DIVBYZERO)) | (0 if flags is None else flags)
-    return r, flags
+def div(x: np.ndarray, y: np.ndarray, fmt: Format) -> np.ndarray:
+    return x / y
 
 
-def sqrt(x: np.ndarray, fmt: Format):
-    with np.errstate(invalid="ignore"):
-        r = _sticky_if_wide(np.sqrt(x), fmt)
-    return r, _invalid_where(r, x)
+def sqrt(x: np.ndarray, fmt: Format) -> np.ndarray:
+    return np.sqrt(x)
 
 
-def fma(x: np.ndarray, y: np.ndarray, z: np.ndarray, fmt: Format, downward: bool = False):
+def fma(x: np.ndarray, y: np.ndarray, z: np.ndarray, fmt: Format, downward: bool = False) -> np.ndarray:
     p = x * y
     r = _two_sum_odd(p, z)
-    if downward:
-        r = _zero_sign_downward(r, p, z)
-    inv = np.isnan(p) & ~np.isnan(x) & ~np.isnan(y)  # 0 * Inf, whatever z is
-    inv |= np.isnan(r) & ~np.isnan(p) & ~np.isnan(z)  # Inf - Inf
-    return r, (inv * _INV) if inv.any() else None
+    return _zero_sign_downward(r, p, z) if downward else r
+
+
+def special_flags(op: str, xs: list[np.ndarray], r: np.ndarray) -> np.ndarray:
+    """INVALID and DIVBYZERO of an operation whose result ``r`` is not all finite.
+
+    INVALID: a NaN result from non-NaN operands (Inf-Inf, 0*Inf, 0/0, Inf/Inf,
+    sqrt of a negative), and for fma 0*Inf whatever the addend is, as
+    SoftFloat does. DIVBYZERO: a finite non-zero over zero.
+    """
+    quiet_in = np.zeros(r.shape, bool)
+    for v in xs:
+        quiet_in |= np.isnan(v)
+    flags = (np.isnan(r) & ~quiet_in) * _INV
+    if op == "fma":
+        flags |= (np.isnan(xs[0] * xs[1]) & ~np.isnan(xs[0]) & ~np.isnan(xs[1])) * _INV
+    elif op == "div":
+        x, y = xs
+        flags |= ((y == 0) & np.isfinite(x) & (x != 0)) * np.uint8(Flag.DIVBYZERO)
+    return flags
