@@ -1,0 +1,149 @@
+"""An independent reference for the emulator: MPFR (through gmpy2), one element at a time.
+
+MPFR rounds correctly in four directed/nearest modes; ties-away and round-to-odd
+are derived from the two neighbours (toward zero and away from zero) with the
+exact value to break ties. Flags follow their IEEE definitions, computed here
+from the exact value and from a rounding with an unbounded exponent range,
+not taken from MPFR (whose underflow is about its own exponent range).
+Results are IEEE (INF/NaN mode); saturation expectations are derived by the
+tests. A NaN result is returned as the format's canonical quiet NaN.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import gmpy2
+import numpy as np
+from gmpy2 import mpfr
+
+from sim import Flag, Format, Rounding, Tininess
+
+MPFR_MODE = {
+    Rounding.NEAREST_EVEN: gmpy2.RoundToNearest,
+    Rounding.TOWARD_ZERO: gmpy2.RoundToZero,
+    Rounding.UPWARD: gmpy2.RoundUp,
+    Rounding.DOWNWARD: gmpy2.RoundDown,
+}
+EXACT = gmpy2.context(precision=600, emin=-(1 << 20), emax=1 << 20)
+
+
+@cache
+def context(fmt: Format, mode, bounded: bool) -> gmpy2.context:
+    """binary-p arithmetic in MPFR: precision p, exponents as the format (or unbounded)."""
+    if bounded:
+        return gmpy2.context(precision=fmt.precision, emin=fmt.qmin + 1, emax=fmt.emax + 1,
+                             subnormalize=True, round=mode)
+    return gmpy2.context(precision=fmt.precision, emin=-(1 << 20), emax=1 << 20, round=mode)
+
+
+def decode(bits: int, fmt: Format) -> mpfr:
+    with np.errstate(invalid="ignore"):
+        value = float(np.array([bits], fmt.uint).view(fmt.dtype)[0].astype(np.float64))
+    return mpfr(value, 64)
+
+
+def encode(v: mpfr, fmt: Format) -> int:
+    if gmpy2.is_nan(v):
+        return fmt.default_nan
+    return int(np.array([float(v)]).astype(fmt.dtype).view(fmt.uint)[0])
+
+
+def is_snan(bits: int, fmt: Format) -> bool:
+    mag = bits & (fmt.sign_bit - 1)
+    return mag > fmt.inf_bits and not mag & fmt.quiet_bit
+
+
+def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
+    ctx.clear_flags()
+    if op == "convert":
+        return ctx.plus(xs[0])
+    if op == "rint":
+        return ctx.rint(xs[0])
+    return getattr(ctx, op)(*xs)
+
+
+def _lsb(v: mpfr, p: int) -> int:
+    """Last bit of v's p-bit significand (binary64-style, unbounded exponent)."""
+    if gmpy2.is_zero(v) or not gmpy2.is_finite(v):
+        return 0
+    m, _ = v.as_mantissa_exp()
+    m = abs(int(m))
+    shift = m.bit_length() - p
+    return (m >> shift) & 1 if shift >= 0 else 0
+
+
+def _round(fmt: Format, op: str, xs: list[mpfr], mode: Rounding, bounded: bool, exact: mpfr, is_exact: bool):
+    """Correctly rounded op in any of the six modes."""
+    if mode in MPFR_MODE:
+        return _apply(context(fmt, MPFR_MODE[mode], bounded), op, xs)
+    down = _apply(context(fmt, gmpy2.RoundToZero, bounded), op, xs)
+    up = _apply(context(fmt, gmpy2.RoundAwayZero, bounded), op, xs)
+    if down == up or not gmpy2.is_finite(exact):
+        return down
+    if mode is Rounding.ODD:
+        if bounded:
+            return down if encode(down, fmt) & 1 else up
+        return down if _lsb(down, fmt.precision) else up
+    # NEAREST_AWAY: nearer neighbour, ties away from zero.
+    mid = EXACT.div(EXACT.add(down, up), 2)
+    if is_exact and exact == mid:
+        return up
+    return down if abs(EXACT.sub(exact, down)) < abs(EXACT.sub(up, exact)) else up
+
+
+def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
+              tininess: Tininess = Tininess.AFTER, src: Format | None = None) -> tuple[int, int]:
+    """(result bits, flags) of ``op`` on bit patterns, IEEE semantics.
+
+    op: add sub mul div sqrt fma (MPFR names) or "convert" (from ``src``) or
+    "rint" (round to integral, no INEXACT).
+    """
+    src = src or fmt
+    xs = [decode(b, src) for b in operands]
+    flags = 0
+    if any(is_snan(b, src) for b in operands):
+        flags |= Flag.INVALID
+    if any(gmpy2.is_nan(x) for x in xs):
+        return fmt.default_nan, flags
+    if op == "rint":
+        exact = xs[0]
+        fn = {Rounding.NEAREST_EVEN: gmpy2.rint, Rounding.TOWARD_ZERO: gmpy2.rint_trunc,
+              Rounding.UPWARD: gmpy2.rint_ceil, Rounding.DOWNWARD: gmpy2.rint_floor,
+              Rounding.NEAREST_AWAY: gmpy2.rint_round, Rounding.ODD: gmpy2.rint_trunc}[mode]
+        r = fn(exact)  # binary16 values and their integral neighbours are exact at 53 bits
+        if mode is Rounding.ODD and r != exact and int(r) % 2 == 0:
+            r = EXACT.add(r, gmpy2.copy_sign(mpfr(1), exact))
+        return encode(gmpy2.copy_sign(r, exact), fmt), flags
+    if op == "fma" and any(gmpy2.is_infinite(x) for x in xs[:2]) and any(gmpy2.is_zero(x) for x in xs[:2]):
+        return fmt.default_nan, flags | Flag.INVALID
+    exact = _apply(EXACT, op, xs)
+    is_exact = not EXACT.inexact
+    if gmpy2.is_nan(exact):
+        return fmt.default_nan, flags | Flag.INVALID
+    if gmpy2.is_infinite(exact):
+        if op == "div" and gmpy2.is_zero(xs[1]) and gmpy2.is_finite(xs[0]):
+            flags |= Flag.DIVBYZERO
+        return encode(exact, fmt), flags
+    result = _round(fmt, op, xs, mode, True, exact, is_exact)
+    unbounded = _round(fmt, op, xs, mode, False, exact, is_exact)
+    inexact = not is_exact or result != exact
+    if abs(unbounded) > fmt.max:
+        flags |= Flag.OVERFLOW | Flag.INEXACT
+        to_inf = mode in (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY) or \
+            (mode is Rounding.UPWARD and exact > 0) or (mode is Rounding.DOWNWARD and exact < 0)
+        result = gmpy2.copy_sign(mpfr("inf") if to_inf else mpfr(fmt.max), exact)
+    elif inexact:
+        flags |= Flag.INEXACT
+        tiny_value = exact if tininess is Tininess.BEFORE else unbounded
+        if abs(tiny_value) < fmt.tiny:
+            flags |= Flag.UNDERFLOW
+    return encode(result, fmt), flags
+
+
+def saturated(bits: int, fmt: Format) -> int:
+    """The saturation-mode image of an IEEE result."""
+    mag = bits & (fmt.sign_bit - 1)
+    if mag == fmt.inf_bits:
+        return bits - 1
+    return 0 if mag > fmt.inf_bits else bits

@@ -1,0 +1,97 @@
+"""Property tests against MPFR (tests/oracle.py): every operation, rounding mode and overflow mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, Fpu, OverflowMode, Rounding, Tininess
+
+import strategies as hs
+from oracle import reference, saturated
+
+MODES = list(Rounding)
+OVERFLOWS = [OverflowMode.INF_NAN, OverflowMode.SATURATION]
+
+
+def check(fpu: Fpu, op: str, columns: list[list[int]], src: Format, dst: Format, **kw) -> None:
+    arrays = [np.array(c, src.uint).view(src.dtype) for c in columns]
+    if op == "convert":
+        got, flags = fpu.convert(arrays[0], dst.dtype, return_flags=True)
+    else:
+        got, flags = getattr(fpu, op)(*arrays, return_flags=True, **kw)
+    got_bits = got.view(dst.uint)
+    mpfr_op = {"fma": "fma", "rint": "rint", "convert": "convert"}.get(op, op)
+    for i, operands in enumerate(zip(*columns, strict=True)):
+        want, want_flags = reference(mpfr_op, list(operands), dst, fpu.rounding, fpu.tininess, src=src)
+        if fpu.overflow is OverflowMode.SATURATION:
+            want = saturated(want, dst)
+        g = int(got_bits[i])
+        nan = lambda b: b & (dst.sign_bit - 1) > dst.inf_bits  # noqa: E731
+        where = f"{op} {[hex(o) for o in operands]} {fpu}"
+        assert g == want or (nan(g) and nan(want)), f"{where}: got {g:#x} want {want:#x}"
+        assert flags[i] == want_flags, f"{where}: flags {flags[i]:#x} want {want_flags:#x}"
+
+
+def batch(strategy):
+    return st.lists(strategy, min_size=1, max_size=40)
+
+
+common = settings(max_examples=60, deadline=None)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@given(pairs=batch(st.one_of(st.tuples(hs.values(), hs.values()), hs.near_pair())),
+       overflow=st.sampled_from(OVERFLOWS), tininess=st.sampled_from(list(Tininess)))
+@common
+def test_binary(op: str, mode: Rounding, pairs, overflow, tininess) -> None:
+    check(Fpu(overflow, mode, tininess), op, [list(c) for c in zip(*pairs, strict=True)], BINARY16, BINARY16)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@given(triples=batch(st.one_of(st.tuples(hs.values(), hs.values(), hs.values()), hs.fma_triple())),
+       overflow=st.sampled_from(OVERFLOWS))
+@common
+def test_fma(mode: Rounding, triples, overflow) -> None:
+    check(Fpu(overflow, mode), "fma", [list(c) for c in zip(*triples, strict=True)], BINARY16, BINARY16)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@given(xs=batch(hs.values()), overflow=st.sampled_from(OVERFLOWS))
+@common
+def test_unary(mode: Rounding, xs, overflow) -> None:
+    check(Fpu(overflow, mode), "sqrt", [xs], BINARY16, BINARY16)
+    check(Fpu(overflow, mode), "rint", [xs], BINARY16, BINARY16)
+
+
+def wide_bits(fmt: Format) -> st.SearchStrategy[int]:
+    """binary32/64 values aimed at binary16's range, ties, MAX and 65520."""
+    def widened(h: int, d: int) -> int:
+        bits = int(np.array([h], np.uint16).view(np.float16).astype(fmt.dtype).view(fmt.uint)[0])
+        return bits + d & ((1 << fmt.width) - 1)
+    near16 = st.builds(widened, hs.values(), st.integers(-3, 3))
+    return st.one_of(st.integers(0, (1 << fmt.width) - 1), near16)
+
+
+@pytest.mark.parametrize("src", [BINARY32, BINARY64], ids=lambda f: f.name)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@given(data=st.data(), overflow=st.sampled_from(OVERFLOWS))
+@common
+def test_convert_narrowing(src: Format, mode: Rounding, data, overflow) -> None:
+    xs = data.draw(batch(wide_bits(src)))
+    check(Fpu(overflow, mode), "convert", [xs], src, BINARY16)
+    check(Fpu(overflow, mode), "convert", [xs], src, BFLOAT16)
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "div", "fma"])
+@pytest.mark.parametrize("mode", [Rounding.NEAREST_EVEN, Rounding.DOWNWARD, Rounding.ODD], ids=lambda m: m.name)
+@given(data=st.data(), overflow=st.sampled_from(OVERFLOWS))
+@common
+def test_bfloat16_is_data(op: str, mode: Rounding, data, overflow) -> None:
+    """The same kernels serve bfloat16 (8-bit significand, binary32's exponent range)."""
+    arity = 3 if op == "fma" else 2
+    rows = data.draw(batch(st.tuples(*[hs.values(BFLOAT16)] * arity)))
+    check(Fpu(overflow, mode, format=BFLOAT16), op, [list(c) for c in zip(*rows, strict=True)], BFLOAT16, BFLOAT16)
