@@ -19,7 +19,7 @@ _Out = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 class Fpu:
-    """A binary16 (or bfloat16) floating-point unit.
+    """A binary16 floating-point unit (or bfloat16, binary32: ``format=``).
 
     Every operation rounds once, in ``rounding``, and returns the IEEE result
     (``OverflowMode.INF_NAN``) or the Ascend saturated one (``SATURATION``:
@@ -46,7 +46,7 @@ class Fpu:
         self.format = format_of(format)
         if self.format.precision > 25:
             raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
-                             f"(binary16, bfloat16), not {self.format.name}")
+                             f"(binary16, bfloat16, binary32), not {self.format.name}")
         self.nan_to_zero = bool(nan_to_zero)
         self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
         self._status = 0

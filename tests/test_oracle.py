@@ -86,12 +86,13 @@ def test_convert_narrowing(src: Format, mode: Rounding, data, overflow) -> None:
     check(Fpu(overflow, mode), "convert", [xs], src, BFLOAT16)
 
 
-@pytest.mark.parametrize("op", ["add", "mul", "div", "fma"])
+@pytest.mark.parametrize("fmt", [BFLOAT16, BINARY32], ids=lambda f: f.name)
+@pytest.mark.parametrize("op", ["add", "mul", "div", "sqrt", "fma"])
 @pytest.mark.parametrize("mode", [Rounding.NEAREST_EVEN, Rounding.DOWNWARD, Rounding.ODD], ids=lambda m: m.name)
 @given(data=st.data(), overflow=st.sampled_from(OVERFLOWS))
 @common
-def test_bfloat16_is_data(op: str, mode: Rounding, data, overflow) -> None:
-    """The same kernels serve bfloat16 (8-bit significand, binary32's exponent range)."""
-    arity = 3 if op == "fma" else 2
-    rows = data.draw(batch(st.tuples(*[hs.values(BFLOAT16)] * arity)))
-    check(Fpu(overflow, mode, format=BFLOAT16), op, [list(c) for c in zip(*rows, strict=True)], BFLOAT16, BFLOAT16)
+def test_other_formats_are_data(fmt: Format, op: str, mode: Rounding, data, overflow) -> None:
+    """The same kernels serve bfloat16 and binary32 (wide exponent range: sums via TwoSum)."""
+    arity = {"sqrt": 1, "fma": 3}.get(op, 2)
+    rows = data.draw(batch(st.tuples(*[hs.values(fmt)] * arity)))
+    check(Fpu(overflow, mode, format=fmt), op, [list(c) for c in zip(*rows, strict=True)], fmt, fmt)
