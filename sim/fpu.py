@@ -101,6 +101,49 @@ class Fpu:
         return self._run("rint", lambda x: x, (a,), return_flags,
                          quantum=0, keep=0x1F if exact else 0x1F & ~Flag.INEXACT)
 
+    def via_float64(self, fn: Callable, *args, pole: Callable | None = None, return_flags: bool = False) -> _Out:
+        """``fn`` computed in binary64 from the exact operands, rounded once.
+
+        The model of an operation whose hardware result is taken as correctly
+        rounded from binary64 (transcendentals). A binary64 overflow from
+        finite operands is an overflow; ``pole(*xs)`` marks where an infinite
+        result is exact (log(0)): DIVBYZERO. A NaN from non-NaN operands is
+        INVALID, and so is a signaling NaN operand.
+        """
+        def kernel(*xs):
+            r = fn(*xs)
+            inf = np.isinf(r)
+            if inf.any():
+                inf &= np.logical_and.reduce([np.isfinite(x) for x in xs])
+                if pole is not None:
+                    inf &= ~pole(*xs)
+                r = np.where(inf, np.copysign(np.finfo(np.float64).max, r), r)
+            return r
+        return self._run("via_float64", kernel, args, return_flags, special=self._poles(pole))
+
+    def _poles(self, pole: Callable | None) -> Callable:
+        def special(parts, xs, r):
+            quiet_in = np.logical_or.reduce([np.isnan(x) for x in xs])
+            flags = (np.isnan(r) & ~quiet_in) * np.uint8(Flag.INVALID)
+            for p in parts:
+                flags |= ops.is_snan(p.view(self.format.uint), self.format) * np.uint8(Flag.INVALID)
+            if pole is not None:
+                flags |= (np.isinf(r) & pole(*xs)) * np.uint8(Flag.DIVBYZERO)
+            return flags
+        return special
+
+    def neg(self, a, *, return_flags: bool = False) -> _Out:
+        """-a: exact, quiet (no flags, even for a signaling NaN)."""
+        return self._run("neg", np.negative, (a,), return_flags, special=self._quiet)
+
+    def abs(self, a, *, return_flags: bool = False) -> _Out:
+        """|a|: exact, quiet."""
+        return self._run("abs", np.abs, (a,), return_flags, special=self._quiet)
+
+    @staticmethod
+    def _quiet(parts, xs, r):
+        return np.zeros(r.shape, np.uint8)
+
     # -- conversions ------------------------------------------------------------
     def convert(self, x, dtype, *, return_flags: bool = False) -> _Out:
         """Convert between binary16, bfloat16, binary32 and binary64.
@@ -162,7 +205,7 @@ class Fpu:
         return Rounder(dst, self.rounding, self.overflow, self.tininess, nan, self.nan_to_zero)
 
     def _run(self, op: str, kernel: Callable, args: tuple, return_flags: bool, *,
-             quantum: int | None = None, keep: int = 0x1F,
+             quantum: int | None = None, keep: int = 0x1F, special: Callable | None = None,
              src: Format | None = None, dst: Format | None = None) -> _Out:
         """Apply ``kernel`` (binary64 operands -> exact or round-to-odd binary64
         result) chunk by chunk, round, and gather flags. The rare results that
@@ -192,9 +235,12 @@ class Fpu:
                         hard_at.append(hard + lo)
                         hard_x.append(r[hard])
                 if not np.isfinite(r).all():
-                    f |= ops.special_flags(op, xs, r)
-                    for p in parts:
-                        f |= ops.is_snan(p.view(src.uint), src) * np.uint8(Flag.INVALID)
+                    if special is None:
+                        f |= ops.special_flags(op, xs, r)
+                        for p in parts:
+                            f |= ops.is_snan(p.view(src.uint), src) * np.uint8(Flag.INVALID)
+                    else:
+                        f |= special(parts, xs, r)
                 bits_out[lo:lo + CHUNK] = bits
                 if return_flags:
                     flags[lo:lo + CHUNK] = f

@@ -1,0 +1,236 @@
+"""Profiles and the simulated device: the register, the modes, matmul and reductions."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sim import Device, LegacyModeWarning, OverflowMode, current_device, profiles
+
+H = np.float16
+SAT, IEEE = OverflowMode.SATURATION, OverflowMode.INF_NAN
+
+# The seed's support table (NPULossScaleOptimizer constructor page), copied by hand,
+# with the overflow modes of DESIGN.md section 4: (name, product, supported, modes, default).
+SEED = [
+    ("atlas-350", "Atlas 350 加速卡", True, {IEEE, SAT}, IEEE),
+    ("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品", True, {IEEE, SAT}, IEEE),
+    ("atlas-a2", "Atlas A2 训练系列产品 / Atlas A2 推理系列产品", True, {IEEE, SAT}, IEEE),
+    ("atlas-200i-500-a2", "Atlas 200I/500 A2 推理产品", False, {SAT}, SAT),
+    ("atlas-inference", "Atlas 推理系列产品", False, {SAT}, SAT),
+    ("atlas-training", "Atlas 训练系列产品", True, {SAT}, SAT),
+]
+
+
+def test_profiles_match_the_seed() -> None:
+    assert profiles.names() == [row[0] for row in SEED]
+    for name, product, supported, modes, default in SEED:
+        p = profiles.get(name)
+        assert (p.product_zh, p.supports_npu_loss_scale_optimizer) == (product, supported)
+        assert set(p.overflow_modes) == modes and p.default_overflow_mode is default
+        assert p.saturation_is_legacy == (modes == {IEEE, SAT})
+        assert p.product_en
+    with pytest.raises(ValueError, match="atlas-a2.*atlas-training"):
+        profiles.get("atlas-a9")
+
+
+def test_unsupported_mode_is_refused_whole() -> None:
+    with pytest.raises(ValueError, match=r"atlas-training \(Atlas training series\) supports SATURATION"):
+        Device("atlas-training", overflow="inf_nan")
+    with pytest.raises(ValueError, match="unknown OverflowMode"):
+        Device("atlas-a2", overflow="wrap")
+    with pytest.raises(RuntimeError):
+        current_device()  # nothing was registered by the failed constructions
+    with pytest.warns(LegacyModeWarning, match="compatibility"):
+        Device("atlas-a2", overflow="saturation")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Device("atlas-training").overflow is SAT
+        assert Device("atlas-a2").overflow is IEEE
+
+
+def status(dev: Device) -> bool:
+    return bool(dev.get_float_status().any())
+
+
+@pytest.mark.parametrize("profile, mode", [("atlas-training", SAT), ("atlas-a2", IEEE)])
+def test_overflowing_product_in_each_mode(profile: str, mode: OverflowMode) -> None:
+    dev = Device(profile)
+    x = np.array([300, -300, 2], H)
+    y = dev.mul(x, np.array([300, 300, 2], H))
+    if mode is SAT:
+        assert y.tolist() == [65504.0, -65504.0, 4.0] and np.isfinite(y).all()
+    else:
+        assert y.tolist() == [np.inf, -np.inf, 4.0]
+    assert dev.get_float_status().tolist() == [1, 0, 0, 1, 0, 0, 0, 0]
+
+
+@given(steps=st.lists(st.tuples(st.sampled_from(["mul", "add", "exp", "div"]), st.booleans(), st.integers(0, 1)),
+                      min_size=1, max_size=12),
+       mode=st.sampled_from(["atlas-training", "atlas-a2"]))
+@settings(max_examples=60, deadline=None)
+def test_register_is_sticky_and_per_device(steps, mode) -> None:
+    """Each step runs on one of two devices, with or without an event; clears
+    happen only when asked. The register must equal a model of that."""
+    devs = [Device(mode), Device(mode)]
+    model = [False, False]
+    quiet, loud = np.array([1.5, 2], H), np.array([300, 0], H)
+    for op, event, which in steps:
+        dev = devs[which]
+        x = loud if event else quiet
+        if op == "exp":
+            dev.exp(np.array([12], H) if event else np.array([1], H))
+        elif op == "div":
+            dev.div(np.array([1], H), np.array([0 if event else 4], H))
+        else:
+            getattr(dev, op)(x, x if op == "mul" else np.array([65504, 1], H) if event else x)
+        model[which] |= event
+        dev.get_float_status()  # reading never clears
+        assert [status(d) for d in devs] == model
+    devs[0].clear_float_status()
+    assert not status(devs[0]) and status(devs[1]) == model[1]
+
+
+def test_forward_overflow_survives_the_backward_pass() -> None:
+    dev = Device("atlas-training")
+    w = np.array([[300, 1], [1, 1]], H)
+    h = dev.matmul(w, w)  # forward: 300*300 overflows binary16 on output, saturates to 65504
+    assert np.isfinite(h).all() and h.max() == 65504
+    loss = dev.sum(dev.mul(h, np.array(1e-3, H)), accumulate=np.float32)
+    grad = dev.mul(np.full_like(h, 1e-3), np.ones_like(h))  # a quiet backward pass
+    assert np.isfinite(loss) and np.isfinite(grad).all()
+    assert status(dev)  # the register still shows the forward event
+    dev.clear_float_status()
+    dev.mul(grad, grad)
+    assert not status(dev)
+
+
+def test_transcendentals_and_their_events() -> None:
+    sat, ieee = Device("atlas-training"), Device("atlas-a2")
+    assert float(sat.exp(np.array(12, H))) == 65504.0 and status(sat)  # DESIGN: exp(12) -> 65504
+    assert np.isinf(ieee.exp(np.array(12, H))) and status(ieee)
+    sat.clear_float_status()
+    assert float(sat.exp(np.array(11, H))) == float(H(np.exp(11))) and not status(sat)
+    log0 = Device("atlas-a2")
+    assert np.isneginf(log0.log(np.array(0, H))) and log0.get_float_status()[2] == 1
+    neg = Device("atlas-training")
+    assert float(neg.log(np.array(-1, H))) == 0.0 and neg.get_float_status()[1] == 1  # NaN -> 0
+    quiet = Device("atlas-a2")
+    x = np.array([-2, -0.0, 0.5, 3], H)
+    assert quiet.relu(x).tolist() == [0, 0, 0.5, 3] and quiet.tanh(x)[3] == H(np.tanh(3.0))
+    assert quiet.sigmoid(np.array(0, H)) == 0.5 and quiet.maximum(x, np.zeros(4, H)).tolist() == [0, 0, 0.5, 3]
+    assert quiet.neg(x).tolist() == [2, 0, -0.5, -3] and quiet.abs(x).tolist() == [2, 0, 0.5, 3]
+    assert not status(quiet)
+
+
+def reference_matmul32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Plain loops: float32 additions along k in ascending order, exact products."""
+    m, k = a.shape
+    out = np.zeros((m, b.shape[1]), np.float32)
+    for i in range(m):
+        for j in range(b.shape[1]):
+            acc = np.float32(0)
+            for t in range(k):
+                acc = np.float32(acc + np.float32(a[i, t]) * np.float32(b[t, j]))
+            out[i, j] = acc
+    return out
+
+
+finite16 = st.floats(-300, 300, width=16, allow_subnormal=True)
+adversarial = st.sampled_from([300.0, -300.0, 65504.0, -65504.0, 1e-3, -1e-3, 2.0**-24, 1.0, -1.0])
+
+
+@given(data=st.data(), m=st.integers(1, 5), k=st.integers(1, 24), n=st.integers(1, 5))
+@settings(max_examples=60, deadline=None)
+def test_matmul_is_the_reference_bit_for_bit_and_within_the_float32_bound(data, m, k, n) -> None:
+    elements = st.one_of(finite16, adversarial)
+    a = data.draw(hnp.arrays(H, (m, k), elements=elements))
+    b = data.draw(hnp.arrays(H, (k, n), elements=elements))
+    dev = Device("atlas-a2")
+    got = dev.matmul(a, b, out_dtype=np.float32)
+    want = reference_matmul32(a, b)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    u = Fraction(1, 2**24)
+    gamma = k * u / (1 - k * u)
+    for i in range(m):
+        for j in range(n):
+            terms = [Fraction(float(a[i, t])) * Fraction(float(b[t, j])) for t in range(k)]
+            bound = gamma * sum(abs(x) for x in terms)
+            assert abs(Fraction(float(got[i, j])) - sum(terms)) <= bound
+    rounded = dev.matmul(a, b)  # binary16 output: the binary32 sum rounded once
+    with np.errstate(over="ignore"):
+        assert np.array_equal(rounded.view(np.uint16), want.astype(H).view(np.uint16))
+
+
+def test_partial_sums_that_overflow_binary16_but_not_binary32() -> None:
+    a = np.array([[300, 300, -300, -300, 1]], H)
+    b = np.full((5, 1), 300, H)  # partial sums 90000, 180000, 90000, 0, 300
+    # binary16 accumulation, by hand. Saturation: 90000 -> 65504; +90000 -> 65504; -90000 -> -24496;
+    # -90000 -> -65504; +300 = -65204 -> -65216 (ulp 32). INF/NaN: Inf from the first step on.
+    for profile, wrong in (("atlas-training", -65216.0), ("atlas-a2", np.inf)):
+        dev = Device(profile)
+        assert float(dev.matmul(a, b, accumulate=np.float32)[0, 0]) == 300.0 and not status(dev)
+        assert float(dev.matmul(a, b, accumulate=np.float16)[0, 0]) == wrong
+        assert status(dev)
+
+
+def test_sum_order_and_accumulation() -> None:
+    dev = Device("atlas-a2")
+    x = np.array([2048, 1, 1, 1, 1], H)
+    # Pairwise tree: (2048+1) + (1+1) + 1 -> 2048 + 2 + 1 in binary16 (ulp 2 above 2048).
+    assert float(dev.sum(x)) == float(H(H(H(2048) + H(2)) + H(1)))
+    assert float(dev.sum(x, accumulate=np.float32)) == 2052.0
+    big = np.full(8, 30000, H)
+    assert np.isinf(dev.sum(big)) and status(dev)
+    dev.clear_float_status()
+    assert float(dev.sum(big, accumulate=np.float32, out_dtype=np.float32)) == 240000.0 and not status(dev)
+    assert float(dev.mean(big, accumulate=np.float32)) == 30000.0 and not status(dev)
+    cols = dev.sum(np.arange(12, dtype=H).reshape(3, 4), axis=0)
+    assert cols.tolist() == [12, 15, 18, 21]
+    assert float(dev.sum(np.zeros(0, H))) == 0.0
+
+
+def test_cast_rounding_modes_and_events() -> None:
+    dev = Device("atlas-training")
+    x = np.array([1 + 2.0**-12, 70000.0], np.float32)
+    assert dev.cast(x, H).tolist() == [1.0, 65504.0] and status(dev)
+    assert float(dev.cast(x[:1], H, rounding="ceil")[0]) == 1 + 2.0**-10
+    with pytest.raises(TypeError, match="int32"):
+        dev.add(np.ones(2, np.int32), np.ones(2, np.int32))
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(2, 3\)"):
+        dev.matmul(np.ones((2, 3), H), np.ones((2, 3), H))
+    with pytest.raises(TypeError, match="float32"):
+        dev.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), H))
+
+
+def test_current_device_nesting_and_threads() -> None:
+    outer, inner = Device("atlas-a2", name="rank0"), Device("atlas-a2", name="rank1")
+    with outer:
+        assert current_device() is outer
+        with inner:
+            assert current_device() is inner
+        assert current_device() is outer
+        seen = []
+
+        def worker():
+            try:
+                seen.append(current_device())
+            except RuntimeError:
+                seen.append(None)
+            with Device("atlas-training") as mine:
+                seen.append(current_device() is mine)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert seen == [None, True]  # a new thread starts with no device
+        assert current_device() is outer
+    with pytest.raises(RuntimeError, match="no current device"):
+        current_device()
