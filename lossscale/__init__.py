@@ -1,0 +1,12 @@
+"""Loss scaling as the frameworks do it, exactly: the Ascend NPU managers and
+optimizer, the other frameworks' dynamic loss scalers, and plain optimizers."""
+
+from . import policies
+from .managers import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from .optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
+from .policy import Manager, Policy, trajectory
+
+__all__ = [
+    "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
+    "SGD", "Momentum", "Adam", "Manager", "Policy", "trajectory", "policies",
+]

@@ -1,13 +1,14 @@
 """The hardware model: a bit-accurate binary16 emulator, Atlas profiles, a simulated NPU."""
 
 from . import profiles
+from .collective import Group
 from .device import Device, LegacyModeWarning, current_device
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import Fpu
 from .rounding import Flag, OverflowMode, Rounding, Tininess, round_float64
 
 __all__ = [
-    "Device", "current_device", "LegacyModeWarning", "profiles",
+    "Device", "Group", "current_device", "LegacyModeWarning", "profiles",
     "Fpu", "Flag", "Rounding", "OverflowMode", "Tininess", "round_float64",
     "Format", "format_of", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64",
 ]

@@ -100,6 +100,8 @@ class Device:
                       np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, **kw),
                       BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, **kw)}
         self._register = np.zeros(8, np.int32)
+        self.group = None  # set by sim.Group: the collective this device is a rank of
+        self.rank: int | None = None
         self._lock = threading.RLock()
         self._tokens: list[contextvars.Token] = []
 

@@ -1,0 +1,225 @@
+"""Plain optimizers on binary32 master weights, and the loss-scale optimizers
+that wrap them: TensorFlow 1.x's ``LossScaleOptimizer`` and the Ascend
+adapter's ``NPULossScaleOptimizer`` (DESIGN.md section 5).
+
+There is no autodiff here: a *gradient function* ``grad_fn(loss_scale)``
+returns the gradients of the scaled loss, one per variable (the training
+simulator computes them on a simulated device). Variables are binary32 numpy
+arrays updated in place; a gradient may be ``None`` (no update, no check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sim import Device, OverflowMode, current_device
+
+from .managers import FixedLossScale
+from .policy import Manager, check_positive, check_ratio
+
+__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS"]
+
+GradsAndVars = Sequence[tuple[np.ndarray | None, np.ndarray]]
+F32 = np.float32
+
+
+def _check_var(v: np.ndarray) -> None:
+    if not isinstance(v, np.ndarray) or v.dtype != F32:
+        raise TypeError(f"variables are float32 numpy arrays (master weights), got {getattr(v, 'dtype', type(v))}")
+
+
+class _Plain:
+    """Shared: per-variable slots keyed by identity, binary32 arithmetic."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, dict[str, np.ndarray]] = {}
+
+    def slot(self, var: np.ndarray, name: str) -> np.ndarray:
+        return self._slots.setdefault(id(var), {}).setdefault(name, np.zeros_like(var))
+
+    def apply_gradients(self, grads_and_vars: GradsAndVars) -> None:
+        pairs = [(np.asarray(g, F32), v) for g, v in grads_and_vars if g is not None]
+        for _, v in pairs:
+            _check_var(v)
+        self._begin()
+        with np.errstate(all="ignore"):
+            for g, v in pairs:
+                self._update(g, v)
+
+    def _begin(self) -> None:
+        pass
+
+    def _update(self, g: np.ndarray, v: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class SGD(_Plain):
+    """``var -= learning_rate * grad``."""
+
+    def __init__(self, learning_rate: float) -> None:
+        super().__init__()
+        check_positive("learning_rate", learning_rate)
+        self.lr = F32(learning_rate)
+
+    def _update(self, g, v) -> None:
+        v -= self.lr * g
+
+
+class Momentum(_Plain):
+    """TensorFlow ``MomentumOptimizer``: ``accum = momentum * accum + grad; var -= lr * accum``."""
+
+    def __init__(self, learning_rate: float, momentum: float = 0.9) -> None:
+        super().__init__()
+        check_positive("learning_rate", learning_rate)
+        check_ratio("momentum", momentum, above_one=False)
+        self.lr, self.momentum = F32(learning_rate), F32(momentum)
+
+    def _update(self, g, v) -> None:
+        accum = self.slot(v, "accum")
+        accum *= self.momentum
+        accum += g
+        v -= self.lr * accum
+
+
+class Adam(_Plain):
+    """TensorFlow ``AdamOptimizer`` (bias correction folded into the step size)."""
+
+    def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8) -> None:
+        super().__init__()
+        check_positive("learning_rate", learning_rate)
+        check_ratio("beta1", beta1, above_one=False)
+        check_ratio("beta2", beta2, above_one=False)
+        check_positive("epsilon", epsilon)
+        self.lr, self.beta1, self.beta2, self.epsilon = (F32(x) for x in (learning_rate, beta1, beta2, epsilon))
+        self.t = 0
+
+    def _begin(self) -> None:
+        self.t += 1
+        self._lr_t = self.lr * np.sqrt(F32(1) - self.beta2 ** self.t) / (F32(1) - self.beta1 ** self.t)
+
+    def _update(self, g, v) -> None:
+        m, s = self.slot(v, "m"), self.slot(v, "v")
+        m *= self.beta1
+        m += (F32(1) - self.beta1) * g
+        s *= self.beta2
+        s += (F32(1) - self.beta2) * g * g
+        v -= self._lr_t * m / (np.sqrt(s) + self.epsilon)
+
+
+#: Overflow detectors: the float-status register, or isfinite on the gradients.
+DETECTORS = ("status", "isfinite")
+
+
+class LossScaleOptimizer:
+    """TensorFlow 1.x ``LossScaleOptimizer(opt, loss_scale_manager)``.
+
+    ``compute_gradients`` scales the loss by S (through ``grad_fn``) and
+    multiplies each gradient by 1/S in binary32; ``apply_gradients`` applies
+    the wrapped optimizer only if every gradient is finite, always updates the
+    manager, and returns whether the update was applied.
+    """
+
+    def __init__(self, opt: _Plain, loss_scale_manager: Manager) -> None:
+        if not hasattr(opt, "apply_gradients"):
+            raise TypeError(f"opt must have apply_gradients, got {type(opt).__name__}")
+        if not (hasattr(loss_scale_manager, "get_loss_scale") and hasattr(loss_scale_manager, "update_loss_scale")):
+            raise TypeError(f"loss_scale_manager must have get_loss_scale and update_loss_scale, "
+                            f"got {type(loss_scale_manager).__name__}")
+        self._opt = opt
+        self._loss_scale_manager = loss_scale_manager
+
+    @property
+    def loss_scale_manager(self) -> Manager:
+        return self._loss_scale_manager
+
+    def get_loss_scale(self) -> float:
+        return self._loss_scale_manager.get_loss_scale()
+
+    def compute_gradients(self, grad_fn: Callable[[float], Sequence[np.ndarray | None]],
+                          var_list: Sequence[np.ndarray]) -> list[tuple[np.ndarray | None, np.ndarray]]:
+        scale = self.get_loss_scale()
+        grads = list(grad_fn(scale))
+        if len(grads) != len(var_list):
+            raise ValueError(f"grad_fn returned {len(grads)} gradients for {len(var_list)} variables")
+        return list(zip(self._down_scale(grads, scale), var_list, strict=True))
+
+    @staticmethod
+    def _down_scale(grads: list, scale: float) -> list:
+        rcp = np.reciprocal(F32(scale))
+        with np.errstate(all="ignore"):
+            return [None if g is None else np.asarray(g).astype(F32) * rcp for g in grads]
+
+    def _finite(self, grads_and_vars: GradsAndVars) -> bool:
+        return all(bool(np.isfinite(g).all()) for g, _ in grads_and_vars if g is not None)
+
+    def _decide(self, grads_and_vars: GradsAndVars) -> bool:
+        return self._finite(grads_and_vars)
+
+    def apply_gradients(self, grads_and_vars: GradsAndVars) -> bool:
+        grads_and_vars = list(grads_and_vars)
+        finite = self._decide(grads_and_vars)
+        if finite:
+            self._opt.apply_gradients(grads_and_vars)
+        self._loss_scale_manager.update_loss_scale(finite)
+        return finite
+
+    def minimize(self, grad_fn: Callable[[float], Sequence[np.ndarray | None]], var_list: Sequence[np.ndarray]) -> bool:
+        return self.apply_gradients(self.compute_gradients(grad_fn, var_list))
+
+
+class NPULossScaleOptimizer(LossScaleOptimizer):
+    """The Ascend adapter's ``NPULossScaleOptimizer(opt, loss_scale_manager, is_distributed=False)``.
+
+    On a device in saturation mode the step is finite iff the float-status
+    register (read after the gradients, then cleared) is all zero; with
+    ``is_distributed`` the registers of all ranks are summed first (the
+    device's ``sim.Group``), so every rank skips together. In INF/NaN mode the
+    gradients are checked for Inf/NaN. ``detector`` overrides the choice:
+    ``"isfinite"`` is the naive check that saturation mode defeats,
+    ``"status"`` reads the register in either mode. A ``FixedLossScaleManager``
+    with ``enable_overflow_check=False`` applies every step.
+    """
+
+    def __init__(self, opt: _Plain, loss_scale_manager: Manager, is_distributed: bool = False, *,
+                 detector: str | None = None, device: Device | None = None) -> None:
+        super().__init__(opt, loss_scale_manager)
+        if not isinstance(is_distributed, (bool, np.bool_)):
+            raise ValueError(f"is_distributed must be a bool, got {is_distributed!r}")
+        if detector is not None and detector not in DETECTORS:
+            raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(DETECTORS)}, "
+                             f"or None (chosen by the overflow mode)")
+        self._is_distributed = bool(is_distributed)
+        self.detector = detector
+        self._device = device
+        #: The float-status value the last decision read (after any all-reduce), or None.
+        self.last_status: np.ndarray | None = None
+
+    @property
+    def device(self) -> Device:
+        return self._device if self._device is not None else current_device()
+
+    def detector_for(self, device: Device) -> str:
+        if self.detector is not None:
+            return self.detector
+        return "status" if device.overflow is OverflowMode.SATURATION else "isfinite"
+
+    def _decide(self, grads_and_vars: GradsAndVars) -> bool:
+        policy = getattr(self._loss_scale_manager, "policy", None)
+        if isinstance(policy, FixedLossScale) and not policy.enable_overflow_check:
+            self.last_status = None
+            return True
+        dev = self.device
+        if self.detector_for(dev) == "isfinite":
+            self.last_status = None
+            return self._finite(grads_and_vars)
+        status = dev.get_float_status()
+        if self._is_distributed:
+            if dev.group is None:
+                raise RuntimeError(f"is_distributed=True, but {dev!r} is not a rank of a sim.Group")
+            status = dev.group.allreduce_float_status(dev)
+        dev.clear_float_status()
+        self.last_status = status
+        return not status.any()

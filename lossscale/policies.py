@@ -1,0 +1,389 @@
+"""The other frameworks' dynamic loss scalers, with their argument names,
+defaults and arithmetic (DESIGN.md section 5). Each is a pure policy core and
+a stateful face with ``get_loss_scale()`` / ``update_loss_scale(finite)``.
+
+Arithmetic follows the originals: PyTorch multiplies its binary32 scale by a
+binary64 factor and rounds once; TensorFlow, Keras, Megatron, MindSpore and
+jmp compute in binary32 with the factor rounded to binary32; DeepSpeed keeps
+a Python float (binary64).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .managers import ExponentialUpdate
+from .policy import (
+    Manager,
+    Policy,
+    check_at_least,
+    check_bool,
+    check_period,
+    check_positive,
+    check_ratio,
+    f32,
+)
+
+__all__ = [
+    "TorchGradScaler", "KerasDynamicLossScale", "Keras3LossScale", "DeepSpeedLossScaler",
+    "MegatronGradScaler", "MindSporeDynamicLossScale", "JmpDynamicLossScale",
+    "TF1ExponentialUpdateLossScaleManager",
+    "TorchPolicy", "KerasPolicy", "Keras3Policy", "DeepSpeedPolicy", "MegatronPolicy",
+    "MindSporePolicy", "JmpPolicy", "TF1ExponentialUpdate",
+]
+
+
+class _Counted(NamedTuple):
+    scale: np.float32
+    counter: int = 0
+
+
+def _times(scale: np.float32, factor: np.float32) -> np.float32:
+    with np.errstate(over="ignore"):
+        return scale * factor
+
+
+@dataclass(frozen=True)
+class TorchPolicy(Policy):
+    """``torch.amp.GradScaler``: backoff on overflow with no floor; growth after
+    ``growth_interval`` finite steps if the grown scale is finite; the tracker
+    resets whenever growth was due, granted or not."""
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    floor = 0.0
+    State = _Counted
+
+    def __post_init__(self) -> None:
+        check_positive("init_scale", self.init_scale)
+        check_ratio("growth_factor", self.growth_factor, above_one=True)
+        check_ratio("backoff_factor", self.backoff_factor, above_one=False)
+        check_period("growth_interval", self.growth_interval)
+
+    def initial(self) -> _Counted:
+        return _Counted(f32(self.init_scale))
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
+        # float * double in C++: the product in binary64, rounded once to binary32.
+        scale, tracker = state
+        if not finite:
+            return _Counted(f32(float(scale) * self.backoff_factor), 0)
+        if tracker + 1 == self.growth_interval:
+            with np.errstate(over="ignore"):
+                grown = np.float32(float(scale) * self.growth_factor)
+            return _Counted(grown if math.isfinite(grown) else scale, 0)
+        return _Counted(scale, tracker + 1)
+
+
+@dataclass(frozen=True)
+class KerasPolicy(Policy):
+    """Keras 2 / TF2 dynamic loss scale: grow by ``multiplier`` after
+    ``dynamic_growth_steps`` finite steps if finite; on overflow
+    ``max(S / multiplier, 1)`` and the counter resets."""
+
+    initial_scale: float = 2.0**15
+    dynamic_growth_steps: int = 2000
+    multiplier: float = 2.0
+    floor = 1.0
+    State = _Counted
+
+    def __post_init__(self) -> None:
+        check_at_least("initial_scale", self.initial_scale, 1)
+        check_period("dynamic_growth_steps", self.dynamic_growth_steps)
+        check_ratio("multiplier", self.multiplier, above_one=True)
+
+    def initial(self) -> _Counted:
+        return _Counted(f32(self.initial_scale))
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
+        scale, counter = state
+        m = f32(self.multiplier)
+        if not finite:
+            return _Counted(max(scale / m, f32(1)), 0)
+        if counter + 1 >= self.dynamic_growth_steps:
+            grown = _times(scale, m)
+            return _Counted(grown if np.isfinite(grown) else scale, 0)
+        return _Counted(scale, counter + 1)
+
+
+@dataclass(frozen=True)
+class Keras3Policy(Policy):
+    """Keras 3 ``LossScaleOptimizer``: doubles after ``dynamic_growth_steps``
+    finite steps with no finiteness check (the scale can reach Inf), halves
+    on overflow with no floor."""
+
+    initial_scale: float = 2.0**15
+    dynamic_growth_steps: int = 2000
+    floor = 0.0
+    capped = False
+    State = _Counted
+
+    def __post_init__(self) -> None:
+        check_positive("initial_scale", self.initial_scale)
+        check_period("dynamic_growth_steps", self.dynamic_growth_steps)
+
+    def initial(self) -> _Counted:
+        return _Counted(f32(self.initial_scale))
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
+        scale, counter = state
+        if not finite:
+            return _Counted(scale / f32(2), 0)
+        if counter == self.dynamic_growth_steps - 1:
+            return _Counted(_times(scale, f32(2)), 0)
+        return _Counted(scale, counter + 1)
+
+
+class DeepSpeedState(NamedTuple):
+    scale: float
+    cur_iter: int = 0
+    last_overflow_iter: int = -1
+    cur_hysteresis: int = 1
+
+
+class MinimumScaleError(RuntimeError):
+    """DeepSpeed's error: an overflow at the minimum scale with ``raise_error_at_min_scale``."""
+
+
+@dataclass(frozen=True)
+class DeepSpeedPolicy(Policy):
+    """DeepSpeed ``DynamicLossScaler`` (binary64 scale). Overflow: with no
+    hysteresis left the scale drops to ``max(S / scale_factor, min_scale)``
+    (an error if already at ``min_scale`` and ``raise_error_at_min_scale``),
+    otherwise one hysteresis step is spent. Growth when the count of steps
+    since the last overflow, minus one, is a positive multiple of ``scale_window``."""
+
+    init_scale: float = 2.0**32
+    scale_factor: float = 2.0
+    scale_window: int = 1000
+    min_scale: float = 1.0
+    delayed_shift: int = 1
+    consecutive_hysteresis: bool = False
+    raise_error_at_min_scale: bool = True
+    floor = "min_scale"
+    capped = False
+    State = DeepSpeedState
+
+    def __post_init__(self) -> None:
+        check_positive("init_scale", self.init_scale)
+        check_ratio("scale_factor", self.scale_factor, above_one=True)
+        check_period("scale_window", self.scale_window)
+        check_positive("min_scale", self.min_scale)
+        check_period("delayed_shift", self.delayed_shift)
+        check_bool("consecutive_hysteresis", self.consecutive_hysteresis)
+        check_bool("raise_error_at_min_scale", self.raise_error_at_min_scale)
+
+    def initial(self) -> DeepSpeedState:
+        return DeepSpeedState(float(self.init_scale), 0, -1, self.delayed_shift)
+
+    def next(self, state: DeepSpeedState, finite: bool) -> DeepSpeedState:
+        scale, it, last, hyst = state
+        if not finite:
+            if self.delayed_shift == 1 or hyst == 1:
+                if scale == self.min_scale and self.raise_error_at_min_scale:
+                    raise MinimumScaleError("Current loss scale already at minimum - cannot decrease scale anymore")
+                scale = max(scale / self.scale_factor, float(self.min_scale))
+            else:
+                hyst -= 1
+            return DeepSpeedState(scale, it + 1, it, hyst)
+        if self.consecutive_hysteresis:
+            hyst = self.delayed_shift
+        stable = it - last - 1
+        if stable > 0 and stable % self.scale_window == 0:
+            if not self.consecutive_hysteresis:
+                hyst = self.delayed_shift
+            scale = scale * self.scale_factor
+        return DeepSpeedState(scale, it + 1, last, hyst)
+
+
+class MegatronState(NamedTuple):
+    scale: np.float32
+    growth_tracker: int = 0
+    hysteresis_tracker: int = 1
+
+
+@dataclass(frozen=True)
+class MegatronPolicy(Policy):
+    """Megatron-LM ``DynamicGradScaler`` (all arguments required): each
+    overflow spends one hysteresis step and, with none left, backs off to
+    ``max(S * backoff_factor, min_scale)``; ``growth_interval`` finite steps in
+    a row grow the scale (no cap) and refill the hysteresis."""
+
+    initial_scale: float
+    min_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    hysteresis: int
+    floor = "min_scale"
+    capped = False
+    State = MegatronState
+
+    def __post_init__(self) -> None:
+        check_positive("initial_scale", self.initial_scale)
+        check_positive("min_scale", self.min_scale)
+        if self.min_scale > self.initial_scale:
+            raise ValueError(f"min_scale must not exceed initial_scale, "
+                             f"got {self.min_scale!r} > {self.initial_scale!r}")
+        check_ratio("growth_factor", self.growth_factor, above_one=True)
+        check_ratio("backoff_factor", self.backoff_factor, above_one=False)
+        check_period("growth_interval", self.growth_interval)
+        check_period("hysteresis", self.hysteresis)
+
+    def initial(self) -> MegatronState:
+        return MegatronState(f32(self.initial_scale), 0, self.hysteresis)
+
+    def next(self, state: MegatronState, finite: bool) -> MegatronState:
+        scale, growth, hyst = state
+        if not finite:
+            hyst -= 1
+            if hyst <= 0:
+                scale = max(scale * f32(self.backoff_factor), f32(self.min_scale))
+            return MegatronState(scale, 0, hyst)
+        growth += 1
+        if growth == self.growth_interval:
+            return MegatronState(_times(scale, f32(self.growth_factor)), 0, self.hysteresis)
+        return MegatronState(scale, growth, hyst)
+
+
+class MindSporeState(NamedTuple):
+    scale: np.float32
+    cur_iter: int = 1
+    last_overflow_iter: int = 0
+
+
+@dataclass(frozen=True)
+class MindSporePolicy(Policy):
+    """MindSpore ``DynamicLossScaleUpdateCell`` with the ``DynamicLossScaleManager``
+    defaults: on overflow ``max(S / scale_factor, 1)``; growth when
+    ``scale_window <= cur_iter - last_overflow_iter`` (no cap)."""
+
+    init_loss_scale: float = 2.0**24
+    scale_factor: float = 2
+    scale_window: int = 2000
+    floor = 1.0
+    capped = False
+    State = MindSporeState
+
+    def __post_init__(self) -> None:
+        check_at_least("init_loss_scale", self.init_loss_scale, 1)
+        check_ratio("scale_factor", self.scale_factor, above_one=True)
+        check_period("scale_window", self.scale_window)
+
+    def initial(self) -> MindSporeState:
+        return MindSporeState(f32(self.init_loss_scale), 1, 0)
+
+    def next(self, state: MindSporeState, finite: bool) -> MindSporeState:
+        scale, cur, last = state
+        f = f32(self.scale_factor)
+        overflow = not finite
+        if overflow:
+            scale = max(scale / f, f32(1))
+        inc = self.scale_window <= cur - last
+        if overflow or inc:
+            last = cur
+        if inc and not overflow:
+            scale = _times(scale, f)
+        return MindSporeState(scale, cur + 1, last)
+
+
+@dataclass(frozen=True)
+class JmpPolicy(Policy):
+    """jmp ``DynamicLossScale``: after ``period`` finite steps the scale grows by
+    ``factor`` if the result is finite; an overflow divides it, not below
+    ``min_loss_scale``; the counter resets on overflow and at each period."""
+
+    loss_scale: float
+    counter: int = 0
+    period: int = 2000
+    factor: int = 2
+    min_loss_scale: float = 1.0
+    floor = "min_loss_scale"
+    State = _Counted
+
+    def __post_init__(self) -> None:
+        check_positive("loss_scale", self.loss_scale)
+        check_period("counter", self.counter, low=0)
+        check_period("period", self.period)
+        check_ratio("factor", self.factor, above_one=True)
+        check_positive("min_loss_scale", self.min_loss_scale)
+
+    def initial(self) -> _Counted:
+        return _Counted(f32(self.loss_scale), self.counter)
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
+        scale, counter = state
+        f = f32(self.factor)
+        if finite:
+            if counter == self.period - 1:
+                grown = _times(scale, f)
+                scale = grown if np.isfinite(grown) else scale
+        else:
+            scale = max(f32(self.min_loss_scale), scale / f)
+        return _Counted(scale, ((counter + 1) % self.period) * int(finite))
+
+
+@dataclass(frozen=True)
+class TF1ExponentialUpdate(ExponentialUpdate):
+    """TensorFlow 1.x ``tf.contrib.mixed_precision.ExponentialUpdateLossScaleManager``:
+    as Ascend's, but growth is refused only when ``S * incr_ratio`` is not finite."""
+
+    def grown(self, scale: np.float32) -> np.float32:
+        candidate = _times(scale, f32(self.incr_ratio))
+        return candidate if np.isfinite(candidate) else scale
+
+
+class TorchGradScaler(Manager):
+    """``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."""
+
+    policy_type = TorchPolicy
+
+
+class KerasDynamicLossScale(Manager):
+    """Keras 2 / TF2 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``, multiplier 2."""
+
+    policy_type = KerasPolicy
+
+
+class Keras3LossScale(Manager):
+    """Keras 3 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``."""
+
+    policy_type = Keras3Policy
+
+
+class DeepSpeedLossScaler(Manager):
+    """DeepSpeed ``DynamicLossScaler`` (binary64); raises MinimumScaleError at the floor."""
+
+    policy_type = DeepSpeedPolicy
+
+
+class MegatronGradScaler(Manager):
+    """Megatron-LM ``DynamicGradScaler(initial_scale, min_scale, growth_factor, backoff_factor,
+    growth_interval, hysteresis)``."""
+
+    policy_type = MegatronPolicy
+
+
+class MindSporeDynamicLossScale(Manager):
+    """MindSpore ``DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)``."""
+
+    policy_type = MindSporePolicy
+
+
+class JmpDynamicLossScale(Manager):
+    """jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."""
+
+
+    policy_type = JmpPolicy
+
+
+class TF1ExponentialUpdateLossScaleManager(Manager):
+    """TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."""
+
+    policy_type = TF1ExponentialUpdate

@@ -1,0 +1,140 @@
+"""The loss-scale protocol: a policy is a frozen value (its configuration) with a
+pure transition ``next(state, finite) -> state``; a manager is the small
+stateful face that frameworks expose (``get_loss_scale``/``update_loss_scale``).
+
+Keeping the state a small immutable value (as jmp does) makes policies easy to
+property-test, to replay on a recorded overflow sequence, and to sweep.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX"]
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def f32(x: float) -> np.float32:
+    """x rounded to binary32 (to nearest even), as a numpy scalar."""
+    return np.float32(x)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Base of the pure policy cores. Subclasses are frozen dataclasses whose
+    fields are the original's constructor arguments (names and defaults)."""
+
+    #: Lower bound the scale never goes below (0.0: none).
+    floor: ClassVar[str | float] = 0.0
+    #: Whether growth is refused where it would overflow binary32 (else the scale may reach Inf).
+    capped: ClassVar[bool] = True
+
+    class State(NamedTuple):
+        scale: Any
+
+    def initial(self) -> Any:
+        raise NotImplementedError
+
+    def next(self, state: Any, finite: bool) -> Any:
+        raise NotImplementedError
+
+    def floor_value(self) -> float:
+        """The declared floor as a number (a field name resolves to its value)."""
+        return float(getattr(self, self.floor)) if isinstance(self.floor, str) else float(self.floor)
+
+
+def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
+    """The scale before each step and after the last, for a finite/overflow sequence."""
+    state = policy.initial()
+    scales = [float(state.scale)]
+    for ok in finite:
+        state = policy.next(state, bool(ok))
+        scales.append(float(state.scale))
+    return scales
+
+
+class Manager:
+    """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``.
+
+    Subclasses name their policy type in ``policy_type``; the constructor takes
+    that policy's arguments.
+    """
+
+    policy_type: ClassVar[type[Policy]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.policy = self.policy_type(*args, **kwargs)
+        self.state = self.policy.initial()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "policy_type" in cls.__dict__:
+            cls.__signature__ = inspect.signature(cls.policy_type)
+
+    def get_loss_scale(self) -> float:
+        """The current scale (the binary32 value, as a Python float)."""
+        return float(self.state.scale)
+
+    def update_loss_scale(self, finite_grads: bool) -> None:
+        """Advance one step: ``finite_grads`` says whether the step's gradients were finite."""
+        if not isinstance(finite_grads, (bool, np.bool_)):
+            raise ValueError(f"finite_grads must be a bool, got {finite_grads!r}")
+        self.state = self.policy.next(self.state, bool(finite_grads))
+
+    def reset(self) -> None:
+        self.state = self.policy.initial()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.policy}, state={self.state})"
+
+
+# -- argument checks ------------------------------------------------------------------
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_at_least(name: str, value: Any, low: float) -> None:
+    if _number(name, value) < low:
+        raise ValueError(f"{name} must be at least {low:g}, got {value!r}")
+
+
+def check_positive(name: str, value: Any) -> None:
+    if _number(name, value) <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def check_ratio(name: str, value: Any, above_one: bool) -> None:
+    v = _number(name, value)
+    if above_one and not v > 1:
+        raise ValueError(f"{name} must be greater than 1, got {value!r}")
+    if not above_one and not 0 < v < 1:
+        raise ValueError(f"{name} must be between 0 and 1 (exclusive), got {value!r}")
+
+
+def check_period(name: str, value: Any, low: int = 1) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value!r}")
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def describe(policy: Policy) -> dict[str, Any]:
+    """The policy's arguments as a plain dict (for summaries and sweeps)."""
+    return {f.name: getattr(policy, f.name) for f in fields(policy)}
