@@ -1,0 +1,170 @@
+"""Hand-worked trajectories for every manager's edges, and argument checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager, trajectory
+from lossscale.policies import (
+    DeepSpeedLossScaler,
+    JmpDynamicLossScale,
+    Keras3LossScale,
+    KerasDynamicLossScale,
+    MegatronGradScaler,
+    MindSporeDynamicLossScale,
+    MinimumScaleError,
+    TF1ExponentialUpdateLossScaleManager,
+    TorchGradScaler,
+)
+
+T, F = True, False
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def run(manager, steps) -> list[float]:
+    out = [manager.get_loss_scale()]
+    for finite in steps:
+        manager.update_loss_scale(finite)
+        out.append(manager.get_loss_scale())
+    return out
+
+
+def test_ascend_exponential_rules() -> None:
+    m = ExponentialUpdateLossScaleManager(init_loss_scale=8, incr_every_n_steps=2, decr_every_n_nan_or_inf=2)
+    # F: bad=1. T: good=1, bad stays 1. F: bad+1=2 -> 8*0.8 = 6.4 (binary32). T,T: grows to 12.8.
+    assert run(m, [F, T, F, T, T]) == [8, 8, 8, float(np.float32(6.4)), float(np.float32(6.4)),
+                                        float(np.float32(6.4) * np.float32(2))]
+    assert m.state.good == 0 and m.state.bad == 0
+    m = ExponentialUpdateLossScaleManager(8, 3)
+    run(m, [T, T, F])  # a non-finite step resets the good counter
+    assert (m.state.good, m.state.bad) == (0, 1)
+
+
+def test_binary32_arithmetic_of_the_seed_example() -> None:
+    # The seed's call: 2**32 with decr_ratio=0.5; and the default ratio 0.8, which rounds.
+    m = ExponentialUpdateLossScaleManager(init_loss_scale=2**32, incr_every_n_steps=1000,
+                                          decr_every_n_nan_or_inf=2, decr_ratio=0.5)
+    assert run(m, [F, F]) == [2.0**32, 2.0**32, 2.0**31]
+    m = ExponentialUpdateLossScaleManager(2**32, 1000)
+    m.update_loss_scale(False)
+    m.update_loss_scale(False)
+    # 2**32 * 0.8 = 3435973836.8; binary32 spacing there is 256: 13421772.8 * 256 -> 13421773 * 256.
+    assert m.get_loss_scale() == 3435973888.0
+
+
+def test_growth_guards_differ_between_ascend_and_tf1() -> None:
+    s = float(np.float32(1.7e38))  # not below 3.4e38 / 2 in binary32, yet twice it is finite
+    ascend = ExponentialUpdateLossScaleManager(s, 1)
+    tf1 = TF1ExponentialUpdateLossScaleManager(s, 1)
+    assert run(ascend, [T])[-1] == s and ascend.state.good == 0
+    assert run(tf1, [T])[-1] == float(np.float32(s) * np.float32(2)) <= F32_MAX
+    top = 2.0**127
+    assert run(TF1ExponentialUpdateLossScaleManager(top, 1), [T])[-1] == top  # 2**128 would be Inf
+
+
+def test_floors() -> None:
+    assert run(ExponentialUpdateLossScaleManager(1, 5, decr_every_n_nan_or_inf=1), [F, F]) == [1, 1, 1]
+    assert run(KerasDynamicLossScale(initial_scale=2), [F, F]) == [2, 1, 1]
+    assert run(MindSporeDynamicLossScale(init_loss_scale=2), [F, F]) == [2, 1, 1]
+    assert run(JmpDynamicLossScale(4, min_loss_scale=2), [F, F]) == [4, 2, 2]
+    assert run(MegatronGradScaler(4, 3, 2, 0.5, 10, 1), [F, F]) == [4, 3, 3]
+    assert run(TorchGradScaler(init_scale=2.0**-148), [F, F]) == [2.0**-148, 2.0**-149, 0.0]  # no floor
+    assert run(Keras3LossScale(initial_scale=2.0**-149), [F]) == [2.0**-149, 0.0]
+
+
+def test_caps() -> None:
+    assert run(TorchGradScaler(2.0**127, growth_interval=1), [T]) == [2.0**127, 2.0**127]
+    assert run(KerasDynamicLossScale(2.0**127, dynamic_growth_steps=1), [T]) == [2.0**127, 2.0**127]
+    assert run(JmpDynamicLossScale(2.0**127, period=1), [T]) == [2.0**127, 2.0**127]
+    assert run(Keras3LossScale(2.0**127, dynamic_growth_steps=1), [T]) == [2.0**127, np.inf]
+    assert run(MegatronGradScaler(2.0**127, 1, 2, 0.5, 1, 1), [T]) == [2.0**127, np.inf]
+
+
+def test_torch_rounds_a_binary64_product_once() -> None:
+    # 0.75 * 0.3 in binary64 is 0.22499999999999998, rounded once to binary32.
+    assert run(TorchGradScaler(0.75, backoff_factor=0.3), [F])[-1] == 0.22499999403953552
+    # The tracker resets when growth is due, even when refused.
+    t = TorchGradScaler(2.0**127, growth_interval=2)
+    run(t, [T, T])
+    assert t.state.counter == 0
+    assert run(TorchGradScaler(1.0, growth_factor=1.5, growth_interval=2), [T, T, T, F]) == [1, 1, 1.5, 1.5, 0.75]
+
+
+def test_keras_and_jmp_periods() -> None:
+    assert run(KerasDynamicLossScale(4, dynamic_growth_steps=2), [T, T, T, F, T, T]) == [4, 4, 8, 8, 4, 4, 8]
+    assert run(Keras3LossScale(4, dynamic_growth_steps=2), [T, T, T, F, T, T]) == [4, 4, 8, 8, 4, 4, 8]
+    j = JmpDynamicLossScale(4, period=2)
+    assert run(j, [T, T, T, F, T]) == [4, 4, 8, 8, 4, 4]
+    assert j.state.counter == 1
+
+
+def test_deepspeed_schedule_hysteresis_and_error() -> None:
+    # Window 2: stable = iter - last_overflow - 1; growth when stable > 0 and stable % 2 == 0.
+    # iter 0: stable 0; iter 1: 1; iter 2: 2 -> grow; iter 3: 3; iter 4: 4 -> grow.
+    assert run(DeepSpeedLossScaler(init_scale=8, scale_window=2), [T] * 5) == [8, 8, 8, 16, 16, 32]
+    # An overflow at iter 1 (last_overflow = 1): iter 2 stable 0, iter 3 stable 1, iter 4 stable 2 -> grow.
+    assert run(DeepSpeedLossScaler(init_scale=8, scale_window=2), [T, F, T, T, T]) == [8, 8, 4, 4, 4, 8]
+    # Hysteresis 2: the first overflow is absorbed, the second halves.
+    assert run(DeepSpeedLossScaler(init_scale=8, delayed_shift=2), [F, F, F]) == [8, 8, 4, 2]
+    # Without consecutive_hysteresis a finite step does not refill it.
+    assert run(DeepSpeedLossScaler(init_scale=8, delayed_shift=2), [F, T, F]) == [8, 8, 8, 4]
+    assert run(DeepSpeedLossScaler(init_scale=8, delayed_shift=2, consecutive_hysteresis=True),
+               [F, T, F]) == [8, 8, 8, 8]
+    d = DeepSpeedLossScaler(init_scale=2, min_scale=1)
+    d.update_loss_scale(False)
+    with pytest.raises(MinimumScaleError):
+        d.update_loss_scale(False)
+    assert run(DeepSpeedLossScaler(init_scale=2, min_scale=1, raise_error_at_min_scale=False), [F, F]) == [2, 1, 1]
+
+
+def test_megatron_hysteresis_and_growth() -> None:
+    m = MegatronGradScaler(initial_scale=16, min_scale=1, growth_factor=2, backoff_factor=0.5,
+                           growth_interval=2, hysteresis=2)
+    # F: hyst 1 (no change). F: hyst 0 -> 8. F: hyst -1 -> 4. T,T: grow to 8, hyst refilled to 2.
+    assert run(m, [F, F, F, T, T, F]) == [16, 16, 8, 4, 4, 8, 8]
+    assert m.state.hysteresis_tracker == 1
+
+
+def test_mindspore_window() -> None:
+    # cur starts at 1, last at 0; growth when 2 <= cur - last.
+    ms = MindSporeDynamicLossScale(init_loss_scale=4, scale_window=2)
+    assert run(ms, [T, T, T, T, F, T, T]) == [4, 4, 8, 8, 16, 8, 8, 16]
+
+
+def test_fixed_manager() -> None:
+    m = FixedLossScaleManager(loss_scale=1024)
+    assert run(m, [F, T, F]) == [1024] * 4
+    with pytest.raises(ValueError, match="loss_scale must be at least 1, got 0.5"):
+        FixedLossScaleManager(0.5)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ExponentialUpdateLossScaleManager(2**10, 0), "incr_every_n_steps must be at least 1, got 0"),
+    (lambda: ExponentialUpdateLossScaleManager(2**10, 10, incr_ratio=0.5), "incr_ratio must be greater than 1"),
+    (lambda: ExponentialUpdateLossScaleManager(2**10, 10, decr_ratio=1.5), "decr_ratio must be between 0 and 1"),
+    (lambda: ExponentialUpdateLossScaleManager(float("inf"), 10), "init_loss_scale must be finite"),
+    (lambda: ExponentialUpdateLossScaleManager("big", 10), "init_loss_scale must be a real number, got 'big'"),
+    (lambda: ExponentialUpdateLossScaleManager(2**10, 2.5), "incr_every_n_steps must be an integer"),
+    (lambda: ExponentialUpdateLossScaleManager(2**10, True), "incr_every_n_steps must be an integer"),
+    (lambda: TorchGradScaler(backoff_factor=1.0), "backoff_factor must be between 0 and 1"),
+    (lambda: DeepSpeedLossScaler(scale_window=0), "scale_window must be at least 1"),
+    (lambda: MegatronGradScaler(1, 2, 2, 0.5, 10, 1), "min_scale must not exceed initial_scale"),
+    (lambda: JmpDynamicLossScale(float("nan")), "loss_scale must be finite"),
+    (lambda: FixedLossScaleManager(8, enable_overflow_check="yes"), "enable_overflow_check must be a bool"),
+])
+def test_invalid_arguments_name_the_argument(make, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_update_takes_a_bool() -> None:
+    with pytest.raises(ValueError, match="finite_grads must be a bool"):
+        TorchGradScaler().update_loss_scale(1)
+
+
+def test_trajectory_and_determinism() -> None:
+    steps = [T, F, T, T, F, F, T] * 20
+    policy = ExponentialUpdateLossScaleManager(2**16, 3).policy
+    assert trajectory(policy, steps) == trajectory(policy, steps)
+    assert trajectory(policy, steps) == run(ExponentialUpdateLossScaleManager(2**16, 3), steps)
