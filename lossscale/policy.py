@@ -47,8 +47,10 @@ class Policy:
         raise NotImplementedError
 
     def floor_value(self) -> float:
-        """The declared floor as a number (a field name resolves to its value)."""
-        return float(getattr(self, self.floor)) if isinstance(self.floor, str) else float(self.floor)
+        """The declared floor as a number in the scale's own type (a field name
+        resolves to its value: 1.7e38 is 1.6999999e38 in binary32)."""
+        value = getattr(self, self.floor) if isinstance(self.floor, str) else self.floor
+        return float(type(self.initial().scale)(value))
 
 
 def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
