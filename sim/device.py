@@ -150,9 +150,23 @@ class Device:
         _current.reset(self._tokens.pop())
 
     # -- elementwise --------------------------------------------------------------
+    _NUMPY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
     def _binary(self, op: str, a, b) -> np.ndarray:
         fpu = self._on(a)
+        if self._native32(fpu, a, b):
+            # binary32 to nearest even is what numpy computes; a finite result from
+            # finite operands raised no event, so the register has nothing to learn.
+            with np.errstate(all="ignore"):
+                r = self._NUMPY[op](a, b)
+            if np.isfinite(r).all() and np.isfinite(a).all() and np.isfinite(b).all():
+                return r
         return self._run(fpu, lambda: getattr(fpu, op)(a, b))
+
+    def _native32(self, fpu: Fpu, *xs) -> bool:
+        """Whether numpy's own binary32 arithmetic gives this device's result."""
+        return (fpu.format is BINARY32 and fpu.rounding is Rounding.NEAREST_EVEN
+                and all(np.asarray(x).dtype == np.float32 for x in xs))
 
     def add(self, a, b) -> np.ndarray:
         return self._binary("add", a, b)
@@ -246,8 +260,12 @@ class Device:
                     for term in t:
                         np.add(part, term, out=part)
 
-        bounds = np.linspace(0, a.shape[0], _workers() + 1).astype(int)
-        list(_pool().map(rows, bounds[:-1], bounds[1:]))
+        workers = _workers() if a.size * b.shape[1] >= 1 << 20 else 1  # threads pay off on large products only
+        bounds = np.linspace(0, a.shape[0], workers + 1).astype(int)
+        if workers == 1:
+            rows(0, a.shape[0])
+        else:
+            list(_pool().map(rows, bounds[:-1], bounds[1:]))
         if not np.isfinite(acc).all():
             self._matmul_events(a32t.T, b32, acc)
         return acc
@@ -281,12 +299,23 @@ class Device:
         fpu = self._on(v)
         if v.shape[0] == 0:
             v = np.zeros((1, *v.shape[1:]), v.dtype)
+        total = None
+        if self._native32(fpu, v):
+            with np.errstate(all="ignore"):
+                total = self._tree(v, np.add)  # binary32, nearest even: numpy's own, when all stays finite
+            if not (np.isfinite(total).all() and np.isfinite(v).all()):
+                total = None
+        if total is None:
+            total = self._tree(v, lambda x, y: self._run(fpu, lambda: fpu.add(x, y)))
+        return total if total.dtype == out_dtype else self.cast(total, out_dtype)
+
+    def _tree(self, v: np.ndarray, add) -> np.ndarray:
+        """Adjacent pairs, then pairs of pairs, ... along axis 0."""
         while v.shape[0] > 1:
             half = v.shape[0] // 2
-            pairs = self._run(fpu, lambda v=v, half=half: fpu.add(v[0:2 * half:2], v[1:2 * half:2]))
+            pairs = add(v[0:2 * half:2], v[1:2 * half:2])
             v = np.concatenate([pairs, v[2 * half:]]) if v.shape[0] % 2 else pairs
-        total = v[0]
-        return total if total.dtype == out_dtype else self.cast(total, out_dtype)
+        return v[0]
 
     def mean(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """``sum`` divided by the count, in the accumulation dtype, then rounded to ``out_dtype``."""

@@ -193,6 +193,10 @@ class Rounder:
         suspect = (bits - safe).view(_U) >= _U(fmt.inf_bits - safe)
         if not suspect.any():
             return self._signed(u, bits), flags, _NONE
+        zero = mag == 0  # zeros are common (ReLU, exact cancellation) and need nothing more
+        if zero.any():
+            np.copyto(bits, 0, where=zero)
+            suspect &= ~zero
         # Finite overflows are common in some workloads: settle them here.
         overflow = (bits >= fmt.inf_bits) & (mag < _INF64)
         if overflow.any():

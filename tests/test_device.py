@@ -234,3 +234,18 @@ def test_current_device_nesting_and_threads() -> None:
         assert current_device() is outer
     with pytest.raises(RuntimeError, match="no current device"):
         current_device()
+
+
+@given(a=hnp.arrays(np.float32, 20, elements=st.floats(width=32, allow_nan=True)),
+       b=hnp.arrays(np.float32, 20, elements=st.floats(width=32, allow_nan=True)),
+       op=st.sampled_from(["add", "sub", "mul", "div"]), profile=st.sampled_from(["atlas-a2", "atlas-training"]))
+@settings(max_examples=80, deadline=None)
+def test_binary32_shortcut_equals_the_emulator(a, b, op, profile) -> None:
+    """The device's numpy shortcut for binary32 equals the emulator's result and events."""
+    dev, ref = Device(profile), Device(profile)
+    got = getattr(dev, op)(a, b)
+    with ref._lock:
+        want = ref._run(ref._fpus[np.dtype(np.float32)], lambda: getattr(ref._fpus[np.dtype(np.float32)], op)(a, b))
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all()
+    assert np.array_equal(dev.get_float_status(), ref.get_float_status())

@@ -1,0 +1,63 @@
+"""Cost of one emulated training step against the same step in plain numpy float32.
+
+The emulated step: forward and backward on a simulated device in binary16 (exact
+matmul accumulation, every operation rounded and its events recorded), then
+NPULossScaleOptimizer's unscale, decision and update. The plain step: the same
+model's forward and backward in numpy float32 (BLAS matmuls) and the same
+optimizer update. Ratio in one run; lower is better.
+
+    python bench/bench_training.py [--workload mlp] [--repeat 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from lossscale import ExponentialUpdateLossScaleManager, NPULossScaleOptimizer
+from lossscale.workloads import WORKLOADS, make_workload
+from sim import Device
+
+
+def best(fn, repeat: int) -> float:
+    out = np.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out = min(out, time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="mlp", choices=list(WORKLOADS))
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--profile", default="atlas-training")
+    args = ap.parse_args()
+    wl = make_workload(args.workload)
+    batch = wl.batches(1)[0]
+    dev = Device(args.profile)
+    params, params32 = wl.init_params(), wl.init_params()
+    opt = NPULossScaleOptimizer(wl.optimizer(), ExponentialUpdateLossScaleManager(2**10, 1000), device=dev)
+    opt32 = wl.optimizer()
+
+    def emulated() -> None:
+        dev.clear_float_status()
+        with dev:
+            _, grads = wl.forward_backward(dev, params, opt.get_loss_scale(), batch)
+        opt.apply_gradients(opt.compute_gradients(lambda _s: grads, params))
+
+    def plain() -> None:
+        _, grads = wl.grads32(params32, batch)
+        opt32.apply_gradients(list(zip(grads, params32, strict=True)))
+
+    t_emul, t_plain = best(emulated, args.repeat), best(plain, args.repeat)
+    print(f"{'step':<40}{'ms':>9}{'ratio':>8}")
+    print(f"{'numpy float32 (' + args.workload + ')':<40}{t_plain * 1e3:>9.3f}{1.0:>8.2f}")
+    print(f"{'emulated binary16 on ' + args.profile:<40}{t_emul * 1e3:>9.3f}{t_emul / t_plain:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Plots of scale trajectories: log2 S against step, overflow and skipped steps
+marked, the loss below. Rendered with matplotlib's Agg backend to PNG bytes,
+with fixed metadata so the same run gives the same file."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .simulate import Run  # noqa: E402
+
+__all__ = ["plot_run", "figure_run", "plot_compare"]
+
+_META = {"Software": None}
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata=_META)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _title(run: Run) -> str:
+    s = run.summary
+    return (f"{s['manager']['class']} on {s['profile']['name']} ({s['profile']['overflow_mode']}), "
+            f"detector {s['detector']}, {s['arguments']['ranks']} rank(s)")
+
+
+def draw_scale(ax, run: Run, label: str | None = None, marks: bool = True) -> None:
+    steps, scale = run.column("step"), run.column("loss_scale").astype(float)
+    with np.errstate(divide="ignore"):
+        ax.step(steps, np.log2(scale), where="post", label=label or "log2 loss scale")
+    if marks:
+        over = run.column("overflow").astype(bool)
+        skipped = ~run.column("applied").astype(bool)
+        ax.plot(steps[over], np.log2(scale[over]), "x", color="tab:red", label="overflow (register)")
+        ax.plot(steps[skipped], np.log2(scale[skipped]), "o", mfc="none", color="tab:orange", label="skipped step")
+
+
+def plot_run(run: Run) -> bytes:
+    """The figure of one run, as PNG bytes."""
+    return _png(figure_run(run))
+
+
+def figure_run(run: Run):
+    """The figure of one run: log2 scale with overflow and skipped steps marked, the loss below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
+    draw_scale(top, run)
+    top.set_ylabel("log2 loss scale")
+    top.set_title(_title(run), fontsize=9)
+    top.legend(loc="best", fontsize=8)
+    top.grid(alpha=0.3)
+    steps = run.column("step")
+    bottom.plot(steps, run.column("loss"), label="binary16 on the device")
+    bottom.plot(steps, run.column("baseline_loss"), "--", label="binary32 baseline")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("loss")
+    bottom.set_yscale("log")
+    bottom.legend(loc="best", fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_compare(runs: Sequence[tuple[str, Run]]) -> bytes:
+    """Several managers on one figure: their scales above, their losses below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
+    for name, run in runs:
+        draw_scale(top, run, label=name, marks=False)
+        bottom.plot(run.column("step"), run.column("loss"), label=name)
+    top.set_ylabel("log2 loss scale")
+    top.legend(loc="best", fontsize=8)
+    top.grid(alpha=0.3)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("loss")
+    bottom.set_yscale("log")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,186 @@
+"""Mixed-precision training on simulated Atlas devices, one loss-scale policy at a time.
+
+Each step, on every rank: clear the float-status register, run forward and
+backward in binary16 on the device with the loss scaled by the manager's S,
+all-reduce (sum) the binary16 gradients across ranks on the devices, then let
+``NPULossScaleOptimizer`` unscale, decide (register or isfinite) and apply to
+the binary32 master weights. Beside it, the same model is trained in plain
+binary32 with the same batches (the baseline), and every ``underflow_every``
+steps rank 0's binary16 gradients are compared with binary32 ones from the
+same weights: the fraction that became zero though the binary32 value is not.
+Same arguments and seed give the same bits.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from sim import Device, Group, profiles
+
+from . import policies
+from .managers import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from .optimizers import DETECTORS, NPULossScaleOptimizer
+from .policy import Manager, describe
+from .workloads import make_workload
+
+__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS"]
+
+_HIGH = 2.0**32  # the seed's initial scale: too high for binary16 gradients, so backoff shows
+#: Manager names, classes and the simulator's default arguments (a short growth period so
+#: that backoff and growth both show in a default run; every one can be overridden).
+MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {
+    "exponential": (ExponentialUpdateLossScaleManager,
+                    {"init_loss_scale": _HIGH, "incr_every_n_steps": 50, "decr_every_n_nan_or_inf": 2,
+                     "decr_ratio": 0.5}),
+    "fixed": (FixedLossScaleManager, {"loss_scale": 2.0**10}),
+    "tf1": (policies.TF1ExponentialUpdateLossScaleManager,
+            {"init_loss_scale": _HIGH, "incr_every_n_steps": 50, "decr_every_n_nan_or_inf": 2, "decr_ratio": 0.5}),
+    "torch": (policies.TorchGradScaler, {"init_scale": _HIGH, "growth_interval": 50}),
+    "keras": (policies.KerasDynamicLossScale, {"initial_scale": _HIGH, "dynamic_growth_steps": 50}),
+    "keras3": (policies.Keras3LossScale, {"initial_scale": _HIGH, "dynamic_growth_steps": 50}),
+    "deepspeed": (policies.DeepSpeedLossScaler, {"init_scale": _HIGH, "scale_window": 50}),
+    "megatron": (policies.MegatronGradScaler,
+                 {"initial_scale": _HIGH, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                  "growth_interval": 50, "hysteresis": 2}),
+    "mindspore": (policies.MindSporeDynamicLossScale, {"init_loss_scale": _HIGH, "scale_window": 50}),
+    "jmp": (policies.JmpDynamicLossScale, {"loss_scale": _HIGH, "period": 50}),
+}
+
+#: The trajectory's columns, in file order. ``overflow``: an event reached any rank's
+#: register this step; ``detector_finite``: the optimizer's detector saw a finite step,
+#: and so ``applied`` (always true with an unchecked FixedLossScaleManager).
+COLUMNS = ("step", "loss_scale", "overflow", "detector_finite", "applied", "undetected_overflow",
+           "register", "loss", "baseline_loss", "grad_max", "underflow_fraction")
+
+
+def make_manager(name: str, args: dict[str, Any] | None = None) -> Manager:
+    """A manager by name, with the simulator's defaults overridden by ``args``."""
+    if name not in MANAGERS:
+        raise ValueError(f"unknown manager {name!r}; valid: {', '.join(MANAGERS)}")
+    cls, defaults = MANAGERS[name]
+    valid = [f.name for f in fields(cls.policy_type)]
+    for key in args or {}:
+        if key not in valid:
+            raise ValueError(f"manager {name!r} takes no argument {key!r}; valid: {', '.join(valid)}")
+    return cls(**{**defaults, **(args or {})})
+
+
+@dataclass
+class Run:
+    """A finished simulation: one record per step, and the summary."""
+
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([r[name] for r in self.records])
+
+
+def _versions() -> dict[str, str]:
+    import platform
+
+    import ml_dtypes
+
+    from . import __version__
+    return {"python": platform.python_version(), "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__,
+            "lossscale": __version__}
+
+
+def simulate(workload: str = "mlp", profile: str = "atlas-a2", overflow_mode: str | None = None,
+             manager: str = "exponential", manager_args: dict[str, Any] | None = None,
+             detector: str | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
+             underflow_every: int = 10, workload_args: dict[str, Any] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> Run:
+    """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``."""
+    args = {"workload": workload, "profile": profile, "overflow_mode": overflow_mode, "manager": manager,
+            "manager_args": dict(manager_args or {}), "detector": detector, "ranks": ranks, "steps": steps,
+            "seed": seed, "underflow_every": underflow_every, "workload_args": dict(workload_args or {})}
+    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
+    if detector is not None and detector not in DETECTORS:
+        raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(DETECTORS)}")
+    prof = profiles.get(profile)
+    wl = make_workload(workload, seed, **(workload_args or {}))
+    make_manager(manager, manager_args)  # refuse bad arguments before any work
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        devices = [Device(prof, overflow_mode, name=f"rank{r}") for r in range(ranks)]
+    if ranks > 1:
+        Group(devices)
+    params = [wl.init_params() for _ in devices]
+    opts = [NPULossScaleOptimizer(wl.optimizer(), make_manager(manager, manager_args), is_distributed=ranks > 1,
+                                  detector=detector, device=dev) for dev in devices]
+    base_params, base_opt = wl.init_params(), wl.optimizer()
+    batches = wl.batches(steps)
+    records: list[dict[str, Any]] = []
+    stopped = None
+    for t in range(steps):
+        scale = opts[0].get_loss_scale()
+        shards = wl.shards(batches[t], ranks)
+        for dev in devices:
+            dev.clear_float_status()
+        losses, grads = [], []
+        for dev, p, (part, share) in zip(devices, params, shards, strict=True):
+            with dev:
+                loss, g = wl.forward_backward(dev, p, scale, part, share)
+            losses.append(loss)
+            grads.append(g)
+        local0 = grads[0]
+        if ranks > 1:
+            summed = [Group.allreduce(devices[0].group, [g[i] for g in grads]) for i in range(len(local0))]
+            grads = [[s[r] for s in summed] for r in range(ranks)]
+        register = np.sum([dev.get_float_status() for dev in devices], axis=0)
+        try:
+            applied = [opt.apply_gradients(opt.compute_gradients(lambda _s, g=g: g, p))
+                       for opt, g, p in zip(opts, grads, params, strict=True)]
+        except policies.MinimumScaleError as err:
+            stopped = f"step {t}: {err}"
+            break
+        with np.errstate(all="ignore"):
+            grad_max = max(float(np.max(np.abs(g.astype(np.float32)))) for g in grads[0]) / scale
+        underflow = float("nan")
+        if t % underflow_every == 0:
+            _, ref = wl.grads32(params[0], *shards[0])
+            nonzero = sum(int(np.count_nonzero(r)) for r in ref)
+            lost = sum(int(np.count_nonzero((g == 0) & (r != 0))) for g, r in zip(local0, ref, strict=True))
+            underflow = lost / nonzero if nonzero else 0.0
+        base_loss, base_grads = wl.grads32(base_params, batches[t])
+        base_opt.apply_gradients(list(zip(base_grads, base_params, strict=True)))
+        overflow = bool(register.any())
+        records.append({
+            "step": t, "loss_scale": scale, "overflow": overflow, "detector_finite": bool(applied[0]),
+            "applied": bool(applied[0]), "undetected_overflow": overflow and bool(applied[0]),
+            "register": " ".join(str(int(v)) for v in register), "loss": sum(losses),
+            "baseline_loss": base_loss, "grad_max": grad_max, "underflow_fraction": underflow,
+        })
+        if progress is not None:
+            progress(t + 1, steps)
+    final, baseline = wl.evaluate(params[0]), wl.evaluate(base_params)
+    col = lambda k: [r[k] for r in records]  # noqa: E731
+    fractions = [f for f in col("underflow_fraction") if f == f]
+    summary = {
+        "arguments": args,
+        "manager": {"name": manager, "class": type(opts[0].loss_scale_manager).__name__,
+                    "arguments": describe(opts[0].loss_scale_manager.policy)},
+        "profile": {"name": prof.name, "product": prof.product_en, "overflow_mode": devices[0].overflow.name,
+                    "warnings": [str(w.message) for w in caught]},
+        "detector": opts[0].detector_for(devices[0]),
+        "versions": _versions(),
+        "steps_run": len(records), "stopped_early": stopped,
+        "final": final, "baseline_float32": baseline,
+        "final_loss_scale": opts[0].get_loss_scale(),
+        "skipped_steps": sum(not a for a in col("applied")),
+        "overflow_steps": sum(col("overflow")),
+        "undetected_overflow_steps": sum(col("undetected_overflow")),
+        "mean_underflow_fraction": float(np.mean(fractions)) if fractions else float("nan"),
+        "underflow_every": underflow_every,
+        "matmul_accumulation": np.dtype(prof.matmul_accumulate).name,
+    }
+    return Run(records, summary, args)

@@ -1,0 +1,133 @@
+"""The training simulator and the lossscale command: error paths, determinism,
+the files' schema, and the plot's content (no timing)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from lossscale.cli import main
+from lossscale.files import read_run
+from lossscale.plots import figure_run
+from lossscale.simulate import COLUMNS, simulate
+
+FAST = ["--steps", "60", "--quiet", "--manager-arg", "incr_every_n_steps=10"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--manager", "bogus"], "invalid choice: 'bogus'"),
+    (["run", "--profile", "atlas-9"], "invalid choice: 'atlas-9'"),
+    (["run", "--manager-arg", "foo=1"], "takes no argument 'foo'; valid: init_loss_scale"),
+    (["run", "--manager-arg", "init_loss_scale=0.5"], "init_loss_scale must be at least 1, got 0.5"),
+    (["run", "--manager-arg", "init_loss_scale"], "--manager-arg takes KEY=VALUE"),
+    (["run", "--manager-arg", "init_loss_scale=big"], "bad value for init_loss_scale"),
+    (["run", "--workload-arg", "width=3"], "workload 'mlp' takes no argument 'width'; valid: hidden"),
+    (["run", "--profile", "atlas-training", "--overflow-mode", "inf_nan"], "supports SATURATION"),
+    (["run", "--steps", "0"], "steps must be an integer of at least 1"),
+    (["run", "--steps", "many"], "invalid int value: 'many'"),
+    (["compare", "--manager", "torch"], "at least two different --manager"),
+    ([], "a command is needed; valid: run, compare, plot, profiles"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("lossscale: error: ") and message in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # nothing half-built
+
+
+def test_existing_output_needs_force(capsys, tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "run", *FAST, "--out", str(out))
+    assert code == 2 and "use --force" in err and (out / "keep.txt").read_text() == "mine"
+    code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(out), "--force")
+    assert code == 0 and (out / "trajectory.csv").exists()
+    assert not list(out.glob(".*.tmp"))  # no temporary files left behind
+
+
+def test_run_files_schema_and_determinism(capsys, tmp_path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        code, stdout, _ = run_cli(capsys, "run", *FAST, "--out", str(out))
+        assert code == 0 and "exponential" in stdout and "wrote" in stdout
+    for name in ("trajectory.csv", "summary.json", "scale.png"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    rows = list(csv.DictReader((a / "trajectory.csv").open()))
+    assert tuple(rows[0]) == COLUMNS and len(rows) == 60
+    assert [int(r["step"]) for r in rows] == list(range(60))
+    assert all(len(r["register"].split()) == 8 for r in rows)
+    summary = json.loads((a / "summary.json").read_text())
+    for key in ("arguments", "versions", "final", "baseline_float32", "skipped_steps", "overflow_steps",
+                "mean_underflow_fraction", "undetected_overflow_steps", "manager", "profile"):
+        assert key in summary, key
+    assert set(summary["final"]) == {"loss", "accuracy"}
+    skipped = sum(r["applied"] == "0" for r in rows)
+    assert summary["skipped_steps"] == skipped and summary["overflow_steps"] == sum(r["overflow"] == "1" for r in rows)
+    # The files read back into the same records.
+    back = read_run(a)
+    assert back.records[5]["loss_scale"] == float(rows[5]["loss_scale"])
+
+
+def test_plot_shows_scale_markers_and_loss(tmp_path) -> None:
+    run = simulate(steps=130)
+    fig = figure_run(run)
+    top, bottom = fig.axes
+    assert top.get_ylabel() == "log2 loss scale" and bottom.get_xlabel() == "step" and bottom.get_ylabel() == "loss"
+    lines = {line.get_label(): line for line in top.get_lines()}
+    overflow_steps = run.column("step")[run.column("overflow").astype(bool)]
+    assert np.array_equal(lines["overflow (register)"].get_xdata(), overflow_steps) and overflow_steps.size > 0
+    skipped = run.column("step")[~run.column("applied").astype(bool)]
+    assert np.array_equal(lines["skipped step"].get_xdata(), skipped)
+    assert lines["overflow (register)"].get_marker() == "x"
+    scale = lines["log2 loss scale"].get_ydata()
+    assert scale[0] == 32 and scale.min() < 32 and scale[-1] > scale.min()  # backoff, then growth
+    assert {line.get_label() for line in bottom.get_lines()} == {"binary16 on the device", "binary32 baseline"}
+
+
+def test_plot_command_redraws(capsys, tmp_path) -> None:
+    out = tmp_path / "r"
+    assert run_cli(capsys, "run", *FAST, "--out", str(out))[0] == 0
+    first = (out / "scale.png").read_bytes()
+    (out / "scale.png").unlink()
+    assert run_cli(capsys, "plot", str(out))[0] == 0
+    assert (out / "scale.png").read_bytes() == first
+    code, _, err = run_cli(capsys, "plot", str(tmp_path / "nothing"))
+    assert code == 2 and "holds no run" in err
+
+
+def test_compare_and_profiles(capsys, tmp_path) -> None:
+    out = tmp_path / "cmp"
+    code, stdout, _ = run_cli(capsys, "compare", "--manager", "exponential", "--manager", "torch",
+                              "--steps", "30", "--quiet", "--out", str(out))
+    assert code == 0 and (out / "compare.png").exists()
+    assert (out / "exponential" / "trajectory.csv").exists() and (out / "torch" / "summary.json").exists()
+    assert "torch" in stdout and "exponential" in stdout
+    code, stdout, _ = run_cli(capsys, "profiles")
+    assert code == 0 and "atlas-training" in stdout and "SATURATION (default SATURATION)" in stdout
+
+
+def test_saturation_with_isfinite_lets_overflow_through() -> None:
+    good = simulate(profile="atlas-training", steps=80)
+    naive = simulate(profile="atlas-training", detector="isfinite", steps=80)
+    assert good.summary["undetected_overflow_steps"] == 0 and good.summary["skipped_steps"] > 0
+    assert naive.summary["undetected_overflow_steps"] == naive.summary["overflow_steps"] > 0
+    assert naive.summary["final"]["accuracy"] < good.summary["final"]["accuracy"] - 0.3
+
+
+def test_ranks_skip_together_and_stay_in_step() -> None:
+    run = simulate(profile="atlas-training", ranks=4, steps=40)
+    assert run.summary["skipped_steps"] > 0
+    one = simulate(profile="atlas-training", ranks=1, steps=40)
+    assert run.summary["skipped_steps"] == one.summary["skipped_steps"]  # same scale schedule on any rank count
