@@ -25,6 +25,7 @@ class FixedLossScale(Policy):
     loss_scale: float
     enable_overflow_check: bool = True
     floor = "loss_scale"
+    grows = False
 
     class State(NamedTuple):
         scale: np.float32

@@ -36,6 +36,8 @@ class Policy:
     floor: ClassVar[str | float] = 0.0
     #: Whether growth is refused where it would overflow binary32 (else the scale may reach Inf).
     capped: ClassVar[bool] = True
+    #: Whether a long enough run of finite steps grows the scale.
+    grows: ClassVar[bool] = True
 
     class State(NamedTuple):
         scale: Any

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lossscale.testing as hs
 from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, Fpu, OverflowMode, Rounding, Tininess
 
-import strategies as hs
 from oracle import reference, saturated
 
 MODES = list(Rounding)

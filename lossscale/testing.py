@@ -1,0 +1,208 @@
+"""A testing kit: hypothesis strategies aimed at the hard places of binary16 and
+of loss scaling, and :func:`check_policy`, which property-tests any scale
+policy that follows the protocol (``get_loss_scale()``,
+``update_loss_scale(finite)``). Needs hypothesis (the ``test`` extra).
+
+    from lossscale.testing import check_policy
+    check_policy(lambda: MyScaler(init=2**16), floor=1.0)   # raises with a shrunk counterexample
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sim import BINARY16, Format
+
+__all__ = [
+    "values", "finite", "near_pair", "fma_triple", "binary16", "binary16_arrays",
+    "overflow_sequences", "gradient_arrays", "check_policy", "PolicyError",
+]
+
+
+def values(fmt: Format = BINARY16) -> st.SearchStrategy[int]:
+    """Bit patterns: uniform, special, near MAX, near the subnormal boundary,
+    tiny subnormals, and significands with few bits or all ones."""
+    man_mask = (1 << fmt.man_bits) - 1
+    one = fmt.bias << fmt.man_bits
+    specials = [0, 1, man_mask, 1 << fmt.man_bits, fmt.max_bits, fmt.max_bits - 1, fmt.inf_bits,
+                fmt.default_nan, fmt.inf_bits | 1, one, one - 1, one + 1]
+    significand = st.one_of(
+        st.integers(0, man_mask),
+        st.sampled_from([0, 1, man_mask, man_mask - 1, 1 << (fmt.man_bits - 1)]),
+        st.integers(0, 7).map(lambda k: (k << (fmt.man_bits - 3)) & man_mask),  # few significant bits
+    )
+    structured = st.builds(lambda e, m: e << fmt.man_bits | m, st.integers(0, (1 << fmt.exp_bits) - 2), significand)
+    magnitude = st.one_of(
+        st.integers(0, fmt.sign_bit - 1),
+        st.sampled_from(specials),
+        st.integers(fmt.max_bits - 32, fmt.max_bits),
+        st.integers((1 << fmt.man_bits) - 32, (1 << fmt.man_bits) + 32),
+        st.integers(0, 64),
+        structured,
+    )
+    return st.builds(lambda s, m: s | m, st.sampled_from([0, fmt.sign_bit]), magnitude)
+
+
+def finite(fmt: Format = BINARY16) -> st.SearchStrategy[int]:
+    return values(fmt).filter(lambda b: b & (fmt.sign_bit - 1) < fmt.inf_bits)
+
+
+def near_pair(fmt: Format = BINARY16) -> st.SearchStrategy[tuple[int, int]]:
+    """(a, b) with b's exponent a little below a's: ties, carries and cancellation in a sum."""
+    def build(a: int, k: int, m: int, s: int) -> tuple[int, int]:
+        e = max((a >> fmt.man_bits & ((1 << fmt.exp_bits) - 1)) - k, 0)
+        return a, s | e << fmt.man_bits | m
+    return st.builds(build, finite(fmt), st.integers(0, fmt.precision + 2),
+                     st.integers(0, (1 << fmt.man_bits) - 1), st.sampled_from([0, fmt.sign_bit]))
+
+
+def fma_triple(fmt: Format = BINARY16) -> st.SearchStrategy[tuple[int, int, int]]:
+    """(a, b, c) with |c| near, far below or far above |a*b|."""
+    def build(a: int, b: int, shift: int, m: int, s: int) -> tuple[int, int, int]:
+        ea = a >> fmt.man_bits & ((1 << fmt.exp_bits) - 1)
+        eb = b >> fmt.man_bits & ((1 << fmt.exp_bits) - 1)
+        ec = min(max(ea + eb - fmt.bias + shift, 0), (1 << fmt.exp_bits) - 2)
+        return a, b, s | ec << fmt.man_bits | m
+    return st.builds(build, finite(fmt), finite(fmt), st.integers(-40, 40),
+                     st.integers(0, (1 << fmt.man_bits) - 1), st.sampled_from([0, fmt.sign_bit]))
+
+
+# -- numpy values -------------------------------------------------------------------
+def binary16() -> st.SearchStrategy[np.float16]:
+    """binary16 scalars with weight on ties, MAX, subnormals, -0 and NaN (quiet and signaling)."""
+    return values(BINARY16).map(lambda b: np.array(b, np.uint16).view(np.float16)[()])
+
+
+def binary16_arrays(shape: int | tuple[int, ...] | st.SearchStrategy | None = None):
+    """Arrays of :func:`binary16` values (shape: any of up to 2 x 32 by default)."""
+    shape = hnp.array_shapes(max_dims=2, max_side=32) if shape is None else shape
+    bits = hnp.arrays(np.uint16, shape, elements=values(BINARY16))
+    return bits.map(lambda a: a.view(np.float16))
+
+
+def gradient_arrays(shape: int | tuple[int, ...] = 64, center: float = -8.0, spread: float = 6.0,
+                    dtype=np.float32) -> st.SearchStrategy[np.ndarray]:
+    """Gradient-like arrays: signed values whose log2 magnitude is spread
+    around ``center`` by up to ``spread`` binades, with some exact zeros."""
+    def build(exps, mants, signs, zeros):
+        x = np.ldexp(mants, exps) * np.where(signs, -1, 1)
+        return np.where(zeros, 0, x).astype(dtype)
+    n = (shape,) if isinstance(shape, int) else shape
+    lo, hi = math.floor(center - spread), math.ceil(center + spread)
+    return st.builds(build, hnp.arrays(np.int64, n, elements=st.integers(lo, hi)),
+                     hnp.arrays(np.float64, n, elements=st.floats(0.5, 1, exclude_max=True)),
+                     hnp.arrays(bool, n), hnp.arrays(bool, n, elements=st.sampled_from([False] * 15 + [True])))
+
+
+# -- overflow sequences -------------------------------------------------------------
+def overflow_sequences(max_size: int = 400) -> st.SearchStrategy[list[bool]]:
+    """finite (True) / overflow (False) sequences: random, bursts of overflows in
+    quiet runs, long quiet runs, and alternation."""
+    random = st.lists(st.booleans(), max_size=max_size)
+    burst = st.tuples(st.integers(0, max_size // 2), st.integers(1, 20), st.integers(0, max_size // 2)).map(
+        lambda t: [True] * t[0] + [False] * t[1] + [True] * t[2])
+    bursts = st.lists(burst, min_size=1, max_size=4).map(lambda parts: sum(parts, [])[:max_size])
+    quiet = st.integers(0, max_size).map(lambda n: [True] * n)
+    alternate = st.tuples(st.integers(1, max_size // 2), st.integers(1, 3)).map(
+        lambda t: ([True] * t[1] + [False]) * t[0])
+    return st.one_of(random, bursts, quiet, alternate.map(lambda s: s[:max_size]))
+
+
+# -- property-testing a policy ------------------------------------------------------
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+class PolicyError(AssertionError):
+    """A generic property of loss-scale policies failed."""
+
+
+def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[BaseException], ...],
+            interleave: Callable[[], Any] | None = None) -> list[float]:
+    m = make()
+    other = interleave() if interleave else None
+    out = [float(m.get_loss_scale())]
+    for i, finite in enumerate(steps):
+        try:
+            m.update_loss_scale(bool(finite))
+        except raises:
+            break
+        if other is not None:  # another instance's updates must not change this one's future
+            try:
+                other.update_loss_scale(i % 2 == 0)
+            except raises:
+                other = None
+        out.append(float(m.get_loss_scale()))
+    return out
+
+
+def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped: bool | None = None,
+                 grows: bool | None = None, growth_within: int = 5000, raises: tuple[type[BaseException], ...] = (),
+                 max_examples: int = 150, max_steps: int = 400) -> None:
+    """Property-test the policy that ``make()`` builds; raise :class:`PolicyError`
+    naming the property and the (shrunk) finite/overflow sequence that breaks it.
+
+    Properties, for every sequence: the scale stays positive (or at least
+    ``floor``; ``floor=0`` allows reaching zero) and, if ``capped``, finite and
+    at most binary32's MAX; an overflow step never increases it; ``growth_within``
+    finite steps in a row grow it unless it is within 2**8 of binary32's MAX
+    (or zero, where ``floor=0`` allows that; or ``grows=False``, a fixed scale);
+    two instances fed the same steps agree, also when other instances are
+    updated in between (no hidden shared state). ``floor`` and ``capped``
+    default to what the policy declares (its ``policy.floor_value()`` and
+    ``policy.capped``, ``policy.grows``), else 0 < scale, capped and growing. ``raises`` lists exceptions
+    the policy may raise by design (they end the sequence).
+    """
+    probe = make()
+    policy = getattr(probe, "policy", None)
+    if floor is None:
+        floor = policy.floor_value() if policy is not None else None
+    if capped is None:
+        capped = getattr(policy, "capped", True)
+    if grows is None:
+        grows = getattr(policy, "grows", True)
+    name = type(probe).__name__
+
+    def fail(what: str, steps: Sequence[bool], scales: list[float]) -> None:
+        text = "".join("." if s else "X" for s in steps)
+        raise PolicyError(f"{name}: {what}\n  steps (. finite, X overflow): {text or '(none)'}\n"
+                          f"  scales: {scales[:12]}{' ...' if len(scales) > 12 else ''}")
+
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(steps=overflow_sequences(max_steps))
+    def properties(steps: list[bool]) -> None:
+        scales = _scales(make, steps, raises)
+        for i, s in enumerate(scales):
+            if math.isnan(s):
+                fail(f"the scale is NaN after step {i}", steps, scales)
+            if floor is None and not s > 0:
+                fail(f"the scale reached {s} after step {i}", steps, scales)
+            if floor is not None and s < floor:
+                fail(f"the scale {s} fell below the floor {floor} after step {i}", steps, scales)
+            if capped and not (math.isfinite(s) and s <= F32_MAX):
+                fail(f"the scale reached {s} after step {i} (not finite)", steps, scales)
+        for i in range(len(scales) - 1):
+            if not steps[i] and scales[i + 1] > scales[i]:
+                fail(f"an overflow at step {i} raised the scale from {scales[i]} to {scales[i + 1]}", steps, scales)
+        if _scales(make, steps, raises) != scales:
+            fail("two instances fed the same steps disagree", steps, scales)
+        if _scales(make, steps, raises, interleave=make) != scales:
+            fail("updating another instance changed this one's scales (hidden shared state)", steps, scales)
+        tail = _scales(make, list(steps) + [True] * growth_within, raises) if grows else []
+        if len(tail) == len(steps) + growth_within + 1:
+            last = tail[len(steps)]
+            if capped and not all(math.isfinite(x) and x <= F32_MAX for x in tail):
+                fail(f"a run of finite steps after the sequence made the scale {max(tail)} (not finite)",
+                     steps, scales)
+            if 0 < last < F32_MAX / 2**8 and max(tail[len(steps):]) <= last:
+                fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}",
+                     steps, scales)
+
+    properties()
