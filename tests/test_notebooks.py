@@ -1,0 +1,35 @@
+"""The notebooks run top to bottom, and are kept in git without outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_three() -> None:
+    assert [p.name for p in NOTEBOOKS] == ["01-overflow-modes.ipynb", "02-scale-policies.ipynb",
+                                           "03-training-on-atlas.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(path: Path) -> None:
+    book = nbformat.read(path, as_version=4)
+    for cell in book.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name} holds outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
+    book = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
