@@ -7,6 +7,7 @@ exit code 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="redraw scale.png from a run folder")
     plot.add_argument("folder", type=Path)
     sub.add_parser("profiles", help="the Atlas products and their overflow modes")
+    sweep = sub.add_parser("sweep", help="a grid of runs (TOML), in worker processes or on a Dask cluster")
+    sweep.add_argument("grid", type=Path)
+    sweep.add_argument("--out", type=Path, required=True, help="results folder; an existing one is resumed")
+    sweep.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    sweep.add_argument("--scheduler", default=None, help="address of a dask.distributed scheduler")
+    sweep.add_argument("--force", action="store_true", help="start over: forget the points already done")
+    sweep.add_argument("--quiet", action="store_true")
     return parser
 
 
@@ -206,7 +214,28 @@ def cmd_profiles(args: argparse.Namespace) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles}
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from .sweep import run_sweep
+
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int, failed: int, left: float) -> None:
+        text = f"  points {done}/{total}, failed {failed}, about {left:.0f} s left"
+        if args.quiet:
+            return
+        if tty:
+            print(f"\r{text}   ", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done % max(total // 10, 1) == 0:
+            print(text, file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    rows = run_sweep(args.grid, args.out, workers=args.workers, scheduler=args.scheduler, force=args.force,
+                     progress=progress)
+    failed = sum(r["status"] != "ok" for r in rows)
+    print(f"{len(rows)} points ({failed} failed) in {time.perf_counter() - started:.1f} s; "
+          f"wrote {args.out / 'results.csv'} and {args.out / 'sweep.png'}")
+
+
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 
 from .simulate import Run  # noqa: E402
 
-__all__ = ["plot_run", "figure_run", "plot_compare"]
+__all__ = ["plot_run", "figure_run", "plot_compare", "heatmaps"]
 
 _META = {"Software": None}
 
@@ -82,5 +82,21 @@ def plot_compare(runs: Sequence[tuple[str, Run]]) -> bytes:
     bottom.set_ylabel("loss")
     bottom.set_yscale("log")
     bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str]) -> bytes:
+    """One heat map per metric (rows x cols), values written in the cells; NaN cells blank."""
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 0.45 * len(rows) + 2.2), squeeze=False)
+    for ax, (metric, grid) in zip(axes[0], tables.items(), strict=True):
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis")
+        ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_title(f"mean {metric.replace('_', ' ')}", fontsize=9)
+        for (i, j), v in np.ndenumerate(grid):
+            if v == v:
+                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="w")
+        fig.colorbar(im, ax=ax, shrink=0.8)
     fig.tight_layout()
     return _png(fig)

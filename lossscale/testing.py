@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.extra import numpy as hnp
 
 from sim import BINARY16, Format
@@ -192,7 +193,7 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
             if not steps[i] and scales[i + 1] > scales[i]:
                 fail(f"an overflow at step {i} raised the scale from {scales[i]} to {scales[i + 1]}", steps, scales)
         if _scales(make, steps, raises) != scales:
-            fail("two instances fed the same steps disagree", steps, scales)
+            fail("two instances fed the same steps disagree (hidden shared state?)", steps, scales)
         if _scales(make, steps, raises, interleave=make) != scales:
             fail("updating another instance changed this one's scales (hidden shared state)", steps, scales)
         tail = _scales(make, list(steps) + [True] * growth_within, raises) if grows else []
@@ -205,4 +206,9 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
                 fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}",
                      steps, scales)
 
-    properties()
+    try:
+        properties()
+    except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
+        inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
+        raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
+                          f"policy depends on state outside its instances (hidden shared state)\n{inner}") from None

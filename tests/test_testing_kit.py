@@ -56,7 +56,7 @@ def test_a_well_behaved_user_policy_passes() -> None:
     (lambda: Halving(grow_on_overflow=True), 1.0, False, "an overflow at step"),
     (lambda: Halving(floor=0.0, factor=2.0**40), None, True, "the scale reached 0.0"),
     (lambda: Halving(cap=False, factor=2.0**40), 1.0, True, "(not finite)"),
-    (lambda shared=[0]: Halving(shared=shared), 1.0, True, "instances"),
+    (lambda shared=[0]: Halving(shared=shared), 1.0, True, "hidden shared state"),
 ])
 def test_broken_policies_fail_with_a_readable_counterexample(make, floor, capped, message) -> None:
     with pytest.raises(PolicyError) as info:

@@ -1,0 +1,218 @@
+"""Policy sweeps: a grid of simulations, run in worker processes or on a Dask cluster.
+
+A grid file (TOML) has a ``[sweep]`` table of arguments shared by every point
+and a ``[grid]`` table of axes, each a list of values; every combination is one
+call of :func:`lossscale.simulate.simulate`::
+
+    [sweep]
+    workload = "trace"
+    steps = 200
+
+    [grid]
+    manager = ["exponential", "torch", "deepspeed"]
+    profile = ["atlas-a2", "atlas-training"]
+    seed = [0, 1]
+    manager_args = [{}, {growth_interval = 20}]   # tables are values too
+
+Each point is keyed by a hash of its arguments. Finished points are appended
+to ``points.jsonl`` one line at a time (flushed and synced), so a sweep that is
+stopped and started again with the same folder runs only the points it does
+not have; a torn last line is ignored and its point run again. A point that
+raises is recorded with its error. ``results.csv`` (one row per point, in grid
+order) and ``sweep.png`` (heat maps) are rebuilt, whole, at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .files import write_atomic
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS"]
+
+AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "detector", "ranks", "steps", "seed",
+        "underflow_every", "workload_args")
+METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "mean_underflow_fraction",
+           "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss", "baseline_accuracy")
+RESULT_COLUMNS = ("index", "key", *AXES, "status", "error", *METRICS)
+
+
+def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The fixed arguments and the axes of a grid file."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"grid file {str(path)!r} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"grid file {str(path)!r} is not valid TOML: {err}") from None
+    fixed, axes = data.pop("sweep", {}), data.pop("grid", {})
+    if data:
+        raise ValueError(f"grid file has unknown tables {', '.join(data)}; valid: sweep, grid")
+    for name in [*fixed, *axes]:
+        if name not in AXES:
+            raise ValueError(f"unknown sweep argument {name!r}; valid: {', '.join(AXES)}")
+    for name, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid axis {name!r} must be a non-empty list, got {values!r}")
+        if name in fixed:
+            raise ValueError(f"{name!r} is both fixed ([sweep]) and an axis ([grid])")
+    return fixed, axes
+
+
+def key_of(args: dict[str, Any]) -> str:
+    """A stable hash of a point's arguments."""
+    return hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def points(fixed: dict[str, Any], axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the axes (in file order, last axis fastest), with the fixed arguments."""
+    names = list(axes)
+    return [{**fixed, **dict(zip(names, combo, strict=True))} for combo in itertools.product(*axes.values())]
+
+
+def run_point(args: dict[str, Any]) -> dict[str, Any]:
+    """One simulation; its metrics, or its error. Never raises."""
+    import warnings
+
+    from .simulate import simulate
+    row: dict[str, Any] = {"key": key_of(args), "args": args, "status": "ok", "error": ""}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s = simulate(**args).summary
+        row.update({k: s[k] for k in METRICS if k in s})
+        row.update(final_loss=s["final"]["loss"], final_accuracy=s["final"]["accuracy"],
+                   baseline_loss=s["baseline_float32"]["loss"], baseline_accuracy=s["baseline_float32"]["accuracy"])
+    except Exception as err:  # a failing point is a result, not the end of the sweep
+        row.update(status="error", error=f"{type(err).__name__}: {err}")
+    return row
+
+
+def _read_done(path: Path) -> dict[str, dict[str, Any]]:
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by an interruption: that point runs again
+            done[row["key"]] = row
+    return done
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=True, allow_nan=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _local(todo: list[dict[str, Any]], workers: int) -> Iterator[dict[str, Any]]:
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_point, p) for p in todo]
+        for fut in as_completed(futures):
+            yield fut.result()
+
+
+def _dask(todo: list[dict[str, Any]], scheduler: str) -> Iterator[dict[str, Any]]:
+    try:
+        from distributed import Client
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise ValueError("--scheduler needs dask.distributed: pip install 'lossscale-npu[distributed]'") from None
+    with Client(scheduler) as client:
+        futures = client.map(run_point, todo, pure=False)
+        for fut in dask_completed(futures):
+            yield fut.result()
+
+
+def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = None, force: bool = False,
+              progress: Callable[[int, int, int, float], None] | None = None) -> list[dict[str, Any]]:
+    """Run (or resume) the sweep of ``grid`` into ``out``; returns the result rows in grid order."""
+    fixed, axes = load_grid(grid)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer of at least 1, got {workers!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output path {str(out)!r} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "points.jsonl"
+    if force:
+        log.unlink(missing_ok=True)
+    if log.exists() and log.stat().st_size and not log.read_bytes().endswith(b"\n"):
+        with open(log, "a") as f:  # isolate a line torn by an interruption
+            f.write("\n")
+    write_atomic(out / "grid.toml", Path(grid).read_bytes())
+    grid_points = points(fixed, axes)
+    done = _read_done(log)
+    todo = [p for p in dict((key_of(p), p) for p in grid_points).values() if key_of(p) not in done]
+    started, finished, failed = time.perf_counter(), 0, 0
+    source: Iterable[dict[str, Any]] = _dask(todo, scheduler) if scheduler else _local(todo, workers)
+    for row in source:
+        _append(log, row)
+        done[row["key"]] = row
+        finished += 1
+        failed += row["status"] != "ok"
+        if progress is not None:
+            elapsed = time.perf_counter() - started
+            progress(finished, len(todo), failed, elapsed / finished * (len(todo) - finished))
+    rows = [_flatten(i, p, done[key_of(p)]) for i, p in enumerate(grid_points)]
+    write_atomic(out / "results.csv", _csv(rows))
+    write_atomic(out / "sweep.png", _heatmaps(rows))
+    return rows
+
+
+def _flatten(index: int, args: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    flat = {"index": index, "key": row["key"], "status": row["status"], "error": row["error"]}
+    for name in AXES:
+        value = args.get(name, "")
+        flat[name] = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+    for name in METRICS:
+        flat[name] = row.get(name, "")
+    return flat
+
+
+def _csv(rows: list[dict[str, Any]]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: repr(v) if isinstance(v, float) else ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue().encode()
+
+
+def _heatmaps(rows: list[dict[str, Any]]) -> bytes:
+    """Mean skipped steps and mean final loss per manager and profile (failed points left out)."""
+    from .plots import heatmaps
+    ok = [r for r in rows if r["status"] == "ok"]
+    managers = sorted({str(r["manager"]) for r in rows})
+    profiles = sorted({str(r["profile"]) for r in rows})
+    tables = {}
+    for metric in ("skipped_steps", "final_loss"):
+        grid = np.full((len(managers), len(profiles)), np.nan)
+        for i, m in enumerate(managers):
+            for j, p in enumerate(profiles):
+                vals = [float(r[metric]) for r in ok if str(r["manager"]) == m and str(r["profile"]) == p
+                        and r[metric] not in ("", None) and not math.isnan(float(r[metric]))]
+                grid[i, j] = np.mean(vals) if vals else np.nan
+        tables[metric] = grid
+    return heatmaps(tables, managers, profiles)
