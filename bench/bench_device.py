@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 import warnings
 
 import numpy as np
+from timing import best
 
 from sim import Device, Fpu
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 import warnings
 
 import numpy as np
+from timing import best
 
 from sim import Fpu, OverflowMode, Rounding
 
@@ -33,13 +33,6 @@ def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def numpy_baseline(op: str, a, b, c):

@@ -12,22 +12,12 @@ optimizer update. Ratio in one run; lower is better.
 from __future__ import annotations
 
 import argparse
-import time
 
-import numpy as np
+from timing import best
 
 from lossscale import ExponentialUpdateLossScaleManager, NPULossScaleOptimizer
 from lossscale.workloads import WORKLOADS, make_workload
 from sim import Device
-
-
-def best(fn, repeat: int) -> float:
-    out = np.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
 
 
 def main() -> None:
