@@ -226,9 +226,10 @@ class Device:
         """``a @ b`` for binary16 matrices (M, K) and (K, N).
 
         Products are exact; they are added along k in ascending order, each
-        addition rounded to ``accumulate`` (float32: the cube unit; float16:
-        the device's binary16 rounding and overflow mode at every step); the
-        sum is rounded once to ``out_dtype`` in the device's mode.
+        addition rounded to ``accumulate`` (float32: to nearest even, as the
+        cube unit accumulates, whatever the device's rounding mode; float16:
+        the device's rounding and overflow mode at every step); the sum is
+        rounded once to ``out_dtype`` in the device's mode.
         """
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype != np.float16 or b.dtype != np.float16:
