@@ -249,3 +249,18 @@ def test_binary32_shortcut_equals_the_emulator(a, b, op, profile) -> None:
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all()
     assert np.array_equal(dev.get_float_status(), ref.get_float_status())
+
+
+@given(x=hnp.arrays(np.float32, 30, elements=st.one_of(
+    st.floats(width=32, allow_nan=True), st.floats(-65536, 65536, width=32),
+    st.sampled_from([65519.996, 65520.0, -65520.0, 2.0**-25, 3 * 2.0**-26, 2.0**-24 * 1.5]))),
+       profile=st.sampled_from(["atlas-a2", "atlas-training"]))
+@settings(max_examples=80, deadline=None)
+def test_binary16_cast_shortcut_equals_the_emulator(x, profile) -> None:
+    dev, ref = Device(profile), Device(profile)
+    got = dev.cast(x, H)
+    with ref._lock:
+        want = ref._run(ref._fpus[np.dtype(np.float32)], lambda: ref._fpus[np.dtype(np.float32)].convert(x, H))
+    same = (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got) & np.isnan(want))
+    assert same.all()
+    assert np.array_equal(dev.get_float_status(), ref.get_float_status())
