@@ -257,7 +257,7 @@ class Device:
         a32t, b32 = np.ascontiguousarray(a.T, np.float32), b.astype(np.float32)
         acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
 
-        def rows(lo: int, hi: int, kb: int = 4) -> None:
+        def rows(lo: int, hi: int, kb: int = 8) -> None:
             part = acc[lo:hi]
             terms = np.empty((kb, hi - lo, b.shape[1]), np.float32)
             with np.errstate(all="ignore"):
