@@ -134,7 +134,7 @@ def simulate(workload: str = "mlp", profile: str = "atlas-a2", overflow_mode: st
             grads.append(g)
         local0 = grads[0]
         if ranks > 1:
-            summed = [Group.allreduce(devices[0].group, [g[i] for g in grads]) for i in range(len(local0))]
+            summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
             grads = [[s[r] for s in summed] for r in range(ranks)]
         register = np.sum([dev.get_float_status() for dev in devices], axis=0)
         try:
