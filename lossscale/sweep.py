@@ -30,6 +30,7 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -127,7 +128,9 @@ def _append(path: Path, row: dict[str, Any]) -> None:
 
 
 def _local(todo: list[dict[str, Any]], workers: int) -> Iterator[dict[str, Any]]:
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # Workers forked from a clean server process, never from this one, which may run threads.
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
         futures = [pool.submit(run_point, p) for p in todo]
         for fut in as_completed(futures):
             yield fut.result()
