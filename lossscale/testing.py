@@ -52,6 +52,7 @@ def values(fmt: Format = BINARY16) -> st.SearchStrategy[int]:
 
 
 def finite(fmt: Format = BINARY16) -> st.SearchStrategy[int]:
+    """Bit patterns of finite values only."""
     return values(fmt).filter(lambda b: b & (fmt.sign_bit - 1) < fmt.inf_bits)
 
 
