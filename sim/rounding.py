@@ -1,11 +1,14 @@
 """The one place where an exact value becomes a format value.
 
 Every operation of the emulator computes its result as a binary64 number that
-is either exact or *rounded to odd* at 53 bits: the true value when it fits,
-otherwise the neighbour whose last bit is 1. Round-to-odd keeps the "something
-was lost" (sticky) information in that last bit, so a second rounding to any
-format with at most 51 significand bits is correct in every rounding mode, and
-the binary64 number alone carries everything the rounding needs.
+is the exact value when that has at most p+1 significant bits, and otherwise
+lies strictly between the same two consecutive (p+1)-bit numbers as the exact
+value (p: the target's precision, at most 51). The exact value rounded to odd
+at 53 bits always qualifies (sums and fma use it); for binary16, bfloat16 and
+binary32 a correctly rounded quotient or square root does too (see
+:mod:`sim.ops`). Such a number carries everything the rounding needs, in every
+rounding mode: which side of each candidate and each midpoint the exact value
+lies on, and whether anything was lost.
 
 :func:`round_float64` then does what SoftFloat's ``roundPack`` does, on whole
 numpy arrays in integer arithmetic: choose the quantum (normal or subnormal),
@@ -142,9 +145,16 @@ def _round_int(v: np.ndarray, shift, neg, mode: Rounding) -> tuple[np.ndarray, n
     return kept, lost
 
 
+def _split(mag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Biased binary64 exponents (subnormals: that of 2**-1022) and integer significands."""
+    e = np.maximum(mag >> _U(52), _ONE).astype(np.int64)
+    sig = (mag & _FRAC) | ((mag >= _U(1 << 52)).astype(_U) << _U(52))
+    return e, sig
+
+
 @dataclass(frozen=True)
 class Rounder:
-    """Rounds binary64 values (exact, or rounded to odd) into ``fmt`` under fixed settings.
+    """Rounds binary64 values (as the module docstring says) into ``fmt`` under fixed settings.
 
     Calling it returns ``(bits, flags)``: the result's bit patterns in
     ``fmt.uint`` and a ``uint8`` array of :class:`Flag` bits (INEXACT,
@@ -225,8 +235,7 @@ class Rounder:
         fmt = self.fmt
         u = np.ascontiguousarray(x, dtype=np.float64).view(_U)
         mag, neg = u & _ABS, u >> _U(63)
-        e = np.maximum(mag >> _U(52), _ONE).astype(np.int64)
-        sig = (mag & _FRAC) | ((mag >= _U(1 << 52)).astype(_U) << _U(52))
+        e, sig = _split(mag)
         q = np.maximum(e - 1023 - fmt.man_bits, max(quantum, fmt.qmin))
         kept, lost = _round_int(sig, np.minimum(q - (e - 1075), 63), lambda: neg, self.rounding)
         finite = mag < _INF64
@@ -252,8 +261,7 @@ class Rounder:
     def _round_low(self, mag: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rounding at the fixed quantum 2**qmin; underflow is decided here."""
         fmt = self.fmt
-        e = np.maximum(mag >> _U(52), _ONE).astype(np.int64)  # binary64 subnormals: exponent of 2**-1022
-        sig = (mag & _FRAC) | ((mag >= _U(1 << 52)).astype(_U) << _U(52))
+        e, sig = _split(mag)
         kept, lost = _round_int(sig, np.minimum(fmt.qmin + 1075 - e, 63), lambda: neg, self.rounding)
         tiny = e < fmt.emin + 1023  # |x| < 2**emin
         if self.tininess is Tininess.AFTER:
@@ -295,7 +303,7 @@ def round_float64(
     nan_bits: int | None = None,
     nan_to_zero: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Round binary64 values (exact, or rounded to odd) to ``fmt``: ``(bits, flags)``.
+    """Round binary64 values (as the module docstring says) to ``fmt``: ``(bits, flags)``.
 
     The functional form of :class:`Rounder`.
     """
