@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
-from . import ops
+from . import kernels as K
 from .formats import BINARY16, Format, format_of
-from .rounding import Flag, OverflowMode, Rounder, Rounding, Tininess, saturate
+from .rounding import Flag, OverflowMode, Rounding, Tininess, config
 
 __all__ = ["Fpu"]
 
-#: Elements per chunk: the working set of one chunk stays in the L2 cache.
-CHUNK = 1 << 14
-
 _Out = np.ndarray | tuple[np.ndarray, np.ndarray]
+
+_BINARY = {"add": K.ADD, "sub": K.SUB, "mul": K.MUL, "div": K.DIV, "maximum": K.MAX, "minimum": K.MIN}
+_UNARY = {"sqrt": K.SQRT, "rint": K.RINT, "convert": K.CONVERT, "neg": K.NEG, "abs": K.ABS, "exp": K.EXP,
+          "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU}
+_COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
+_NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
+
+
+class Result(NamedTuple):
+    """One operation's result, its per-element flags and their OR."""
+
+    value: np.ndarray
+    flags: np.ndarray
+    status: int
 
 
 class Fpu:
@@ -27,7 +39,8 @@ class Fpu:
     FP8 does). Per-element flags are the IEEE flags in both modes; ``status``
     is their sticky OR since the last :meth:`clear_status`. NaN results are
     the format's canonical quiet NaN (``default_nan`` overrides the bits);
-    input payloads are not propagated.
+    input payloads are not propagated, except by ``neg`` and ``abs``, which
+    are sign-bit operations.
     """
 
     def __init__(
@@ -50,6 +63,7 @@ class Fpu:
         self.nan_to_zero = bool(nan_to_zero)
         self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
         self._status = 0
+        self._configs: dict[tuple, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
@@ -67,82 +81,106 @@ class Fpu:
     # -- arithmetic -------------------------------------------------------------
     def add(self, a, b, *, return_flags: bool = False) -> _Out:
         """a + b, rounded once."""
-        down = self.rounding is Rounding.DOWNWARD
-        return self._run("add", lambda x, y: ops.add(x, y, self.format, down), (a, b), return_flags)
+        return self._public("add", (a, b), return_flags)
 
     def sub(self, a, b, *, return_flags: bool = False) -> _Out:
         """a - b, rounded once."""
-        down = self.rounding is Rounding.DOWNWARD
-        return self._run("sub", lambda x, y: ops.add(x, -y, self.format, down), (a, b), return_flags)
+        return self._public("sub", (a, b), return_flags)
 
     def mul(self, a, b, *, return_flags: bool = False) -> _Out:
         """a * b, rounded once."""
-        return self._run("mul", lambda x, y: ops.mul(x, y, self.format), (a, b), return_flags)
+        return self._public("mul", (a, b), return_flags)
 
     def div(self, a, b, *, return_flags: bool = False) -> _Out:
         """a / b, rounded once."""
-        return self._run("div", lambda x, y: ops.div(x, y, self.format), (a, b), return_flags)
+        return self._public("div", (a, b), return_flags)
 
     def sqrt(self, a, *, return_flags: bool = False) -> _Out:
         """Square root, rounded once; sqrt(-0) is -0."""
-        return self._run("sqrt", lambda x: ops.sqrt(x, self.format), (a,), return_flags)
+        return self._public("sqrt", (a,), return_flags)
 
     def fma(self, a, b, c, *, return_flags: bool = False) -> _Out:
         """a * b + c with a single rounding."""
-        down = self.rounding is Rounding.DOWNWARD
-        return self._run("fma", lambda x, y, z: ops.fma(x, y, z, self.format, down), (a, b, c), return_flags)
+        return self._public("fma", (a, b, c), return_flags)
 
     def rint(self, a, *, exact: bool = False, return_flags: bool = False) -> _Out:
         """Round to an integral value in the current rounding mode.
 
         IEEE ``roundToIntegral``: no INEXACT unless ``exact=True``
-        (``roundToIntegralExact``).
+        (``roundToIntegralExact``); never UNDERFLOW.
         """
-        return self._run("rint", lambda x: x, (a,), return_flags,
-                         quantum=0, keep=0x1F if exact else 0x1F & ~Flag.INEXACT)
+        keep = _NO_INEXACT | (Flag.INEXACT if exact else 0)
+        return self._public("rint", (a,), return_flags, cfg=self._config(self.format, quantum=0, keep=keep))
+
+    def maximum(self, a, b, *, return_flags: bool = False) -> _Out:
+        """IEEE 754-2019 maximum: NaN if either is NaN, maximum(+0, -0) = +0."""
+        return self._public("maximum", (a, b), return_flags)
+
+    def minimum(self, a, b, *, return_flags: bool = False) -> _Out:
+        """IEEE 754-2019 minimum: NaN if either is NaN, minimum(+0, -0) = -0."""
+        return self._public("minimum", (a, b), return_flags)
+
+    def exp(self, a, *, return_flags: bool = False) -> _Out:
+        """e**a, correctly rounded in every mode."""
+        return self._public("exp", (a,), return_flags)
+
+    def log(self, a, *, return_flags: bool = False) -> _Out:
+        """Natural log, correctly rounded; log(0) = -Inf raises DIVBYZERO, log(<0) is INVALID."""
+        return self._public("log", (a,), return_flags)
+
+    def tanh(self, a, *, return_flags: bool = False) -> _Out:
+        """Hyperbolic tangent, correctly rounded in every mode."""
+        return self._public("tanh", (a,), return_flags)
+
+    def sigmoid(self, a, *, return_flags: bool = False) -> _Out:
+        """1 / (1 + e**-a), correctly rounded in every mode."""
+        return self._public("sigmoid", (a,), return_flags)
+
+    def relu(self, a, *, return_flags: bool = False) -> _Out:
+        """max(a, 0) with +0 for -0; NaN stays NaN (the default NaN)."""
+        return self._public("relu", (a,), return_flags)
 
     def via_float64(self, fn: Callable, *args, pole: Callable | None = None, return_flags: bool = False) -> _Out:
         """``fn`` computed in binary64 from the exact operands, rounded once.
 
-        The model of an operation whose hardware result is taken as correctly
-        rounded from binary64 (transcendentals). A binary64 overflow from
-        finite operands is an overflow; ``pole(*xs)`` marks where an infinite
-        result is exact (log(0)): DIVBYZERO. A NaN from non-NaN operands is
-        INVALID, and so is a signaling NaN operand.
+        For a function whose binary64 result carries what the rounding needs (see
+        :mod:`sim.kernels`); the built-in transcendentals are their own methods. A
+        binary64 overflow from finite operands is an overflow; ``pole(*xs)`` marks
+        where an infinite result is exact (log(0)): DIVBYZERO. A NaN from non-NaN
+        operands is INVALID, and so is a signaling NaN operand.
         """
-        def kernel(*xs):
-            r = fn(*xs)
-            inf = np.isinf(r)
-            if inf.any():
-                inf &= np.logical_and.reduce([np.isfinite(x) for x in xs])
-                if pole is not None:
-                    inf &= ~pole(*xs)
-                r = np.where(inf, np.copysign(np.finfo(np.float64).max, r), r)
-            return r
-        return self._run("via_float64", kernel, args, return_flags, special=self._poles(pole))
+        fmt = self.format
+        flat, shape, scalar = self._operands("via_float64", args, fmt)
+        xs = [b.view(fmt.dtype).astype(np.float64) for b in flat]
+        with np.errstate(all="ignore"):
+            r = np.asarray(fn(*xs), np.float64)
+            finite_in = np.logical_and.reduce([np.isfinite(x) for x in xs])
+            nan_in = np.logical_or.reduce([np.isnan(x) for x in xs])
+            at_pole = pole(*xs) if pole is not None else np.zeros(r.shape, bool)
+            overflow = np.isinf(r) & finite_in & ~at_pole
+            r = np.where(overflow, np.copysign(np.finfo(np.float64).max, r), r)
+        special = (np.isnan(r) & ~nan_in) * np.uint8(Flag.INVALID) | (np.isinf(r) & at_pole) * np.uint8(Flag.DIVBYZERO)
+        for b in flat:
+            special |= self._is_snan(b) * np.uint8(Flag.INVALID)
+        bits = np.empty(r.size, fmt.uint)
+        flags = np.empty(r.size, np.uint8)
+        K.round_values(np.ascontiguousarray(r).reshape(-1), bits, flags, self._config(fmt))
+        flags |= special
+        self._status |= int(np.bitwise_or.reduce(flags, initial=0))
+        return self._finish(Result(bits.view(fmt.dtype), flags, 0), shape, scalar, return_flags)
 
-    def _poles(self, pole: Callable | None) -> Callable:
-        def special(parts, xs, r):
-            quiet_in = np.logical_or.reduce([np.isnan(x) for x in xs])
-            flags = (np.isnan(r) & ~quiet_in) * np.uint8(Flag.INVALID)
-            for p in parts:
-                flags |= ops.is_snan(p.view(self.format.uint), self.format) * np.uint8(Flag.INVALID)
-            if pole is not None:
-                flags |= (np.isinf(r) & pole(*xs)) * np.uint8(Flag.DIVBYZERO)
-            return flags
-        return special
+    def _is_snan(self, bits: np.ndarray) -> np.ndarray:
+        fmt = self.format
+        mag = bits & fmt.uint.type(fmt.sign_bit - 1)
+        return (mag > fmt.inf_bits) & ((mag & fmt.uint.type(fmt.quiet_bit)) == 0)
 
     def neg(self, a, *, return_flags: bool = False) -> _Out:
-        """-a: exact, quiet (no flags, even for a signaling NaN)."""
-        return self._run("neg", np.negative, (a,), return_flags, special=self._quiet)
+        """-a: the sign bit flipped, NaNs included; quiet (no flags, even for a signaling NaN)."""
+        return self._public("neg", (a,), return_flags)
 
     def abs(self, a, *, return_flags: bool = False) -> _Out:
-        """|a|: exact, quiet."""
-        return self._run("abs", np.abs, (a,), return_flags, special=self._quiet)
-
-    @staticmethod
-    def _quiet(parts, xs, r):
-        return np.zeros(r.shape, np.uint8)
+        """|a|: the sign bit cleared, NaNs included; quiet."""
+        return self._public("abs", (a,), return_flags)
 
     # -- conversions ------------------------------------------------------------
     def convert(self, x, dtype, *, return_flags: bool = False) -> _Out:
@@ -153,22 +191,35 @@ class Fpu:
         saturation mode). A signaling NaN raises INVALID.
         """
         src = self._format_of_array(x, "convert")
-        return self._run("convert", lambda v: v, (x,), return_flags, src=src, dst=format_of(dtype))
+        dst = format_of(dtype)
+        return self._public("convert", (x,), return_flags, src=src, dst=dst)
 
     # -- comparisons ------------------------------------------------------------
     def eq(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
         """a == b; quiet (INVALID only for a signaling NaN) unless ``signaling``."""
-        return self._compare(np.equal, a, b, signaling, return_flags)
+        return self._compare("eq", a, b, signaling, return_flags)
 
     def lt(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
         """a < b; signaling (INVALID for any NaN) unless ``signaling=False``."""
-        return self._compare(np.less, a, b, signaling, return_flags)
+        return self._compare("lt", a, b, signaling, return_flags)
 
     def le(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
         """a <= b; signaling (INVALID for any NaN) unless ``signaling=False``."""
-        return self._compare(np.less_equal, a, b, signaling, return_flags)
+        return self._compare("le", a, b, signaling, return_flags)
 
     # -- machinery --------------------------------------------------------------
+    def _config(self, fmt: Format, rounding: Rounding | None = None, quantum: int | None = None,
+                keep: int = 0x1F) -> np.ndarray:
+        """The kernels' settings for results in ``fmt`` (cached: it is made on every call's path)."""
+        key = (fmt, rounding, quantum, keep)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            nan = self.default_nan if fmt == self.format else None
+            cfg = config(fmt, rounding or self.rounding, self.overflow, self.tininess, nan, self.nan_to_zero,
+                         quantum, keep)
+            self._configs[key] = cfg
+        return cfg
+
     def _format_of_array(self, x, op: str) -> Format:
         if not isinstance(x, (np.ndarray, np.generic)):
             raise TypeError(f"{op}: expected a numpy array or numpy scalar, got {type(x).__name__}; "
@@ -179,102 +230,59 @@ class Fpu:
             raise TypeError(f"{op}: unsupported dtype {x.dtype}; valid: float16, bfloat16, float32, float64") from None
 
     def _operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
+        """The operands as flat contiguous arrays of bits, the broadcast shape, and whether all were scalars."""
         for name, x in zip("abc", args, strict=False):
             if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != fmt.dtype:
                 got = x.dtype if hasattr(x, "dtype") else type(x).__name__
                 raise TypeError(f"{op}: operand {name} has dtype {got}; {fmt.name} operations take "
                                 f"numpy {fmt.dtype} arrays or scalars (convert with fpu.convert(x, {fmt.dtype}))")
-        try:
-            shape = np.broadcast_shapes(*(np.shape(x) for x in args))
-        except ValueError:
-            shapes = ", ".join(str(np.shape(x)) for x in args)
-            raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
-        flat = [np.ascontiguousarray(np.broadcast_to(x, shape)).reshape(-1) for x in args]
+        shape = np.shape(args[0])
+        if any(np.shape(x) != shape for x in args[1:]):
+            try:
+                shape = np.broadcast_shapes(*(np.shape(x) for x in args))
+            except ValueError:
+                shapes = ", ".join(str(np.shape(x)) for x in args)
+                raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
+            args = tuple(np.broadcast_to(x, shape) for x in args)
+        flat = [np.ascontiguousarray(x).reshape(-1).view(fmt.uint) for x in args]
         scalar = all(isinstance(x, np.generic) for x in args)
         return flat, shape, scalar
 
-    def _finish(self, out, flags, shape, scalar, return_flags):
-        out = out.reshape(shape)
+    def _apply(self, op: str, args: tuple, want_flags: bool, *, src: Format | None = None,
+               dst: Format | None = None, cfg: np.ndarray | None = None) -> tuple[Result, tuple[int, ...], bool]:
+        """One kernel call: the result (flat), its shape, and whether the operands were all scalars."""
+        src = src or self.format
+        dst = dst or self.format
+        flat, shape, scalar = self._operands(op, args, src)
+        n = flat[0].size
+        out = np.empty(n, dst.uint)
+        flags = np.empty(n, np.uint8)
+        cfg = self._config(dst) if cfg is None else cfg
+        if op in _BINARY:
+            status = K.binary(_BINARY[op], flat[0], flat[1], out, flags, cfg)
+        elif op == "fma":
+            status = K.fma(flat[0], flat[1], flat[2], out, flags, cfg)
+        else:
+            status = K.unary(_UNARY[op], flat[0], out, flags, self._config(src), cfg)
+        self._status |= status
+        return Result(out.view(dst.dtype), flags, status), shape, scalar
+
+    def _public(self, op: str, args: tuple, return_flags: bool, **kw) -> _Out:
+        result, shape, scalar = self._apply(op, args, return_flags, **kw)
+        return self._finish(result, shape, scalar, return_flags)
+
+    @staticmethod
+    def _finish(result: Result, shape: tuple[int, ...], scalar: bool, return_flags: bool) -> _Out:
+        out = result.value.reshape(shape)
         if not return_flags:
             return out[()] if scalar else out
-        flags = flags.reshape(shape)
+        flags = result.flags.reshape(shape)
         return (out[()], flags[()]) if scalar else (out, flags)
 
-    def _rounder(self, dst: Format) -> Rounder:
-        nan = self.default_nan if dst == self.format else None
-        return Rounder(dst, self.rounding, self.overflow, self.tininess, nan, self.nan_to_zero)
-
-    def _run(self, op: str, kernel: Callable, args: tuple, return_flags: bool, *,
-             quantum: int | None = None, keep: int = 0x1F, special: Callable | None = None,
-             src: Format | None = None, dst: Format | None = None) -> _Out:
-        """Apply ``kernel`` (binary64 operands -> exact or round-to-odd binary64
-        result) chunk by chunk, round, and gather flags. The rare results that
-        need the full rounding treatment are collected and rounded at the end."""
-        src, dst = src or self.format, dst or self.format
-        flat, shape, scalar = self._operands(op, args, src)
-        rounder = None if dst.precision > 51 else self._rounder(dst)
-        n = flat[0].size
-        out = np.empty(n, dst.dtype)
-        bits_out = out.view(dst.uint)
-        flags = np.empty(n if return_flags else 0, np.uint8)
-        status = 0
-        hard_at, hard_x = [], []
-        with np.errstate(all="ignore"):
-            for lo in range(0, n, CHUNK):
-                parts = [x[lo:lo + CHUNK] for x in flat]
-                xs = [p.astype(np.float64) for p in parts]
-                r = kernel(*xs)
-                if rounder is None:
-                    bits, f = self._widen(r, dst)
-                elif quantum is not None:
-                    bits, f = rounder.to_quantum(r, quantum)
-                else:
-                    bits, f, hard = rounder.bulk(r)
-                    if hard.size:
-                        f[hard] = 0
-                        hard_at.append(hard + lo)
-                        hard_x.append(r[hard])
-                if not np.isfinite(r).all():
-                    if special is None:
-                        f |= ops.special_flags(op, xs, r)
-                        for p in parts:
-                            f |= ops.is_snan(p.view(src.uint), src) * np.uint8(Flag.INVALID)
-                    else:
-                        f |= special(parts, xs, r)
-                bits_out[lo:lo + CHUNK] = bits
-                if return_flags:
-                    flags[lo:lo + CHUNK] = f
-                status |= int(np.bitwise_or.reduce(f))
-            if hard_at:
-                at = np.concatenate(hard_at)
-                bits_out[at], f = rounder.hard(np.concatenate(hard_x))
-                if return_flags:
-                    flags[at] |= f
-                status |= int(np.bitwise_or.reduce(f))
-        if keep != 0x1F:
-            flags &= np.uint8(keep)
-            status &= keep
-        self._status |= status
-        return self._finish(out, flags, shape, scalar, return_flags)
-
-    def _widen(self, r: np.ndarray, dst: Format) -> tuple[np.ndarray, np.ndarray]:
-        """Exact results in binary64: only NaN canonicalisation and the overflow mode apply."""
-        bits = r.astype(dst.dtype).view(dst.uint).copy()
-        bits[np.isnan(r)] = dst.default_nan
-        if self.overflow is OverflowMode.SATURATION:
-            bits = saturate(bits, dst, self.nan_to_zero)
-        return bits, np.zeros(r.shape, np.uint8)
-
-    def _compare(self, ufunc, a, b, signaling: bool, return_flags: bool) -> _Out:
+    def _compare(self, op: str, a, b, signaling: bool, return_flags: bool) -> _Out:
         fmt = self.format
-        flat, shape, scalar = self._operands(ufunc.__name__, (a, b), fmt)
-        x, y = (v.astype(np.float64) for v in flat)
-        result = ufunc(x, y)
-        if signaling:
-            bad = np.isnan(x) | np.isnan(y)
-        else:
-            bad = ops.is_snan(flat[0].view(fmt.uint), fmt) | ops.is_snan(flat[1].view(fmt.uint), fmt)
-        flags = bad * np.uint8(Flag.INVALID)
-        if bad.any():
-            self._status |= Flag.INVALID
-        return self._finish(result, flags, shape, scalar, return_flags)
+        flat, shape, scalar = self._operands(op, (a, b), fmt)
+        out = np.empty(flat[0].size, bool)
+        flags = np.empty(out.size, np.uint8)
+        self._status |= K.compare(_COMPARE[op], signaling, flat[0], flat[1], out, flags, self._config(fmt))
+        return self._finish(Result(out, flags, 0), shape, scalar, return_flags)

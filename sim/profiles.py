@@ -14,8 +14,9 @@ the same page and the runtime documentation:
   not support the NPU loss-scale optimizer.
 
 Where the sources are silent the profile states the model's choice: tininess
-after rounding, subnormals kept, the positive canonical quiet NaN (0x7E00),
-matmul accumulation in binary32 (the cube unit's).
+after rounding, the positive canonical quiet NaN (0x7E00), matmul accumulation
+in binary32 (the cube unit's; ``Device.matmul``'s default). Subnormals are
+kept, never flushed to zero, on every profile.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ class Profile:
     default_overflow_mode: OverflowMode
     saturation_is_legacy: bool
     tininess: Tininess = Tininess.AFTER
-    subnormals: bool = True
     default_nan: int = 0x7E00
     matmul_accumulate: type = np.float32
     note: str = ""

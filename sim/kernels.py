@@ -1,0 +1,666 @@
+"""The compiled core: one rounding routine, and every operation's loop around it.
+
+Every kernel computes each result as a binary64 value ``r`` that carries all a
+rounding needs, then hands it to :func:`round_pack`, the one routine that makes
+rounding decisions (the shape of Berkeley SoftFloat's ``roundPackToF16``: sign,
+exponent and a significand with sticky bits in; bits and flags out). ``r`` is
+the exact result when that has at most p+1 significant bits, and otherwise lies
+strictly between the same two consecutive (p+1)-bit numbers as the exact result
+(p: the target's precision, at most 52). Then ``r`` tells every rounding mode
+which side of each candidate and midpoint the exact value lies on, and whether
+anything was lost. The operations meet that contract as follows:
+
+- products of binary16, bfloat16 and binary32 values are exact in binary64;
+- a quotient or square root of such values that is not exact lies at least
+  2**-(2p+2) (relative) from every (p+1)-bit number, far more than binary64's
+  error of 2**-53, so binary64's own correctly rounded ``/`` and ``sqrt`` serve;
+- sums of two binary16 values are exact in binary64; other sums and fma use an
+  error-free TwoSum that yields the exact sum rounded to odd at 53 bits;
+- a quotient by a count (``mean``) is made round-to-odd with an exact
+  remainder (Dekker's product);
+- exp, log, tanh, sigmoid come from binary64 libm results, which are within a
+  few binary64 ulps of the exact value; where that result is exactly 0, +-1, 1/2
+  or ``x`` although the exact value is not, it is moved one binary64 ulp towards
+  the exact value, whose side is known (exp > 0, |tanh x| < min(1, |x|), ...).
+  All 65,536 binary16 and bfloat16 inputs agree with MPFR in all six modes
+  (``tests/test_transcendentals.py``).
+
+Format and settings travel as a small int64 array (:func:`config`), so one
+compiled loop serves every format, mode and overflow mode; a loop is compiled
+once per combination of operand array types. No fastmath anywhere: the binary64
+and binary32 operations are IEEE operations in program order.
+
+Flag bits are SoftFloat's: INEXACT 1, UNDERFLOW 2, OVERFLOW 4, DIVBYZERO 8, INVALID 16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+# -- settings layout ---------------------------------------------------------------------
+WIDTH, MAN, BIAS, MODE, SAT, BEFORE, NAN_BITS, NAN_TO_ZERO, QUANTUM, KEEP = range(10)
+RNE, RTZ, DOWN, UP, RNA, ODD = range(6)
+INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
+# Operation codes.
+ADD, SUB, MUL, DIV, MAX, MIN = range(6)
+SQRT, RINT, CONVERT, NEG, ABS, EXP, LOG, TANH, SIGMOID, RELU = range(10)
+EQ, LT, LE = range(3)
+
+EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
+EXP_NAN = EXP_INF + 1
+_FRAC52 = (1 << 52) - 1
+
+jit = nb.njit(cache=True, nogil=True, error_model="numpy")  # IEEE division: x/0 is +-Inf or NaN
+#: Helpers are inlined into each loop (numba does not inline across compiled functions by itself).
+inline = nb.njit(cache=True, nogil=True, error_model="numpy", forceinline=True)
+
+
+def _bitcast(src, dst, llvm_type):
+    """A scalar reinterpretation of bits (numba's scalar ``.view`` allocates)."""
+    @intrinsic
+    def cast(typingctx, x):
+        return dst(src), lambda context, builder, signature, args: builder.bitcast(args[0], llvm_type)
+    return cast
+
+
+@intrinsic
+def _clz(typingctx, x):
+    """Leading zero bits of an int64 (64 for 0)."""
+    def codegen(context, builder, signature, args):
+        return builder.ctlz(args[0], ir.Constant(ir.IntType(1), 0))
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _half_to_f64(typingctx, x):
+    """binary16 bits (uint16) as a binary64 value: the hardware's exact widening (F16C)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.DoubleType())
+    return types.float64(types.uint16), codegen
+
+
+_f64_bits = _bitcast(types.float64, types.int64, ir.IntType(64))
+_bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
+_bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
+
+
+def config(width: int, man: int, bias: int, mode: int, saturate: bool, before: bool, nan_bits: int,
+           nan_to_zero: bool, quantum: int | None = None, keep: int = 0x1F) -> np.ndarray:
+    """The settings array every kernel takes: a format, a rounding mode, the overflow mode,
+    tininess, the NaN it produces, and for rounding to an integral value the coarsest
+    quantum and the flags kept."""
+    q = 1 - bias - man if quantum is None else quantum
+    return np.array([width, man, bias, mode, saturate, before, nan_bits, nan_to_zero, q, keep], np.int64)
+
+
+# -- the one rounding routine ---------------------------------------------------------------
+# Written without data-dependent branches (selects only), so that the loops around it
+# vectorise; the settings are loop-invariant.
+@inline
+def settings(cfg):
+    """The settings array as a tuple: helpers take values, not arrays (no reference counting)."""
+    return (cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], cfg[8], cfg[9])
+
+
+@inline
+def _abs_mask(cfg):
+    return ~(-1 << (cfg[WIDTH] - 1))
+
+
+@inline
+def _inf_bits(cfg):
+    return ((1 << (cfg[WIDTH] - 1 - cfg[MAN])) - 1) << cfg[MAN]
+
+
+@inline
+def saturate(bits, cfg):
+    """Saturation mode's rule on a result: +-Inf -> +-MAX, NaN -> +0 (or kept). The only place it lives."""
+    mag = bits & _abs_mask(cfg)
+    inf = _inf_bits(cfg)
+    out = bits - (mag == inf)
+    out = 0 if (mag > inf) & (cfg[NAN_TO_ZERO] != 0) else out
+    return out if cfg[SAT] != 0 else bits
+
+
+@inline
+def _shift_round(sig, s, sign, mode):
+    """``sig`` (below 2**62) shifted right by ``s`` (1..62) bits and rounded in ``mode``
+    (the increment is added before the shift); and 1 if bits were lost."""
+    mask = (1 << s) - 1
+    lost = np.int64((sig & mask) != 0)
+    half = mask >> 1
+    inc = (half + ((sig >> s) & 1) if mode == RNE else half + 1 if mode == RNA
+           else mask & (sign - 1) if mode == UP else mask & -sign if mode == DOWN else 0)
+    kept = (sig + inc) >> s
+    return kept | (lost & (mode == ODD)), lost
+
+
+@inline
+def round_pack(sign, exp, sig, cfg, normal=False):
+    """The value (-1)**sign * sig * 2**(exp - 61) rounded into the format of ``cfg``: (bits, flags).
+
+    ``sig`` has its leading one at bit 61 (or is 0 for a zero); any non-zero bits
+    below the kept ones count as sticky. ``exp`` is EXP_INF or EXP_NAN for an
+    infinite or NaN result (exact; NaN becomes the configured NaN bits). Every
+    rounding, tininess, overflow and inexact decision is made here, and the
+    overflow mode is applied here; the operation adds INVALID and DIVBYZERO.
+
+    ``normal=True`` (a constant at the call) is the caller's promise that the value
+    is finite, non-zero and at least 2**emin, and the quantum the format's: the same
+    decisions with the cases that cannot arise left out, so that loops vectorise.
+    """
+    width, man, mode = cfg[WIDTH], cfg[MAN], cfg[MODE]
+    emin = 1 - cfg[BIAS]
+    qmin = emin - man
+    inf = _inf_bits(cfg)
+    if normal:
+        kept, flags = _shift_round(sig, 61 - man, sign, mode)
+        return _pack(sign, ((exp - man - qmin) << man) + kept, flags, cfg)
+    q = max(exp - man, cfg[QUANTUM])
+    s = q - exp + 61
+    below = s > 62  # below half the quantum: only stickiness is left
+    sig = np.int64(sig != 0) if below else sig
+    s = 62 if below else s
+    kept, flags = _shift_round(sig, s, sign, mode)
+    # Tiny: below 2**emin before rounding, or (the default) still below it after rounding
+    # to p bits with an unbounded exponent.
+    unbounded, _ = _shift_round(sig, 61 - man, sign, mode)
+    after = (exp < emin - 1) | ((exp == emin - 1) & (unbounded < (2 << man)))
+    tiny = exp < emin if cfg[BEFORE] != 0 else after
+    flags |= UNDERFLOW * (tiny & (flags != 0))
+    # A quantum coarser than the format's (round to integral) leaves kept unnormalised.
+    shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man), q - qmin))
+    bits, flags = _pack(sign, ((q - shift - qmin) << man) + (kept << shift), flags, cfg)
+    special = exp >= EXP_INF
+    nan = saturate(cfg[NAN_BITS], cfg)
+    bits = (nan if exp > EXP_INF else saturate(sign << (width - 1) | inf, cfg)) if special else bits
+    bits = sign << (width - 1) if sig == 0 else bits
+    return bits, 0 if special | (sig == 0) else flags
+
+
+@inline
+def _pack(sign, bits, flags, cfg):
+    """Overflow (to Inf or MAX, by the mode's direction), the sign, the kept flags, saturation."""
+    inf, mode = _inf_bits(cfg), cfg[MODE]
+    over = bits >= inf
+    away = (mode == RNE) | (mode == RNA) | ((mode == UP) & (sign == 0)) | ((mode == DOWN) & (sign == 1))
+    bits = inf - 1 + away if over else bits
+    flags |= (OVERFLOW | INEXACT) * over
+    return saturate(bits | (sign << (cfg[WIDTH] - 1)), cfg), flags & cfg[KEEP]
+
+
+@inline
+def split64(x):
+    """A binary64 value as round_pack's (sign, exp, sig)."""
+    u = _f64_bits(np.float64(x))
+    sign = (u >> 63) & 1
+    e = (u >> 52) & 0x7FF
+    f = u & _FRAC52
+    shift = _clz(f) - 11  # subnormal: normalise
+    sig = f << (shift + 9) if e == 0 else (f | (1 << 52)) << 9
+    exp = -1022 - shift if e == 0 else e - 1023
+    exp = EXP_INF + (f != 0) if e == 0x7FF else exp
+    return sign, exp, sig
+
+
+@inline
+def round64(x, cfg):
+    """A binary64 value (see the module's contract) rounded into ``cfg``: (bits, flags)."""
+    sign, exp, sig = split64(x)
+    return round_pack(sign, exp, sig, cfg)
+
+
+HARD = 0x80  # a flags value no operation raises: "round this element again, in full"
+
+
+@inline
+def round64_fast(x, cfg):
+    """round64 for the common case, (bits, flags); flags is HARD for a value below 2**emin,
+    zero, Inf or NaN (or a quantum other than the format's), which the caller rounds
+    again with round64."""
+    u = _f64_bits(x)
+    exp = ((u >> 52) & 0x7FF) - 1023
+    bits, flags = round_pack((u >> 63) & 1, exp, ((u & _FRAC52) | (1 << 52)) << 9, cfg, True)
+    hard = (exp < 1 - cfg[BIAS]) | (exp == 1024) | (cfg[QUANTUM] != -cfg[BIAS] + 1 - cfg[MAN])
+    return bits, HARD if hard else flags
+
+
+@inline
+def decode(bits, cfg):
+    """A format value's bits as a binary64 number (exact)."""
+    width = cfg[WIDTH]
+    b = np.int64(bits)
+    wide = np.float64(_bits_f32(np.uint32(b << 16 if width == 16 else b)))  # bfloat16, binary32
+    v = _half_to_f64(np.uint16(b)) if cfg[MAN] == 10 else wide
+    return _bits_f64(b) if width == 64 else v
+
+
+@inline
+def is_snan(bits, cfg):
+    mag = np.int64(bits) & _abs_mask(cfg)
+    return (mag > _inf_bits(cfg)) & ((mag & (1 << (cfg[MAN] - 1))) == 0)
+
+
+@inline
+def add64(x, y, down, exact=False):
+    """x + y as round_pack needs it: the exact sum rounded to odd at 53 bits (TwoSum;
+    ``exact=True``, a constant, where binary64 adds the format's values exactly); an
+    exact zero sum of opposite-signed operands is -0 when rounding downward. The only
+    place these two rules live."""
+    s = x + y
+    if not exact:
+        bb = s - x
+        err = (x - (s - bb)) + (y - bb)
+        u = _f64_bits(s)
+        fix = (err != 0) & ((u & 1) == 0) & math.isfinite(s)
+        step = 1 if (err > 0) == (s > 0) else -1  # one ulp towards the exact sum
+        s = _bits_f64(u + step) if fix else s
+    opposite = math.copysign(1.0, x) != math.copysign(1.0, y)
+    return -0.0 if (s == 0) & down & opposite else s
+
+
+@inline
+def _sum_exact(cfg):
+    """Whether binary64 adds any two values of the format exactly (binary16: 41 bits apart at most)."""
+    return 2 * cfg[BIAS] + 1 + cfg[MAN] <= 53
+
+
+@inline
+def _binary_value(op, exact, x, y, down):
+    if op == ADD:
+        return add64(x, y, down, exact)
+    if op == SUB:
+        return add64(x, -y, down, exact)
+    if op == MUL:
+        return x * y
+    if op == DIV:
+        return x / y
+    # IEEE 754-2019 maximum / minimum: NaN if either is NaN, +0 above -0.
+    first = (x > y) if op == MAX else (x < y)
+    tie = (math.copysign(1.0, x) > 0) if op == MAX else (math.copysign(1.0, x) < 0)
+    r = x if first | ((x == y) & tie) else y
+    return np.nan if math.isnan(x) | math.isnan(y) else r
+
+
+@inline
+def _binary_at(op, exact, a, b, i, cfg, fast):
+    """Element i of a binary operation: (bits, flags); with ``fast``, flags may be HARD."""
+    x, y = decode(a[i], cfg), decode(b[i], cfg)
+    r = _binary_value(op, exact, x, y, cfg[MODE] == DOWN)
+    bits, flags = round64_fast(r, cfg) if fast else round64(r, cfg)
+    # INVALID and DIVBYZERO (binary operations on these formats cannot overflow binary64).
+    invalid = is_snan(a[i], cfg) | is_snan(b[i], cfg) | (math.isnan(r) & ~(math.isnan(x) | math.isnan(y)))
+    zero_div = (op == DIV) & (y == 0) & (x != 0) & math.isfinite(x)
+    return bits, flags | (INVALID * invalid | DIVBYZERO * zero_div)
+
+
+@inline
+def _binary_loop(op, exact, a, b, out, flags, cfg):
+    status = 0
+    for i in range(a.size):
+        bits, fl = _binary_at(op, exact, a, b, i, cfg, True)
+        out[i] = bits
+        flags[i] = fl
+        status |= fl
+    if status & HARD:  # the rare elements, in full
+        status &= ~HARD
+        for i in range(a.size):
+            if flags[i] & HARD:
+                bits, fl = _binary_at(op, exact, a, b, i, cfg, False)
+                out[i] = bits
+                flags[i] = fl
+                status |= fl
+    return status
+
+
+@jit
+def binary(op, a, b, out, flags, cfg):
+    """out = a op b elementwise (bits of one format), its flags; returns the OR of the flags."""
+    cfg = settings(cfg)
+    exact = _sum_exact(cfg)
+    if op == ADD:
+        if exact:
+            return _binary_loop(ADD, True, a, b, out, flags, cfg)
+        return _binary_loop(ADD, False, a, b, out, flags, cfg)
+    if op == SUB:
+        if exact:
+            return _binary_loop(SUB, True, a, b, out, flags, cfg)
+        return _binary_loop(SUB, False, a, b, out, flags, cfg)
+    if op == MUL:
+        return _binary_loop(MUL, False, a, b, out, flags, cfg)
+    if op == DIV:
+        return _binary_loop(DIV, False, a, b, out, flags, cfg)
+    if op == MAX:
+        return _binary_loop(MAX, False, a, b, out, flags, cfg)
+    return _binary_loop(MIN, False, a, b, out, flags, cfg)
+
+
+@inline
+def _fma_at(a, b, c, i, cfg, fast):
+    x, y, z = decode(a[i], cfg), decode(b[i], cfg), decode(c[i], cfg)
+    p = x * y
+    r = add64(p, z, cfg[MODE] == DOWN)
+    bits, flags = round64_fast(r, cfg) if fast else round64(r, cfg)
+    nan_in = math.isnan(x) | math.isnan(y)
+    invalid = (is_snan(a[i], cfg) | is_snan(b[i], cfg) | is_snan(c[i], cfg)
+               | (math.isnan(p) & ~nan_in)  # 0 * Inf, whatever the addend (as SoftFloat)
+               | (math.isnan(r) & ~(nan_in | math.isnan(z))))
+    return bits, flags | INVALID * invalid
+
+
+@jit
+def fma(a, b, c, out, flags, cfg):
+    """out = a * b + c with one rounding, its flags; returns the OR of the flags."""
+    cfg = settings(cfg)
+    status = 0
+    for i in range(a.size):
+        bits, fl = _fma_at(a, b, c, i, cfg, True)
+        out[i] = bits
+        flags[i] = fl
+        status |= fl
+    if status & HARD:
+        status &= ~HARD
+        for i in range(a.size):
+            if flags[i] & HARD:
+                bits, fl = _fma_at(a, b, c, i, cfg, False)
+                out[i] = bits
+                flags[i] = fl
+                status |= fl
+    return status
+
+
+@inline
+def _toward(y, up):
+    """y moved one binary64 ulp up or down."""
+    return np.nextafter(y, np.inf if up else -np.inf)
+
+
+@inline
+def _unary_value(op, x):
+    """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand."""
+    if math.isnan(x):
+        return x, 0
+    if op == SQRT:
+        r = math.sqrt(x)
+        return r, (INVALID if math.isnan(r) else 0)
+    if op == EXP:
+        if math.isinf(x):
+            return (x if x > 0 else 0.0), 0
+        r = math.exp(x)
+        if math.isinf(r):
+            return 1.5 * 2.0**1023, 0  # beyond every format: round_pack overflows it
+        if r == 0:
+            return _toward(r, True), 0
+        if r == 1 and x != 0:
+            return _toward(r, x > 0), 0
+        return r, 0
+    if op == LOG:
+        if x < 0:
+            return np.nan, INVALID
+        if x == 0:
+            return -np.inf, DIVBYZERO
+        return math.log(x), 0
+    if op == TANH:
+        r = math.tanh(x)
+        if math.isfinite(x) and x != 0 and (abs(r) == 1 or r == x):
+            return _toward(r, x < 0), 0
+        return r, 0
+    if op == SIGMOID:
+        if math.isinf(x):
+            return (1.0 if x > 0 else 0.0), 0
+        if x >= 0:
+            r = 1.0 / (1.0 + math.exp(-x))
+        else:
+            e = math.exp(x)
+            r = e / (1.0 + e)
+        if r == 0:
+            return _toward(r, True), 0
+        if r == 1:
+            return _toward(r, False), 0
+        if r == 0.5 and x != 0:
+            return _toward(r, x > 0), 0
+        return r, 0
+    if op == RELU:
+        return (x if x > 0 else 0.0), 0
+    return x, 0
+
+
+@inline
+def _round_loop(a, out, flags, src, cfg):
+    status = 0
+    for i in range(a.size):
+        bits, fl = round64_fast(decode(a[i], src), cfg)
+        fl |= INVALID * is_snan(a[i], src)
+        out[i] = bits
+        flags[i] = fl
+        status |= fl
+    if status & HARD:
+        status &= ~HARD
+        for i in range(a.size):
+            if flags[i] & HARD:
+                bits, fl = round64(decode(a[i], src), cfg)
+                out[i] = bits
+                flags[i] = fl | INVALID * is_snan(a[i], src)
+                status |= flags[i]
+    return status
+
+
+@jit
+def unary(op, a, out, flags, src, cfg):
+    """out = op(a) elementwise (a's bits in format ``src``, out's in ``cfg``), its flags;
+    returns the OR of the flags."""
+    src = settings(src)
+    cfg = settings(cfg)
+    if op == CONVERT or op == RINT:  # the value itself, rounded (RINT: to the quantum cfg says)
+        return _round_loop(a, out, flags, src, cfg)
+    sign_bit = 1 << (src[WIDTH] - 1)
+    if op == NEG or op == ABS:  # sign-bit operations, NaNs included; quiet
+        for i in range(a.size):
+            bits = np.int64(a[i])
+            out[i] = saturate(bits ^ sign_bit if op == NEG else bits & (sign_bit - 1), cfg)
+            flags[i] = 0
+        return 0
+    status = 0
+    for i in range(a.size):
+        r, fl = _unary_value(op, decode(a[i], src))
+        bits, rf = round64(r, cfg)
+        fl |= rf | INVALID * is_snan(a[i], src)
+        out[i] = bits
+        flags[i] = fl
+        status |= fl
+    return status
+
+
+@jit
+def round_values(x, out, flags, cfg):
+    """Round binary64 values (meeting the module's contract) into ``cfg``."""
+    cfg = settings(cfg)
+    status = 0
+    for i in range(x.size):
+        bits, fl = round64(x[i], cfg)
+        out[i] = bits
+        status |= fl
+        flags[i] = fl
+    return status
+
+
+@jit
+def compare(op, signaling, a, b, out, flags, cfg):
+    """out = a == b, a < b or a <= b; INVALID for a signaling NaN, or any NaN when ``signaling``."""
+    cfg = settings(cfg)
+    status = 0
+    for i in range(a.size):
+        x, y = decode(a[i], cfg), decode(b[i], cfg)
+        if op == EQ:
+            out[i] = x == y
+        elif op == LT:
+            out[i] = x < y
+        else:
+            out[i] = x <= y
+        fl = 0
+        if (signaling and (math.isnan(x) or math.isnan(y))) or is_snan(a[i], cfg) or is_snan(b[i], cfg):
+            fl = INVALID
+        status |= fl
+        flags[i] = fl
+    return status
+
+
+# -- reductions and matrix products ---------------------------------------------------------
+@inline
+def _div_odd(s, n):
+    """s / n (n a positive integer below 2**53) rounded to odd at 53 bits, via an exact remainder."""
+    q = s / n
+    if not math.isfinite(q) or q == 0:
+        return q
+    # Dekker: q * n = hi + lo exactly (Veltkamp splits of q and n).
+    c = 134217729.0  # 2**27 + 1
+    t = c * q
+    qh = t - (t - q)
+    ql = q - qh
+    t = c * n
+    nh = t - (t - n)
+    nl = n - nh
+    hi = q * n
+    lo = ((qh * nh - hi) + qh * nl + ql * nh) + ql * nl
+    rem = (s - hi) - lo  # exact: hi is within an ulp of s
+    if rem != 0:
+        u = _f64_bits(q)
+        if (u & 1) == 0:
+            u += 1 if (rem > 0) == (q > 0) else -1
+            q = _bits_f64(u)
+    return q
+
+
+@jit
+def tree_sum(x, out, src, acc, dst, mean):
+    """Sum each column of ``x`` (n, C) in a fixed pairwise tree: adjacent pairs, then pairs of
+    pairs, each addition rounded into ``acc``; each element is first rounded into ``acc``.
+    The column totals are rounded into ``dst`` (for ``mean``, divided exactly by n first,
+    one rounding). Returns the OR of the flags."""
+    src = settings(src)
+    acc = settings(acc)
+    dst = settings(dst)
+    n, cols = x.shape
+    down = acc[MODE] == DOWN
+    v = np.empty((max(n, 1), cols), np.float64)
+    status = 0
+    for r in range(n):
+        for c in range(cols):
+            b = x[r, c]
+            bits, fl = round64(decode(b, src), acc)
+            if is_snan(b, src):
+                fl |= INVALID
+            status |= fl
+            v[r, c] = decode(bits, acc)
+    if n == 0:
+        v[0, :] = 0.0
+    m = max(n, 1)
+    while m > 1:
+        half = m // 2
+        for r in range(half):
+            for c in range(cols):
+                x0, x1 = v[2 * r, c], v[2 * r + 1, c]
+                s = add64(x0, x1, down)
+                fl = 0
+                if math.isnan(s) and not (math.isnan(x0) or math.isnan(x1)):
+                    fl = INVALID
+                bits, rf = round64(s, acc)
+                status |= fl | rf
+                v[r, c] = decode(bits, acc)
+        if m % 2 == 1:
+            for c in range(cols):
+                v[half, c] = v[m - 1, c]
+            half += 1
+        m = half
+    for c in range(cols):
+        t = v[0, c]
+        if mean:
+            t = _div_odd(t, np.float64(n)) if n > 0 else np.nan
+            status |= INVALID if n == 0 else 0
+        bits, fl = round64(t, dst)
+        out[c] = bits
+        status |= fl
+    return status
+
+
+@jit
+def matmul32(a, b, acc, lo, hi):
+    """acc[i] += sum over k, in ascending order, of a[i, k] * b[k] for rows lo..hi (binary32,
+    each product exact for binary16 operands, each addition rounded to nearest even).
+    Vectorised across the columns of a row; the order along k is the program's."""
+    k_dim = a.shape[1]
+    for i in range(lo, hi):
+        row = acc[i]
+        for k in range(k_dim):
+            aik = a[i, k]
+            bk = b[k]
+            for j in range(row.size):
+                row[j] += aik * bk[j]
+
+
+@jit
+def matmul32_flags(a, b, cfg):
+    """The flags that binary32 accumulation raises inside a matmul of binary16 bits ``a`` (M, K)
+    and ``b`` (K, N): INVALID for a signaling NaN operand, a product 0 * Inf, or Inf - Inf
+    in a partial sum (each addition is an IEEE operation, whatever NaN the sum carries
+    already); INEXACT where an addition rounds. Binary32 sums of binary16 products can
+    neither overflow nor underflow."""
+    cfg = settings(cfg)
+    m, k_dim = a.shape
+    n = b.shape[1]
+    flags = 0
+    for i in range(m):
+        for j in range(n):
+            s = np.float32(0)
+            for k in range(k_dim):
+                x, y = decode(a[i, k], cfg), decode(b[k, j], cfg)
+                if is_snan(a[i, k], cfg) or is_snan(b[k, j], cfg):
+                    flags |= INVALID
+                p = np.float32(x * y)
+                if math.isnan(p) and not (math.isnan(x) or math.isnan(y)):
+                    flags |= INVALID
+                t = s + p
+                if math.isnan(t) and not (math.isnan(s) or math.isnan(p)):
+                    flags |= INVALID
+                if math.isfinite(t) and np.float64(t) != np.float64(s) + np.float64(p):
+                    flags |= INEXACT
+                s = t
+    return flags
+
+
+@jit
+def matmul16(a, b, out, cfg):
+    """out = a @ b with binary16 (cfg) accumulation: along k in ascending order from +0, each step
+    a * b + acc rounded once in the device's mode. Returns the OR of the flags."""
+    cfg = settings(cfg)
+    m, k_dim = a.shape
+    n = b.shape[1]
+    down = cfg[MODE] == DOWN
+    status = 0
+    for i in range(m):
+        for j in range(n):
+            s = 0.0
+            for k in range(k_dim):
+                x, y = decode(a[i, k], cfg), decode(b[k, j], cfg)
+                p = x * y
+                r = add64(p, s, down)
+                fl = 0
+                if not math.isfinite(r) or not math.isfinite(p):
+                    if is_snan(a[i, k], cfg) or is_snan(b[k, j], cfg):
+                        fl = INVALID
+                    if math.isnan(p) and not (math.isnan(x) or math.isnan(y)):
+                        fl = INVALID
+                    if math.isnan(r) and not (math.isnan(x) or math.isnan(y) or math.isnan(s)):
+                        fl = INVALID
+                bits, rf = round64(r, cfg)
+                status |= fl | rf
+                s = decode(bits, cfg)
+            bits, _ = round64(s, cfg)
+            out[i, j] = bits
+    return status
