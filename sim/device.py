@@ -271,23 +271,24 @@ class Device:
         else:
             a32, b32 = a.astype(np.float32), b.astype(np.float32)  # exact
             total = np.zeros((m, n), np.float32)
-            self._matmul32(a32, b32, total)
-            status = K.matmul32_flags(a16, b16, cfg16) if not (np.isfinite(a32).all() and np.isfinite(b32).all()) else 0
+            status = self._matmul32(a32, b32, total)
+            if not (np.isfinite(a32).all() and np.isfinite(b32).all()):
+                status |= K.matmul32_flags(a16, b16, cfg16)
             total = total.view(np.uint32)
         result = self._convert_bits(total.reshape(-1), acc_fmt, out_fmt)
         self._record(status | result.status)
         return result.value.reshape(m, n)
 
-    def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray) -> None:
-        """Sequential binary32 accumulation over k; with ``threads``, blocks of rows run on
-        worker threads (the kernel releases the GIL), which changes nothing in the result."""
+    def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray) -> int:
+        """Sequential binary32 accumulation over k (its INEXACT flag); with ``threads``, blocks
+        of rows run on worker threads (the kernel releases the GIL), which changes nothing."""
         m = a32.shape[0]
         workers = min(self.threads, m) if a32.size * b32.shape[1] >= THREADED_MATMUL else 1
         if workers == 1:
-            K.matmul32(a32, b32, acc, 0, m)
-            return
+            return K.matmul32(a32, b32, acc, 0, m)
         bounds = np.linspace(0, m, workers + 1).astype(int)
-        list(_pool(workers).map(lambda lo, hi: K.matmul32(a32, b32, acc, lo, hi), bounds[:-1], bounds[1:]))
+        return int(np.bitwise_or.reduce(list(_pool(workers).map(
+            lambda lo, hi: K.matmul32(a32, b32, acc, lo, hi), bounds[:-1], bounds[1:]))))
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then

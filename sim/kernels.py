@@ -151,35 +151,36 @@ def round_pack(sign, exp, sig, cfg, normal=False):
     rounding, tininess, overflow and inexact decision is made here, and the
     overflow mode is applied here; the operation adds INVALID and DIVBYZERO.
 
-    ``normal=True`` (a constant at the call) is the caller's promise that the value
-    is finite, non-zero and at least 2**emin, and the quantum the format's: the same
-    decisions with the cases that cannot arise left out, so that loops vectorise.
+    ``normal=True`` (a constant at the call) is the caller's promise that a finite
+    non-zero value is at least 2**emin and the quantum the format's: the same decisions
+    with the cases that cannot arise left out, so that loops vectorise.
     """
     width, man, mode = cfg[WIDTH], cfg[MAN], cfg[MODE]
     emin = 1 - cfg[BIAS]
     qmin = emin - man
-    inf = _inf_bits(cfg)
     if normal:
         kept, flags = _shift_round(sig, 61 - man, sign, mode)
-        return _pack(sign, ((exp - man - qmin) << man) + kept, flags, cfg)
-    q = max(exp - man, cfg[QUANTUM])
-    s = q - exp + 61
-    below = s > 62  # below half the quantum: only stickiness is left
-    sig = np.int64(sig != 0) if below else sig
-    s = 62 if below else s
-    kept, flags = _shift_round(sig, s, sign, mode)
-    # Tiny: below 2**emin before rounding, or (the default) still below it after rounding
-    # to p bits with an unbounded exponent.
-    unbounded, _ = _shift_round(sig, 61 - man, sign, mode)
-    after = (exp < emin - 1) | ((exp == emin - 1) & (unbounded < (2 << man)))
-    tiny = exp < emin if cfg[BEFORE] != 0 else after
-    flags |= UNDERFLOW * (tiny & (flags != 0))
-    # A quantum coarser than the format's (round to integral) leaves kept unnormalised.
-    shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man), q - qmin))
-    bits, flags = _pack(sign, ((q - shift - qmin) << man) + (kept << shift), flags, cfg)
+        bits, flags = _pack(sign, ((exp - man - qmin) << man) + kept, flags, cfg)
+    else:
+        q = max(exp - man, cfg[QUANTUM])
+        s = q - exp + 61
+        below = s > 62  # below half the quantum: only stickiness is left
+        sig = np.int64(sig != 0) if below else sig
+        s = 62 if below else s
+        kept, flags = _shift_round(sig, s, sign, mode)
+        # Tiny: below 2**emin before rounding, or (the default) still below it after rounding
+        # to p bits with an unbounded exponent.
+        unbounded, _ = _shift_round(sig, 61 - man, sign, mode)
+        after = (exp < emin - 1) | ((exp == emin - 1) & (unbounded < (2 << man)))
+        tiny = exp < emin if cfg[BEFORE] != 0 else after
+        flags |= UNDERFLOW * (tiny & (flags != 0))
+        # A quantum coarser than the format's (round to integral) leaves kept unnormalised.
+        shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man), q - qmin))
+        bits, flags = _pack(sign, ((q - shift - qmin) << man) + (kept << shift), flags, cfg)
+    # Exact results: zeros keep their sign; Inf and NaN (the configured NaN), saturated.
     special = exp >= EXP_INF
     nan = saturate(cfg[NAN_BITS], cfg)
-    bits = (nan if exp > EXP_INF else saturate(sign << (width - 1) | inf, cfg)) if special else bits
+    bits = (nan if exp > EXP_INF else saturate(sign << (width - 1) | _inf_bits(cfg), cfg)) if special else bits
     bits = sign << (width - 1) if sig == 0 else bits
     return bits, 0 if special | (sig == 0) else flags
 
@@ -221,13 +222,17 @@ HARD = 0x80  # a flags value no operation raises: "round this element again, in 
 
 @inline
 def round64_fast(x, cfg):
-    """round64 for the common case, (bits, flags); flags is HARD for a value below 2**emin,
-    zero, Inf or NaN (or a quantum other than the format's), which the caller rounds
-    again with round64."""
+    """round64 for the common case, (bits, flags); flags is HARD for a non-zero finite value
+    below 2**emin (or a quantum other than the format's), which the caller rounds again
+    with round64."""
     u = _f64_bits(x)
-    exp = ((u >> 52) & 0x7FF) - 1023
-    bits, flags = round_pack((u >> 63) & 1, exp, ((u & _FRAC52) | (1 << 52)) << 9, cfg, True)
-    hard = (exp < 1 - cfg[BIAS]) | (exp == 1024) | (cfg[QUANTUM] != -cfg[BIAS] + 1 - cfg[MAN])
+    e = (u >> 52) & 0x7FF
+    f = u & _FRAC52
+    zero = (e == 0) & (f == 0)
+    exp = EXP_INF + (f != 0) if e == 0x7FF else e - 1023
+    sig = 0 if zero else (f | (1 << 52)) << 9
+    bits, flags = round_pack((u >> 63) & 1, exp, sig, cfg, True)
+    hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero) | (cfg[QUANTUM] != 1 - cfg[BIAS] - cfg[MAN])
     return bits, HARD if hard else flags
 
 
@@ -376,59 +381,81 @@ def fma(a, b, c, out, flags, cfg):
 
 
 @inline
-def _toward(y, up):
-    """y moved one binary64 ulp up or down."""
-    return np.nextafter(y, np.inf if up else -np.inf)
+def _inside(r, lo, hi):
+    """r moved strictly inside (lo, hi), where the exact value is known to lie: a binary64
+    libm result within an ulp or two of a bound may sit on it or beyond it. Where no
+    binary64 number lies inside, the odd one of the two bounds: it is no (p+1)-bit
+    number for any p <= 51, so it stands for the exact value in every rounding."""
+    up = np.nextafter(lo, np.inf)
+    if up >= hi:
+        return lo if _f64_bits(lo) & 1 else hi
+    r = up if r <= lo else r
+    return np.nextafter(hi, -np.inf) if r >= hi else r
+
+
+@inline
+def _exact_sum(a, b):
+    """a + b if binary64 holds it exactly, else NaN (a bound that cannot be used)."""
+    s = a + b
+    return s if (s - a == b) & (s - b == a) else np.nan
 
 
 @inline
 def _unary_value(op, x):
-    """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand."""
+    """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand.
+
+    Where the exact value is transcendental, r is the binary64 value moved inside the
+    bounds the exact value is known to obey (so that its side of every rounding boundary
+    near those bounds is right): exp x > 0, > 1 iff x > 0, >= 1 + x; |tanh x| < min(|x|, 1);
+    0 < sigmoid x < 1, > 1/2 iff x > 0, on the far side of 1/2 + x/4 from 1/2; log x
+    < 0 iff x < 1, <= x - 1. Comparisons with a NaN bound are false: no bound.
+    """
     if math.isnan(x):
         return x, 0
     if op == SQRT:
         r = math.sqrt(x)
         return r, (INVALID if math.isnan(r) else 0)
-    if op == EXP:
-        if math.isinf(x):
+    if op == RELU:
+        return (x if x > 0 else 0.0), 0
+    if math.isinf(x):
+        if op == EXP:
             return (x if x > 0 else 0.0), 0
-        r = math.exp(x)
-        if math.isinf(r):
-            return 1.5 * 2.0**1023, 0  # beyond every format: round_pack overflows it
-        if r == 0:
-            return _toward(r, True), 0
-        if r == 1 and x != 0:
-            return _toward(r, x > 0), 0
-        return r, 0
+        if op == LOG:
+            return (x if x > 0 else np.nan), (0 if x > 0 else INVALID)
+        if op == TANH:
+            return math.copysign(1.0, x), 0
+        return (1.0 if x > 0 else 0.0), 0  # SIGMOID
     if op == LOG:
         if x < 0:
             return np.nan, INVALID
         if x == 0:
             return -np.inf, DIVBYZERO
-        return math.log(x), 0
+        if x == 1:
+            return 0.0, 0
+        r = math.log(x)
+        bound = _exact_sum(x, -1.0)
+        if x > 1:
+            return _inside(r, 0.0, bound if bound == bound else np.inf), 0
+        return _inside(r, -np.inf, bound if bound == bound else 0.0), 0
+    if x == 0:  # exact: exp 1, tanh +-0, sigmoid 1/2
+        return (1.0 if op == EXP else x if op == TANH else 0.5), 0
+    if op == EXP:
+        r = math.exp(x)
+        if math.isinf(r):
+            return 1.5 * 2.0**1023, 0  # beyond every format: round_pack overflows it
+        lo = _exact_sum(1.0, x)
+        return (_inside(r, max(1.0, lo) if lo == lo else 1.0, np.inf) if x > 0
+                else _inside(r, max(0.0, lo) if lo == lo else 0.0, 1.0)), 0
     if op == TANH:
-        r = math.tanh(x)
-        if math.isfinite(x) and x != 0 and (abs(r) == 1 or r == x):
-            return _toward(r, x < 0), 0
-        return r, 0
-    if op == SIGMOID:
-        if math.isinf(x):
-            return (1.0 if x > 0 else 0.0), 0
-        if x >= 0:
-            r = 1.0 / (1.0 + math.exp(-x))
-        else:
-            e = math.exp(x)
-            r = e / (1.0 + e)
-        if r == 0:
-            return _toward(r, True), 0
-        if r == 1:
-            return _toward(r, False), 0
-        if r == 0.5 and x != 0:
-            return _toward(r, x > 0), 0
-        return r, 0
-    if op == RELU:
-        return (x if x > 0 else 0.0), 0
-    return x, 0
+        r = _inside(abs(math.tanh(x)), 0.0, min(abs(x), 1.0))
+        return math.copysign(r, x), 0
+    # SIGMOID, without cancellation: 1 / (1 + e**-x), or e**x / (1 + e**x) for x < 0.
+    e = math.exp(-abs(x))
+    r = 1.0 / (1.0 + e) if x > 0 else e / (1.0 + e)
+    mid = _exact_sum(0.5, 0.25 * x)
+    if x > 0:
+        return _inside(r, 0.5, min(1.0, mid) if mid == mid else 1.0), 0
+    return _inside(r, max(0.0, mid) if mid == mid else 0.0, 0.5), 0
 
 
 @inline
@@ -593,24 +620,34 @@ def tree_sum(x, out, src, acc, dst, mean):
 def matmul32(a, b, acc, lo, hi):
     """acc[i] += sum over k, in ascending order, of a[i, k] * b[k] for rows lo..hi (binary32,
     each product exact for binary16 operands, each addition rounded to nearest even).
-    Vectorised across the columns of a row; the order along k is the program's."""
+    Vectorised across the columns of a row; the order along k is the program's. Returns
+    INEXACT if an addition rounded (an error-free Fast2Sum on the larger magnitude)."""
     k_dim = a.shape[1]
+    inexact = False
     for i in range(lo, hi):
         row = acc[i]
         for k in range(k_dim):
             aik = a[i, k]
             bk = b[k]
+            lost = False
             for j in range(row.size):
-                row[j] += aik * bk[j]
+                p = aik * bk[j]
+                t = row[j]
+                s = t + p
+                big, small = (t, p) if abs(t) >= abs(p) else (p, t)
+                lost |= (small - (s - big) != 0) & (abs(s) < np.inf)  # Inf and NaN sums are exact
+                row[j] = s
+            inexact |= lost
+    return INEXACT if inexact else 0
 
 
 @jit
 def matmul32_flags(a, b, cfg):
-    """The flags that binary32 accumulation raises inside a matmul of binary16 bits ``a`` (M, K)
-    and ``b`` (K, N): INVALID for a signaling NaN operand, a product 0 * Inf, or Inf - Inf
-    in a partial sum (each addition is an IEEE operation, whatever NaN the sum carries
-    already); INEXACT where an addition rounds. Binary32 sums of binary16 products can
-    neither overflow nor underflow."""
+    """INVALID as binary32 accumulation raises it inside a matmul of binary16 bits ``a`` (M, K)
+    and ``b`` (K, N) that has Inf or NaN operands: for a signaling NaN operand, a product
+    0 * Inf, or Inf - Inf in a partial sum (each addition is an IEEE operation, whatever
+    NaN the sum carries already). Binary32 sums of binary16 products can neither
+    overflow nor underflow."""
     cfg = settings(cfg)
     m, k_dim = a.shape
     n = b.shape[1]
@@ -628,8 +665,6 @@ def matmul32_flags(a, b, cfg):
                 t = s + p
                 if math.isnan(t) and not (math.isnan(s) or math.isnan(p)):
                     flags |= INVALID
-                if math.isfinite(t) and np.float64(t) != np.float64(s) + np.float64(p):
-                    flags |= INEXACT
                 s = t
     return flags
 

@@ -54,12 +54,34 @@ def is_snan(bits: int, fmt: Format) -> bool:
     return mag > fmt.inf_bits and not mag & fmt.quiet_bit
 
 
+def _sigmoid(ctx, x: mpfr) -> mpfr:
+    """1 / (1 + e**-x) rounded once in ``ctx``. Far from 0 the small term is computed at 600
+    bits and the one rounding is MPFR's (1 - t, or e**x / (1 + e**x)); beyond EXACT's
+    range the small term is any positive number that small, which rounds the same."""
+    if gmpy2.is_infinite(x):
+        return mpfr(1 if x > 0 else 0)
+    tiny = mpfr(2) ** (EXACT.emin + 1)
+    if x >= 0:
+        y = EXACT.exp(-x) or tiny
+        return ctx.sub(1, EXACT.div(y, EXACT.add(1, y)))
+    y = EXACT.exp(x)
+    if gmpy2.is_zero(y):
+        return ctx.exp(x)  # e**x / (1 + e**x) and e**x are the same to 10**6 bits: one rounding
+    return ctx.plus(EXACT.div(y, EXACT.add(1, y)))
+
+
+#: Functions whose value is exact only at these arguments (transcendental elsewhere).
+EXACT_AT = {"exp": (0,), "log": (1,), "tanh": (0,), "sigmoid": (0,)}
+
+
 def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
     ctx.clear_flags()
     if op == "convert":
         return ctx.plus(xs[0])
     if op == "rint":
         return ctx.rint(xs[0])
+    if op == "sigmoid":
+        return _sigmoid(ctx, xs[0])
     return getattr(ctx, op)(*xs)
 
 
@@ -96,8 +118,8 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
               tininess: Tininess = Tininess.AFTER, src: Format | None = None) -> tuple[int, int]:
     """(result bits, flags) of ``op`` on bit patterns, IEEE semantics.
 
-    op: add sub mul div sqrt fma (MPFR names) or "convert" (from ``src``) or
-    "rint" (round to integral, no INEXACT).
+    op: add sub mul div sqrt fma exp log tanh (MPFR names), "sigmoid", "convert"
+    (from ``src``) or "rint" (round to integral, no INEXACT).
     """
     src = src or fmt
     xs = [decode(b, src) for b in operands]
@@ -119,10 +141,12 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
         return fmt.default_nan, flags | Flag.INVALID
     exact = _apply(EXACT, op, xs)
     is_exact = not EXACT.inexact
+    if op in EXACT_AT:  # transcendental: exact at its trivial points and at infinities only
+        is_exact = xs[0] in EXACT_AT[op] or gmpy2.is_infinite(xs[0])
     if gmpy2.is_nan(exact):
         return fmt.default_nan, flags | Flag.INVALID
-    if gmpy2.is_infinite(exact):
-        if op == "div" and gmpy2.is_zero(xs[1]) and gmpy2.is_finite(xs[0]):
+    if gmpy2.is_infinite(exact) and (is_exact or op != "exp"):  # exp of a huge finite x overflows
+        if (op == "div" and gmpy2.is_zero(xs[1]) and gmpy2.is_finite(xs[0])) or (op == "log" and xs[0] == 0):
             flags |= Flag.DIVBYZERO
         return encode(exact, fmt), flags
     result = _round(fmt, op, xs, mode, True, exact, is_exact)

@@ -279,3 +279,150 @@ def test_binary16_cast_is_the_emulators_conversion(x, profile, rounding) -> None
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     assert dev.get_float_status().tolist() == register_of(flags)
     assert dev.status == Flag(int(np.bitwise_or.reduce(flags, initial=0)))
+
+
+# -- the defects the compiled core fixed, each as found ------------------------------------
+def b16(bits: int) -> np.ndarray:
+    return np.array([bits], np.uint16).view(H)
+
+
+def test_mean_divides_by_the_exact_count_with_one_rounding() -> None:
+    dev = Device("atlas-a2")
+    x = np.zeros(2049, H)
+    x[0] = 2048
+    assert int(dev.mean(x).view(np.uint16)) == 0x3BFF  # 2048/2049, not 2048/2048
+    assert int(dev.mean(np.full(70_000, 0.001, H)).view(np.uint16)) == 0x1419  # the count is not a binary16
+    assert not dev.get_float_status().any()
+    assert np.isnan(dev.mean(np.zeros(0, H))) and dev.get_float_status()[1] == 1  # mean of nothing: 0/0
+
+
+def test_a_conversion_follows_the_destinations_overflow_mode() -> None:
+    dev = Device("atlas-training", saturate_float32=False)  # binary32 in INF/NaN mode, binary16 saturating
+    assert int(dev.cast(np.array([1e5], np.float32), H).view(np.uint16)[0]) == 0x7BFF
+    a, b = np.full((1, 2), 300, H), np.full((2, 1), 300, H)  # 180000 in binary32, too big for binary16
+    assert int(dev.matmul(a, b).view(np.uint16)[0, 0]) == 0x7BFF
+    assert float(dev.matmul(a, b, out_dtype=np.float32)[0, 0]) == 180000.0  # fits binary32: no event
+    two = np.full(2, 65504, H)
+    assert int(dev.sum(two, accumulate=np.float32).view(np.uint16)) == 0x7BFF
+    assert float(dev.sum(two, accumulate=np.float32, out_dtype=np.float32)) == 131008.0
+    assert dev.get_float_status().tolist() == [1, 0, 0, 3, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("a, b", [
+    ([[np.inf, 1]], [[0], [1]]),  # 0 * Inf
+    ([[np.inf, np.inf, np.nan]], [[1], [-1], [1]]),  # Inf - Inf, then a NaN that hides it
+    ([[np.inf, 0]], [[1], [np.nan]]),  # a quiet NaN operand: NaN, but nothing invalid
+], ids=["0*inf", "inf-inf-then-nan", "nan-operand"])
+def test_matmul_binary32_accumulation_raises_invalid_inside_the_sum(a, b) -> None:
+    dev = Device("atlas-a2")
+    out = dev.matmul(np.array(a, H), np.array(b, H))
+    assert np.isnan(out).all()
+    invalid = a[0][0] == np.inf and (b[0][0] == 0 or b[1][0] == -1)
+    assert dev.get_float_status()[1] == invalid
+    # The binary16-accumulation path agrees.
+    ref = Device("atlas-a2")
+    ref.matmul(np.array(a, H), np.array(b, H), accumulate=np.float16)
+    assert ref.get_float_status()[1] == invalid
+
+
+def test_matmul_signaling_nan_operand_is_invalid() -> None:
+    for acc in (np.float32, np.float16):
+        dev = Device("atlas-a2")
+        a = np.ones((2, 2), H)
+        a[1, 1] = b16(0x7D00)[0]  # signaling NaN
+        assert np.isnan(dev.matmul(a, np.ones((2, 2), H), accumulate=acc)[1]).all()
+        assert dev.get_float_status().tolist() == [0, 1, 0, 1, 0, 0, 0, 0]
+
+
+def test_register_slot_3_counts_operations_not_steps() -> None:
+    dev = Device("atlas-a2")
+    a = np.full((2, 8), 300, H)
+    dev.matmul(a, np.full((8, 3), 300, H), accumulate=np.float16)  # 8 steps, every one overflows
+    assert dev.get_float_status().tolist() == [1, 0, 0, 1, 0, 0, 0, 0]
+    dev.sum(np.full(64, 30000, H))  # 6 tree levels
+    assert dev.get_float_status().tolist() == [1, 0, 0, 2, 0, 0, 0, 0]
+    dev.div(np.ones(3, H), np.zeros(3, H))
+    dev.log(np.array([-1.0, 0.0], H))
+    assert dev.get_float_status().tolist() == [1, 1, 1, 4, 0, 0, 0, 0]
+    dev.add(np.ones(3, H), np.ones(3, H))  # no event: no count
+    assert dev.get_float_status()[3] == 4
+
+
+def test_device_keeps_a_sticky_ieee_status_beside_the_register() -> None:
+    dev = Device("atlas-training")
+    assert dev.status == Flag(0)
+    dev.div(np.ones(1, H), np.full(1, 3, H))  # inexact only: nothing for the register
+    assert dev.status == Flag.INEXACT and not dev.get_float_status().any()
+    dev.mul(np.full(1, 2.0**-14, H), np.full(1, 2.0**-3, H))  # exact subnormal: nothing
+    dev.mul(np.full(1, 2.0**-14, H), np.full(1, 0.3, H))  # inexact subnormal: underflow
+    assert dev.status == Flag.INEXACT | Flag.UNDERFLOW
+    dev.mul(np.full(1, 300, H), np.full(1, 300, H))
+    dev.clear_float_status()  # the register only
+    assert dev.status == Flag.INEXACT | Flag.UNDERFLOW | Flag.OVERFLOW
+    dev.clear_status()
+    assert dev.status == Flag(0)
+
+
+def test_maximum_and_minimum_are_ieee_2019() -> None:
+    dev = Device("atlas-a2")
+    pz, nz = np.zeros(1, H), -np.zeros(1, H)
+    for x, y in ((pz, nz), (nz, pz)):
+        assert int(dev.maximum(x, y).view(np.uint16)[0]) == 0x0000
+        assert int(dev.minimum(x, y).view(np.uint16)[0]) == 0x8000
+    nan = dev.maximum(np.array([np.nan, 1], H), np.array([1, b16(0x7D00)[0]], H))
+    assert nan.view(np.uint16).tolist() == [0x7E00, 0x7E00]  # the profile's default NaN, bits
+    assert dev.get_float_status().tolist() == [0, 1, 0, 1, 0, 0, 0, 0]  # only the signaling NaN
+
+
+def test_nan_results_have_the_profiles_default_nan_bits() -> None:
+    import dataclasses
+    profile = dataclasses.replace(profiles.get("atlas-a2"), default_nan=0x7FFF)
+    dev = Device(profile)
+    for got in (dev.sub(np.full(1, np.inf, H), np.full(1, np.inf, H)), dev.log(np.full(1, -1, H)),
+                dev.matmul(np.array([[np.inf]], H), np.zeros((1, 1), H), accumulate=np.float16),
+                dev.sum(np.array([np.inf, -np.inf], H)), dev.cast(np.full(1, np.nan, np.float32), H)):
+        assert int(np.asarray(got).reshape(-1).view(np.uint16)[0]) == 0x7FFF
+
+
+def test_neg_and_abs_are_sign_bit_operations() -> None:
+    fpu = Fpu()
+    nans = np.array([0x7E00, 0xFE00, 0x7D00, 0x7C01], np.uint16).view(H)
+    z, f = fpu.neg(nans, return_flags=True)
+    assert z.view(np.uint16).tolist() == [0xFE00, 0x7E00, 0xFD00, 0xFC01] and not f.any()
+    z, f = fpu.abs(nans, return_flags=True)
+    assert z.view(np.uint16).tolist() == [0x7E00, 0x7E00, 0x7D00, 0x7C01] and not f.any()
+    sat = Fpu("saturation")
+    assert sat.neg(np.array([np.inf, np.nan], H)).view(np.uint16).tolist() == [0xFBFF, 0x0000]
+
+
+def test_matmul_default_accumulation_comes_from_the_profile() -> None:
+    import dataclasses
+    a = np.array([[300, 300, -300, -300, 1]], H)
+    b = np.full((5, 1), 300, H)
+    assert float(Device("atlas-training").matmul(a, b)[0, 0]) == 300.0  # binary32, the cube unit
+    sixteen = dataclasses.replace(profiles.get("atlas-training"), matmul_accumulate=np.float16)
+    assert float(Device(sixteen).matmul(a, b)[0, 0]) == -65216.0  # the hand-worked binary16 sum above
+    assert not hasattr(profiles.get("atlas-a2"), "subnormals")
+
+
+def test_threaded_matmul_gives_the_same_bits() -> None:
+    from sim.device import THREADED_MATMUL
+    rng = np.random.default_rng(3)
+    m = k = n = 128
+    assert m * k * n >= THREADED_MATMUL  # large enough that the rows are split
+    a = (rng.standard_normal((m, k)) * 30).astype(H)
+    b = (rng.standard_normal((k, n)) * 30).astype(H)
+    one, two = Device("atlas-a2"), Device("atlas-a2", threads=2)
+    for out in (np.float16, np.float32):
+        x, y = one.matmul(a, b, out_dtype=out), two.matmul(a, b, out_dtype=out)
+        assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+    assert np.array_equal(one.get_float_status(), two.get_float_status())
+    with pytest.raises(ValueError, match="threads"):
+        Device("atlas-a2", threads=0)
+
+
+def test_binary32_sum_follows_the_tree() -> None:
+    dev = Device("atlas-a2")
+    x = np.array([1e8, 1, -1e8, 1], np.float32)
+    assert float(dev.sum(x)) == 0.0  # (1e8 + 1) + (-1e8 + 1): each pair rounds to +-1e8
+    assert float(np.sum(x.astype(np.float64))) == 2.0  # the exact sum

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from sim import Flag, Fpu, OverflowMode, Rounding, Tininess
@@ -13,6 +14,9 @@ from sim import Flag, Fpu, OverflowMode, Rounding, Tininess
 H = np.float16
 INX, UF, OF, DZ, INV = Flag.INEXACT, Flag.UNDERFLOW, Flag.OVERFLOW, Flag.DIVBYZERO, Flag.INVALID
 SNAN, QNAN = np.uint16(0x7D00).view(H), np.uint16(0x7E00).view(H)
+#: Values whose results land on every path: normal, subnormal, zero, overflow, Inf, NaN.
+EDGES = [H(v) for v in (1.0, -1.5, 3.0, 300.0, -300.0, 65504.0, 2.0**-14, -(2.0**-24), 2.0**-20, 0.0, -0.0,
+                        0.1, np.inf, -np.inf, np.nan)] + [SNAN]
 
 
 def bits(x) -> int:
@@ -228,3 +232,16 @@ def test_deterministic() -> None:
         r1, f1 = Fpu(rounding=mode).fma(a, b, c, return_flags=True)
         r2, f2 = Fpu(rounding=mode).fma(a, b, c, return_flags=True)
         assert np.array_equal(r1.view(np.uint16), r2.view(np.uint16)) and np.array_equal(f1, f2)
+
+
+@given(a=hnp.arrays(H, st.integers(1, 40_000), elements=st.sampled_from(EDGES)),
+       b=hnp.arrays(H, 1, elements=st.sampled_from(EDGES)),
+       op=st.sampled_from(["add", "sub", "mul", "div", "sqrt", "fma", "rint", "exp"]),
+       mode=st.sampled_from(list(Rounding)))
+@settings(max_examples=60, deadline=None)
+def test_status_is_the_or_of_every_elements_flags(a, b, op, mode) -> None:
+    """Including the elements rounded on the rare path (subnormal, zero, Inf, NaN results)."""
+    fpu = Fpu(rounding=mode)
+    args = {"sqrt": (a,), "rint": (a,), "exp": (a,), "fma": (a, b, a)}.get(op, (a, b))
+    _, flags = getattr(fpu, op)(*args, return_flags=True)
+    assert fpu.status == Flag(int(np.bitwise_or.reduce(flags.reshape(-1), initial=0)))

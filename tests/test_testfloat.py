@@ -87,3 +87,18 @@ def test_vectors(stem: str, overflow: OverflowMode) -> None:
     bad = np.flatnonzero(~same)
     assert bad.size == 0, (f"{bad.size} value mismatches; {case(operands, bad[0])}: "
                            f"got {int(got_bits[bad[0]]):#x} want {int(want_bits[bad[0]]):#x}")
+
+
+@pytest.mark.parametrize("default", [None, 0x7FFF], ids=["canonical", "custom"])
+@pytest.mark.parametrize("stem", [s for s in STEMS if s.split("_", 1)[1] not in COMPARE])
+def test_nan_results_are_the_default_nan_bits(stem: str, default: int | None) -> None:
+    """Where TestFloat expects a NaN, the result is exactly the unit's default NaN (for
+    binary16 results, the one the unit was given), not just some NaN."""
+    op, call, src, dst, rounding, tininess = parse(stem)
+    operands = [DATA[f"{op}/in{k}"].view(src) for k in range(3) if f"{op}/in{k}" in DATA.files]
+    fmt = format_of(dst)
+    want = DATA[f"{stem}/out"].astype(np.uint64)
+    got, _ = call(Fpu(rounding=rounding, tininess=tininess, default_nan=default), *operands)
+    bits = got.view(fmt.uint)[(want & np.uint64(fmt.sign_bit - 1)) > fmt.inf_bits]
+    expect = default if default is not None and fmt.width == 16 and fmt.man_bits == 10 else fmt.default_nan
+    assert (bits == expect).all(), f"{stem}: NaN bits {[hex(b) for b in np.unique(bits)]}, want {expect:#x}"
