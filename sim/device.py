@@ -61,6 +61,9 @@ __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
 
 #: The flags that reach the float-status register.
 EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
+# As plain ints for the per-operation path (IntFlag arithmetic is slow).
+_EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 _current: contextvars.ContextVar[tuple[Device, ...]] = contextvars.ContextVar("sim_devices", default=())
 
@@ -147,12 +150,12 @@ class Device:
         """One operation's flags: into the IEEE status, and its events into the register."""
         with self._lock:
             self._status |= status
-            if status & EVENTS:
+            if status & _EVENTS:
                 reg = self._register
-                reg[0] |= bool(status & Flag.OVERFLOW)
-                reg[1] |= bool(status & Flag.INVALID)
-                reg[2] |= bool(status & Flag.DIVBYZERO)
-                reg[3] = min(int(reg[3]) + 1, np.iinfo(np.int32).max)
+                reg[0] |= (status & _OVERFLOW) != 0
+                reg[1] |= (status & _INVALID) != 0
+                reg[2] |= (status & _DIVBYZERO) != 0
+                reg[3] = min(int(reg[3]) + 1, _INT32_MAX)
 
     def _on(self, x) -> Fpu:
         try:
@@ -238,7 +241,7 @@ class Device:
         fpu = self._fpus[dst.dtype]
         out = np.empty(bits.size, dst.uint)
         flags = np.empty(bits.size, np.uint8)
-        status = K.unary(K.CONVERT, bits, out, flags, self._fpus[src.dtype]._config(src), fpu._config(dst))
+        status = K.convert(bits, out, flags, self._fpus[src.dtype]._config(src), fpu._config(dst))
         return Result(out.view(dst.dtype), flags, status)
 
     # -- reductions and matmul ----------------------------------------------------
@@ -269,26 +272,32 @@ class Device:
             total = np.empty((m, n), np.uint16)
             status = K.matmul16(a16, b16, total, cfg16)
         else:
-            a32, b32 = a.astype(np.float32), b.astype(np.float32)  # exact
+            a32, b32 = np.empty(a.shape, np.float32), np.empty(b.shape, np.float32)
+            K.widen16(a16.reshape(-1), a32.reshape(-1))
+            K.widen16(b16.reshape(-1), b32.reshape(-1))
             total = np.zeros((m, n), np.float32)
-            status = self._matmul32(a32, b32, total)
-            if not (np.isfinite(a32).all() and np.isfinite(b32).all()):
-                status |= K.matmul32_flags(a16, b16, cfg16)
+            self._matmul32(a32, b32, total, track=False)
+            status = 0 if np.isfinite(a32).all() and np.isfinite(b32).all() else K.matmul32_flags(a16, b16, cfg16)
             total = total.view(np.uint32)
         result = self._convert_bits(total.reshape(-1), acc_fmt, out_fmt)
+        if acc_fmt is BINARY32 and not result.status & Flag.INEXACT:
+            # The output rounding was exact (always so for binary32 outputs): whether the
+            # accumulation rounded takes a second, slower pass that tracks it.
+            status |= self._matmul32(a32, b32, np.zeros((m, n), np.float32), track=True)
         self._record(status | result.status)
         return result.value.reshape(m, n)
 
-    def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray) -> int:
-        """Sequential binary32 accumulation over k (its INEXACT flag); with ``threads``, blocks
-        of rows run on worker threads (the kernel releases the GIL), which changes nothing."""
+    def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray, track: bool) -> int:
+        """Sequential binary32 accumulation over k (with ``track``, its INEXACT flag); with
+        ``threads``, blocks of rows run on worker threads (the kernel releases the GIL),
+        which changes nothing in the result."""
         m = a32.shape[0]
         workers = min(self.threads, m) if a32.size * b32.shape[1] >= THREADED_MATMUL else 1
         if workers == 1:
-            return K.matmul32(a32, b32, acc, 0, m)
+            return K.matmul32(a32, b32, acc, 0, m, track)
         bounds = np.linspace(0, m, workers + 1).astype(int)
         return int(np.bitwise_or.reduce(list(_pool(workers).map(
-            lambda lo, hi: K.matmul32(a32, b32, acc, lo, hi), bounds[:-1], bounds[1:]))))
+            lambda lo, hi: K.matmul32(a32, b32, acc, lo, hi, track), bounds[:-1], bounds[1:]))))
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then

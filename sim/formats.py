@@ -54,7 +54,7 @@ class Format:
         """Exponent of the smallest subnormal, the finest quantum (-24 for binary16)."""
         return self.emin - self.man_bits
 
-    @property
+    @cached_property
     def uint(self) -> np.dtype:
         """Unsigned integer dtype of the same width, for bit views."""
         return np.dtype(f"u{self.width // 8}")

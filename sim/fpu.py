@@ -15,9 +15,8 @@ __all__ = ["Fpu"]
 
 _Out = np.ndarray | tuple[np.ndarray, np.ndarray]
 
-_BINARY = {"add": K.ADD, "sub": K.SUB, "mul": K.MUL, "div": K.DIV, "maximum": K.MAX, "minimum": K.MIN}
-_UNARY = {"sqrt": K.SQRT, "rint": K.RINT, "convert": K.CONVERT, "neg": K.NEG, "abs": K.ABS, "exp": K.EXP,
-          "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU}
+_BINARY = {"add": K.add, "sub": K.sub, "mul": K.mul, "div": K.div, "maximum": K.maximum, "minimum": K.minimum}
+_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU}
 _COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
 
@@ -64,6 +63,8 @@ class Fpu:
         self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
+        self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
+                           self.nan_to_zero)
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
@@ -211,7 +212,9 @@ class Fpu:
     def _config(self, fmt: Format, rounding: Rounding | None = None, quantum: int | None = None,
                 keep: int = 0x1F) -> np.ndarray:
         """The kernels' settings for results in ``fmt`` (cached: it is made on every call's path)."""
-        key = (fmt, rounding, quantum, keep)
+        if fmt is self.format and rounding is None and quantum is None and keep == 0x1F:
+            return self._own
+        key = (fmt.name, rounding, quantum, keep)
         cfg = self._configs.get(key)
         if cfg is None:
             nan = self.default_nan if fmt == self.format else None
@@ -231,20 +234,22 @@ class Fpu:
 
     def _operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
         """The operands as flat contiguous arrays of bits, the broadcast shape, and whether all were scalars."""
+        dtype = fmt.dtype
         for name, x in zip("abc", args, strict=False):
-            if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != fmt.dtype:
+            if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != dtype:
                 got = x.dtype if hasattr(x, "dtype") else type(x).__name__
                 raise TypeError(f"{op}: operand {name} has dtype {got}; {fmt.name} operations take "
-                                f"numpy {fmt.dtype} arrays or scalars (convert with fpu.convert(x, {fmt.dtype}))")
-        shape = np.shape(args[0])
-        if any(np.shape(x) != shape for x in args[1:]):
+                                f"numpy {dtype} arrays or scalars (convert with fpu.convert(x, {dtype}))")
+        shape = args[0].shape
+        if any(x.shape != shape for x in args[1:]):
             try:
-                shape = np.broadcast_shapes(*(np.shape(x) for x in args))
+                shape = np.broadcast_shapes(*(x.shape for x in args))
             except ValueError:
-                shapes = ", ".join(str(np.shape(x)) for x in args)
+                shapes = ", ".join(str(x.shape) for x in args)
                 raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
             args = tuple(np.broadcast_to(x, shape) for x in args)
-        flat = [np.ascontiguousarray(x).reshape(-1).view(fmt.uint) for x in args]
+        uint = fmt.uint
+        flat = [np.asarray(x).reshape(-1).view(uint) for x in args]  # a copy only where not contiguous
         scalar = all(isinstance(x, np.generic) for x in args)
         return flat, shape, scalar
 
@@ -259,11 +264,15 @@ class Fpu:
         flags = np.empty(n, np.uint8)
         cfg = self._config(dst) if cfg is None else cfg
         if op in _BINARY:
-            status = K.binary(_BINARY[op], flat[0], flat[1], out, flags, cfg)
+            status = _BINARY[op](flat[0], flat[1], out, flags, cfg)
+        elif op in _ELEMENTARY:
+            status = K.elementary(_ELEMENTARY[op], flat[0], out, flags, self._config(src), cfg)
+        elif op == "convert" or op == "rint":
+            status = K.convert(flat[0], out, flags, self._config(src), cfg)
         elif op == "fma":
             status = K.fma(flat[0], flat[1], flat[2], out, flags, cfg)
-        else:
-            status = K.unary(_UNARY[op], flat[0], out, flags, self._config(src), cfg)
+        else:  # neg, abs
+            status = K.sign_op(op == "neg", flat[0], out, flags, cfg)
         self._status |= status
         return Result(out.view(dst.dtype), flags, status), shape, scalar
 

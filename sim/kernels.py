@@ -49,7 +49,7 @@ RNE, RTZ, DOWN, UP, RNA, ODD = range(6)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
 ADD, SUB, MUL, DIV, MAX, MIN = range(6)
-SQRT, RINT, CONVERT, NEG, ABS, EXP, LOG, TANH, SIGMOID, RELU = range(10)
+SQRT, EXP, LOG, TANH, SIGMOID, RELU = range(6)
 EQ, LT, LE = range(3)
 
 EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
@@ -83,6 +83,14 @@ def _half_to_f64(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.DoubleType())
     return types.float64(types.uint16), codegen
+
+
+@intrinsic
+def _fma(typingctx, x, y, z):
+    """The IEEE fused multiply-add of three binary32 values (one rounding)."""
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 _f64_bits = _bitcast(types.float64, types.int64, ir.IntType(64))
@@ -160,7 +168,7 @@ def round_pack(sign, exp, sig, cfg, normal=False):
     qmin = emin - man
     if normal:
         kept, flags = _shift_round(sig, 61 - man, sign, mode)
-        bits, flags = _pack(sign, ((exp - man - qmin) << man) + kept, flags, cfg)
+        bits = ((exp - man - qmin) << man) + kept
     else:
         q = max(exp - man, cfg[QUANTUM])
         s = q - exp + 61
@@ -176,24 +184,19 @@ def round_pack(sign, exp, sig, cfg, normal=False):
         flags |= UNDERFLOW * (tiny & (flags != 0))
         # A quantum coarser than the format's (round to integral) leaves kept unnormalised.
         shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man), q - qmin))
-        bits, flags = _pack(sign, ((q - shift - qmin) << man) + (kept << shift), flags, cfg)
-    # Exact results: zeros keep their sign; Inf and NaN (the configured NaN), saturated.
-    special = exp >= EXP_INF
-    nan = saturate(cfg[NAN_BITS], cfg)
-    bits = (nan if exp > EXP_INF else saturate(sign << (width - 1) | _inf_bits(cfg), cfg)) if special else bits
-    bits = sign << (width - 1) if sig == 0 else bits
-    return bits, 0 if special | (sig == 0) else flags
-
-
-@inline
-def _pack(sign, bits, flags, cfg):
-    """Overflow (to Inf or MAX, by the mode's direction), the sign, the kept flags, saturation."""
-    inf, mode = _inf_bits(cfg), cfg[MODE]
+        bits = ((q - shift - qmin) << man) + (kept << shift)
+    # Overflow: to Inf or to MAX, by the mode's direction.
+    inf = _inf_bits(cfg)
     over = bits >= inf
     away = (mode == RNE) | (mode == RNA) | ((mode == UP) & (sign == 0)) | ((mode == DOWN) & (sign == 1))
     bits = inf - 1 + away if over else bits
     flags |= (OVERFLOW | INEXACT) * over
-    return saturate(bits | (sign << (cfg[WIDTH] - 1)), cfg), flags & cfg[KEEP]
+    # Exact results: zeros and Inf keep their sign, NaN is the configured NaN.
+    special = exp >= EXP_INF
+    bits = inf if special else bits
+    bits = 0 if sig == 0 else bits
+    bits = cfg[NAN_BITS] if exp > EXP_INF else bits | (sign << (width - 1))
+    return saturate(bits, cfg), 0 if special | (sig == 0) else flags & cfg[KEEP]
 
 
 @inline
@@ -218,6 +221,25 @@ def round64(x, cfg):
 
 
 HARD = 0x80  # a flags value no operation raises: "round this element again, in full"
+_HARD8 = 0x8080808080808080  # HARD in each byte of a word
+
+
+@inline
+def _next_hard(flags, i):
+    """The first index >= i whose flags are HARD (flags.size if none), eight bytes at a time."""
+    n = flags.size
+    while i < n and i % 8 != 0:
+        if flags[i] & HARD:
+            return i
+        i += 1
+    words = flags[: n - n % 8].view(np.uint64)
+    w = i // 8
+    while w < words.size and (words[w] & np.uint64(_HARD8)) == 0:
+        w += 1
+    for i in range(8 * w, n):
+        if flags[i] & HARD:
+            return i
+    return n
 
 
 @inline
@@ -315,35 +337,58 @@ def _binary_loop(op, exact, a, b, out, flags, cfg):
         status |= fl
     if status & HARD:  # the rare elements, in full
         status &= ~HARD
-        for i in range(a.size):
-            if flags[i] & HARD:
-                bits, fl = _binary_at(op, exact, a, b, i, cfg, False)
-                out[i] = bits
-                flags[i] = fl
-                status |= fl
+        i = _next_hard(flags, 0)
+        while i < a.size:
+            bits, fl = _binary_at(op, exact, a, b, i, cfg, False)
+            out[i] = bits
+            flags[i] = fl
+            status |= fl
+            i = _next_hard(flags, i + 1)
     return status
 
 
+# One compiled function per operation, so that a program compiles only what it uses
+# (each function once per combination of array types).
 @jit
-def binary(op, a, b, out, flags, cfg):
-    """out = a op b elementwise (bits of one format), its flags; returns the OR of the flags."""
+def add(a, b, out, flags, cfg):
+    """out = a + b elementwise (bits of one format), its flags; returns the OR of the flags."""
     cfg = settings(cfg)
-    exact = _sum_exact(cfg)
-    if op == ADD:
-        if exact:
-            return _binary_loop(ADD, True, a, b, out, flags, cfg)
-        return _binary_loop(ADD, False, a, b, out, flags, cfg)
-    if op == SUB:
-        if exact:
-            return _binary_loop(SUB, True, a, b, out, flags, cfg)
-        return _binary_loop(SUB, False, a, b, out, flags, cfg)
-    if op == MUL:
-        return _binary_loop(MUL, False, a, b, out, flags, cfg)
-    if op == DIV:
-        return _binary_loop(DIV, False, a, b, out, flags, cfg)
-    if op == MAX:
-        return _binary_loop(MAX, False, a, b, out, flags, cfg)
-    return _binary_loop(MIN, False, a, b, out, flags, cfg)
+    if _sum_exact(cfg):
+        return _binary_loop(ADD, True, a, b, out, flags, cfg)
+    return _binary_loop(ADD, False, a, b, out, flags, cfg)
+
+
+@jit
+def sub(a, b, out, flags, cfg):
+    """out = a - b, as :func:`add`."""
+    cfg = settings(cfg)
+    if _sum_exact(cfg):
+        return _binary_loop(SUB, True, a, b, out, flags, cfg)
+    return _binary_loop(SUB, False, a, b, out, flags, cfg)
+
+
+@jit
+def mul(a, b, out, flags, cfg):
+    """out = a * b, as :func:`add`."""
+    return _binary_loop(MUL, False, a, b, out, flags, settings(cfg))
+
+
+@jit
+def div(a, b, out, flags, cfg):
+    """out = a / b, as :func:`add`."""
+    return _binary_loop(DIV, False, a, b, out, flags, settings(cfg))
+
+
+@jit
+def maximum(a, b, out, flags, cfg):
+    """out = IEEE 754-2019 maximum(a, b), as :func:`add`."""
+    return _binary_loop(MAX, False, a, b, out, flags, settings(cfg))
+
+
+@jit
+def minimum(a, b, out, flags, cfg):
+    """out = IEEE 754-2019 minimum(a, b), as :func:`add`."""
+    return _binary_loop(MIN, False, a, b, out, flags, settings(cfg))
 
 
 @inline
@@ -371,12 +416,13 @@ def fma(a, b, c, out, flags, cfg):
         status |= fl
     if status & HARD:
         status &= ~HARD
-        for i in range(a.size):
-            if flags[i] & HARD:
-                bits, fl = _fma_at(a, b, c, i, cfg, False)
-                out[i] = bits
-                flags[i] = fl
-                status |= fl
+        i = _next_hard(flags, 0)
+        while i < a.size:
+            bits, fl = _fma_at(a, b, c, i, cfg, False)
+            out[i] = bits
+            flags[i] = fl
+            status |= fl
+            i = _next_hard(flags, i + 1)
     return status
 
 
@@ -469,30 +515,42 @@ def _round_loop(a, out, flags, src, cfg):
         status |= fl
     if status & HARD:
         status &= ~HARD
-        for i in range(a.size):
-            if flags[i] & HARD:
-                bits, fl = round64(decode(a[i], src), cfg)
-                out[i] = bits
-                flags[i] = fl | INVALID * is_snan(a[i], src)
-                status |= flags[i]
+        i = _next_hard(flags, 0)
+        while i < a.size:
+            bits, fl = round64(decode(a[i], src), cfg)
+            out[i] = bits
+            flags[i] = fl | INVALID * is_snan(a[i], src)
+            status |= flags[i]
+            i = _next_hard(flags, i + 1)
     return status
 
 
 @jit
-def unary(op, a, out, flags, src, cfg):
-    """out = op(a) elementwise (a's bits in format ``src``, out's in ``cfg``), its flags;
-    returns the OR of the flags."""
+def convert(a, out, flags, src, cfg):
+    """out = a (bits in format ``src``) rounded into ``cfg`` (also to an integral value, by the
+    quantum ``cfg`` says), its flags; returns the OR of the flags."""
+    return _round_loop(a, out, flags, settings(src), settings(cfg))
+
+
+@jit
+def sign_op(negate, a, out, flags, cfg):
+    """out = -a (``negate``) or |a|: sign-bit operations, NaNs included, quiet; saturated in
+    saturation mode."""
+    cfg = settings(cfg)
+    sign_bit = 1 << (cfg[WIDTH] - 1)
+    for i in range(a.size):
+        bits = np.int64(a[i])
+        out[i] = saturate(bits ^ sign_bit if negate else bits & (sign_bit - 1), cfg)
+        flags[i] = 0
+    return 0
+
+
+@jit
+def elementary(op, a, out, flags, src, cfg):
+    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID, RELU (a's bits in format ``src``), its
+    flags; returns the OR of the flags."""
     src = settings(src)
     cfg = settings(cfg)
-    if op == CONVERT or op == RINT:  # the value itself, rounded (RINT: to the quantum cfg says)
-        return _round_loop(a, out, flags, src, cfg)
-    sign_bit = 1 << (src[WIDTH] - 1)
-    if op == NEG or op == ABS:  # sign-bit operations, NaNs included; quiet
-        for i in range(a.size):
-            bits = np.int64(a[i])
-            out[i] = saturate(bits ^ sign_bit if op == NEG else bits & (sign_bit - 1), cfg)
-            flags[i] = 0
-        return 0
     status = 0
     for i in range(a.size):
         r, fl = _unary_value(op, decode(a[i], src))
@@ -616,29 +674,83 @@ def tree_sum(x, out, src, acc, dst, mean):
     return status
 
 
+@inline
+def _fma32(x, y, z):
+    return _fma(np.float32(x), np.float32(y), np.float32(z))
+
+
 @jit
-def matmul32(a, b, acc, lo, hi):
-    """acc[i] += sum over k, in ascending order, of a[i, k] * b[k] for rows lo..hi (binary32,
-    each product exact for binary16 operands, each addition rounded to nearest even).
-    Vectorised across the columns of a row; the order along k is the program's. Returns
-    INEXACT if an addition rounded (an error-free Fast2Sum on the larger magnitude)."""
-    k_dim = a.shape[1]
-    inexact = False
-    for i in range(lo, hi):
-        row = acc[i]
-        for k in range(k_dim):
-            aik = a[i, k]
+def matmul32(a, b, acc, lo, hi, track):
+    """acc[i] += sum over k, in ascending order, of a[i, k] * b[k] for rows lo..hi: binary32,
+    each addition rounded to nearest even, the order along k the program's.
+
+    The operands are binary16 values, so each product is exact in binary32 and
+    fma(a, b, acc) is the same IEEE addition acc + a * b with one rounding; four rows
+    share each row of b and four steps of k share each load and store of acc. With
+    ``track``, a plain loop that also returns INEXACT if an addition rounded (an
+    error-free Fast2Sum on the larger magnitude); else 0.
+    """
+    k_dim, n = a.shape[1], b.shape[1]
+    if track:
+        inexact = False
+        for i in range(lo, hi):
+            row = acc[i]
+            for k in range(k_dim):
+                aik = a[i, k]
+                bk = b[k]
+                lost = False
+                for j in range(n):
+                    p = aik * bk[j]
+                    t = row[j]
+                    s = t + p
+                    big, small = (t, p) if abs(t) >= abs(p) else (p, t)
+                    lost |= (small - (s - big) != 0) & (abs(s) < np.inf)  # Inf and NaN sums are exact
+                    row[j] = s
+                inexact |= lost
+        return INEXACT if inexact else 0
+    i = lo
+    while i + 4 <= hi:
+        r0, r1, r2, r3 = acc[i], acc[i + 1], acc[i + 2], acc[i + 3]
+        k = 0
+        while k + 4 <= k_dim:
+            b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
+            a00, a01, a02, a03 = a[i, k], a[i, k + 1], a[i, k + 2], a[i, k + 3]
+            a10, a11, a12, a13 = a[i + 1, k], a[i + 1, k + 1], a[i + 1, k + 2], a[i + 1, k + 3]
+            a20, a21, a22, a23 = a[i + 2, k], a[i + 2, k + 1], a[i + 2, k + 2], a[i + 2, k + 3]
+            a30, a31, a32, a33 = a[i + 3, k], a[i + 3, k + 1], a[i + 3, k + 2], a[i + 3, k + 3]
+            for j in range(n):
+                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+                r0[j] = _fma32(a03, x3, _fma32(a02, x2, _fma32(a01, x1, _fma32(a00, x0, r0[j]))))
+                r1[j] = _fma32(a13, x3, _fma32(a12, x2, _fma32(a11, x1, _fma32(a10, x0, r1[j]))))
+                r2[j] = _fma32(a23, x3, _fma32(a22, x2, _fma32(a21, x1, _fma32(a20, x0, r2[j]))))
+                r3[j] = _fma32(a33, x3, _fma32(a32, x2, _fma32(a31, x1, _fma32(a30, x0, r3[j]))))
+            k += 4
+        while k < k_dim:
             bk = b[k]
-            lost = False
-            for j in range(row.size):
-                p = aik * bk[j]
-                t = row[j]
-                s = t + p
-                big, small = (t, p) if abs(t) >= abs(p) else (p, t)
-                lost |= (small - (s - big) != 0) & (abs(s) < np.inf)  # Inf and NaN sums are exact
-                row[j] = s
-            inexact |= lost
-    return INEXACT if inexact else 0
+            a0, a1, a2, a3 = a[i, k], a[i + 1, k], a[i + 2, k], a[i + 3, k]
+            for j in range(n):
+                x = bk[j]
+                r0[j] = _fma32(a0, x, r0[j])
+                r1[j] = _fma32(a1, x, r1[j])
+                r2[j] = _fma32(a2, x, r2[j])
+                r3[j] = _fma32(a3, x, r3[j])
+            k += 1
+        i += 4
+    for r in range(i, hi):  # the last rows, one at a time
+        row = acc[r]
+        for k in range(k_dim):
+            aik = a[r, k]
+            bk = b[k]
+            for j in range(n):
+                row[j] = _fma32(aik, bk[j], row[j])
+    return 0
+
+
+@jit
+def widen16(bits, out):
+    """binary16 bits widened to binary32 values (exact)."""
+    for i in range(bits.size):
+        out[i] = np.float32(_half_to_f64(bits[i]))
 
 
 @jit

@@ -426,3 +426,15 @@ def test_binary32_sum_follows_the_tree() -> None:
     x = np.array([1e8, 1, -1e8, 1], np.float32)
     assert float(dev.sum(x)) == 0.0  # (1e8 + 1) + (-1e8 + 1): each pair rounds to +-1e8
     assert float(np.sum(x.astype(np.float64))) == 2.0  # the exact sum
+
+
+def test_matmul_status_has_inexact_from_inside_the_binary32_sum() -> None:
+    dev = Device("atlas-a2")
+    got = dev.matmul(np.array([[4096, 1]], H), np.array([[4096], [1]], H), out_dtype=np.float32)
+    assert float(got[0, 0]) == 2.0**24 and dev.status == Flag.INEXACT  # 2**24 + 1 rounds; the output is exact
+    exact = Device("atlas-a2")
+    assert float(exact.matmul(np.array([[1, 2]], H), np.array([[3], [4]], H))[0, 0]) == 11.0
+    assert exact.status == Flag(0)
+    rounded = Device("atlas-a2")
+    rounded.matmul(np.array([[1, 2.0**-12]], H), np.array([[1], [1]], H))  # exact in binary32, not in binary16
+    assert rounded.status == Flag.INEXACT
