@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -165,6 +166,13 @@ class Device:
             raise TypeError(f"{self.name}: no arithmetic on {got}; valid: numpy arrays or scalars of "
                             f"float16, float32, bfloat16") from None
 
+    def _unit(self, dtype, what: str) -> Fpu:
+        """The unit computing in ``dtype`` (for accumulation and output types)."""
+        try:
+            return self._fpus[np.dtype(dtype)]
+        except (KeyError, TypeError):
+            raise TypeError(f"{self.name}: {what} must be float16, float32 or bfloat16, not {dtype!r}") from None
+
     def _op(self, op: str, *args, **kw) -> np.ndarray:
         """Run one elementwise operation in the settings of its operands' format."""
         result, shape, scalar = self._on(args[0])._apply(op, args, False, **kw)
@@ -222,8 +230,8 @@ class Device:
         return self._op("sigmoid", a)
 
     def relu(self, a) -> np.ndarray:
-        """max(a, 0), with +0 for -0 and NaN kept."""
-        return self._op("relu", a)
+        """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
+        return self._op("maximum", a, np.zeros((), self._on(a).format.dtype))
 
     def cast(self, x, dtype, rounding: Rounding | str | None = None) -> np.ndarray:
         """Convert between float32, binary16 and bfloat16 (or widen to float64), rounding in
@@ -311,16 +319,18 @@ class Device:
         return self._reduce(x, axis, accumulate, out_dtype, mean=True)
 
     def _reduce(self, x, axis, accumulate, out_dtype, mean: bool) -> np.ndarray:
-        src = self._on(x).format
-        acc = src if accumulate is None else self._on(np.empty(0, accumulate)).format
-        dst = src if out_dtype is None else self._on(np.empty(0, out_dtype)).format
+        src = self._on(x)
+        acc = src if accumulate is None else self._unit(accumulate, "accumulate")
+        dst = src if out_dtype is None else self._unit(out_dtype, "out_dtype")
         x = np.asarray(x)
-        v = x.reshape(-1, 1) if axis is None else np.moveaxis(x, axis, 0)
+        if axis is None:
+            v = x.reshape(-1, 1)
+        else:
+            v = x if axis in (0, -x.ndim) else x.swapaxes(0, axis) if x.ndim == 2 else np.moveaxis(x, axis, 0)
         rest = v.shape[1:]
-        v = np.ascontiguousarray(v).reshape(v.shape[0], int(np.prod(rest))).view(src.uint)
-        out = np.empty(v.shape[1], dst.uint)
-        cfg = {f: self._fpus[f.dtype]._config(f) for f in (src, acc, dst)}
-        status = K.tree_sum(v, out, cfg[src], cfg[acc], cfg[dst], mean)
+        v = v.reshape(v.shape[0], math.prod(rest)).view(src.format.uint)  # a copy only where needed
+        out = np.empty(v.shape[1], dst.format.uint)
+        status = K.tree_sum(v, out, src._own, acc._own, dst._own, mean)
         self._record(status)
-        total = out.view(dst.dtype)
+        total = out.view(dst.format.dtype)
         return total[0] if axis is None else total.reshape(rest)

@@ -21,6 +21,13 @@ _COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
 
 
+def _filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """x broadcast to ``shape`` as a new contiguous array (the kernels loop over contiguous memory)."""
+    out = np.empty(shape, x.dtype)
+    np.copyto(out, x)
+    return out
+
+
 class Result(NamedTuple):
     """One operation's result, its per-element flags and their OR."""
 
@@ -247,7 +254,7 @@ class Fpu:
             except ValueError:
                 shapes = ", ".join(str(x.shape) for x in args)
                 raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
-            args = tuple(np.broadcast_to(x, shape) for x in args)
+            args = tuple(x if x.shape == shape else _filled(x, shape) for x in args)
         uint = fmt.uint
         flat = [np.asarray(x).reshape(-1).view(uint) for x in args]  # a copy only where not contiguous
         scalar = all(isinstance(x, np.generic) for x in args)

@@ -259,6 +259,13 @@ def round64_fast(x, cfg):
 
 
 @inline
+def _round_value(x, cfg):
+    """round64 by way of the fast path, for loops that round one value at a time."""
+    bits, flags = round64_fast(x, cfg)
+    return round64(x, cfg) if flags & HARD else (bits, flags)
+
+
+@inline
 def decode(bits, cfg):
     """A format value's bits as a binary64 number (exact)."""
     width = cfg[WIDTH]
@@ -432,11 +439,12 @@ def _inside(r, lo, hi):
     libm result within an ulp or two of a bound may sit on it or beyond it. Where no
     binary64 number lies inside, the odd one of the two bounds: it is no (p+1)-bit
     number for any p <= 51, so it stands for the exact value in every rounding."""
+    if lo < r < hi:
+        return r
     up = np.nextafter(lo, np.inf)
     if up >= hi:
         return lo if _f64_bits(lo) & 1 else hi
-    r = up if r <= lo else r
-    return np.nextafter(hi, -np.inf) if r >= hi else r
+    return up if r <= lo else np.nextafter(hi, -np.inf)
 
 
 @inline
@@ -622,45 +630,72 @@ def _div_odd(s, n):
     return q
 
 
+@inline
+def _pair(x0, x1, acc, down, fast):
+    """x0 + x1 rounded into ``acc``: (the value, its flags)."""
+    s = add64(x0, x1, down)
+    bits, flags = round64_fast(s, acc) if fast else round64(s, acc)
+    return decode(bits, acc), flags | INVALID * (math.isnan(s) & ~(math.isnan(x0) | math.isnan(x1)))
+
+
+@inline
+def _element(b, src, acc, fast):
+    """b (bits of format ``src``) rounded into ``acc``: (the value, its flags)."""
+    bits, flags = round64_fast(decode(b, src), acc) if fast else round64(decode(b, src), acc)
+    return decode(bits, acc), flags | INVALID * is_snan(b, src)
+
+
 @jit
 def tree_sum(x, out, src, acc, dst, mean):
     """Sum each column of ``x`` (n, C) in a fixed pairwise tree: adjacent pairs, then pairs of
     pairs, each addition rounded into ``acc``; each element is first rounded into ``acc``.
     The column totals are rounded into ``dst`` (for ``mean``, divided exactly by n first,
-    one rounding). Returns the OR of the flags."""
+    one rounding). Returns the OR of the flags. Each row of a level is one vectorised
+    loop over the columns; the rare elements are rounded again in full."""
     src = settings(src)
     acc = settings(acc)
     dst = settings(dst)
     n, cols = x.shape
     down = acc[MODE] == DOWN
-    v = np.empty((max(n, 1), cols), np.float64)
+    v = np.zeros((max(n, 1), cols), np.float64)
+    row_value = np.empty(cols, np.float64)
+    row_flags = np.empty(cols, np.uint8)
     status = 0
     for r in range(n):
+        xr = x[r]
+        row = 0
         for c in range(cols):
-            b = x[r, c]
-            bits, fl = round64(decode(b, src), acc)
-            if is_snan(b, src):
-                fl |= INVALID
-            status |= fl
-            v[r, c] = decode(bits, acc)
-    if n == 0:
-        v[0, :] = 0.0
+            row_value[c], fl = _element(xr[c], src, acc, True)
+            row_flags[c] = fl
+            row |= fl
+        if row & HARD:
+            row &= ~HARD
+            for c in range(cols):
+                if row_flags[c] & HARD:
+                    row_value[c], fl = _element(xr[c], src, acc, False)
+                    row |= fl
+        v[r] = row_value
+        status |= row
     m = max(n, 1)
     while m > 1:
         half = m // 2
         for r in range(half):
+            v0, v1 = v[2 * r], v[2 * r + 1]
+            row = 0
             for c in range(cols):
-                x0, x1 = v[2 * r, c], v[2 * r + 1, c]
-                s = add64(x0, x1, down)
-                fl = 0
-                if math.isnan(s) and not (math.isnan(x0) or math.isnan(x1)):
-                    fl = INVALID
-                bits, rf = round64(s, acc)
-                status |= fl | rf
-                v[r, c] = decode(bits, acc)
+                row_value[c], fl = _pair(v0[c], v1[c], acc, down, True)
+                row_flags[c] = fl
+                row |= fl
+            if row & HARD:
+                row &= ~HARD
+                for c in range(cols):
+                    if row_flags[c] & HARD:
+                        row_value[c], fl = _pair(v0[c], v1[c], acc, down, False)
+                        row |= fl
+            v[r] = row_value
+            status |= row
         if m % 2 == 1:
-            for c in range(cols):
-                v[half, c] = v[m - 1, c]
+            v[half] = v[m - 1]
             half += 1
         m = half
     for c in range(cols):

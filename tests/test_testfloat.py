@@ -1,12 +1,16 @@
 """Berkeley TestFloat conformance: every vector, value and flags, both overflow modes.
 
 The vectors live in ``tests/data/testfloat.npz`` (see ``make_testfloat.py``
-there for provenance). Saturation-mode expectations are derived from the IEEE
+there for provenance); the whole level-1 set of f16_mulAdd, of which that file
+holds every 61st case, is ``tests/data/f16_mulAdd_level1.npz.xz`` (marker
+``exhaustive``). Saturation-mode expectations are derived from the IEEE
 ones as the TestFloat README beside the originals says: +-Inf -> +-MAX, NaN -> 0.
 """
 
 from __future__ import annotations
 
+import io
+import lzma
 from pathlib import Path
 
 import ml_dtypes
@@ -102,3 +106,25 @@ def test_nan_results_are_the_default_nan_bits(stem: str, default: int | None) ->
     bits = got.view(fmt.uint)[(want & np.uint64(fmt.sign_bit - 1)) > fmt.inf_bits]
     expect = default if default is not None and fmt.width == 16 and fmt.man_bits == 10 else fmt.default_nan
     assert (bits == expect).all(), f"{stem}: NaN bits {[hex(b) for b in np.unique(bits)]}, want {expect:#x}"
+
+
+@pytest.mark.exhaustive
+def test_every_mul_add_vector_of_the_level_1_set() -> None:
+    """All 6,133,248 f16_mulAdd cases of TestFloat's level 1, six modes, both overflow modes
+    (tests/data/README.md); the archive's every 61st case is the one above."""
+    with lzma.open(Path(__file__).parent / "data" / "f16_mulAdd_level1.npz.xz") as f:
+        full = np.load(io.BytesIO(f.read()))
+    operands = [full[f"in{k}"] for k in range(3)]
+    for k in range(3):
+        assert np.array_equal(operands[k][::61], DATA[f"f16_mulAdd/in{k}"]), "not the set the sample came from"
+    for mode in ("near_even", "minMag", "min", "max", "near_maxMag", "odd"):
+        want, want_flags = full[f"{mode}/out"].astype(np.uint64), full[f"{mode}/flags"]
+        for overflow in (OverflowMode.INF_NAN, OverflowMode.SATURATION):
+            got, flags = Fpu(overflow, mode).fma(*(o.view(np.float16) for o in operands), return_flags=True)
+            expect = want if overflow is OverflowMode.INF_NAN else expected_saturated(want, np.float16)
+            bits = got.view(np.uint16).astype(np.uint64)
+            nan = lambda b: (b & np.uint64(0x7FFF)) > 0x7C00  # noqa: E731
+            bad = np.flatnonzero(~((bits == expect) | (nan(bits) & nan(expect))) | (flags != want_flags))
+            assert bad.size == 0, (f"{mode} {overflow.name}: {bad.size} mismatches; {case(operands, bad[0])}: "
+                                   f"got {int(bits[bad[0]]):#x}/{flags[bad[0]]:#x} "
+                                   f"want {int(expect[bad[0]]):#x}/{want_flags[bad[0]]:#x}")
