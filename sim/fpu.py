@@ -242,6 +242,14 @@ class Fpu:
     def _operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
         """The operands as flat contiguous arrays of bits, the broadcast shape, and whether all were scalars."""
         dtype = fmt.dtype
+        a = args[0]
+        if a.__class__ is np.ndarray and a.dtype == dtype and len(args) <= 2:  # the common case, quickly
+            if len(args) == 1:
+                return [a.reshape(-1).view(fmt.uint)], a.shape, False
+            b = args[1]
+            if b.__class__ is np.ndarray and b.dtype == dtype and b.shape == a.shape:
+                uint = fmt.uint
+                return [a.reshape(-1).view(uint), b.reshape(-1).view(uint)], a.shape, False
         for name, x in zip("abc", args, strict=False):
             if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != dtype:
                 got = x.dtype if hasattr(x, "dtype") else type(x).__name__
@@ -269,7 +277,8 @@ class Fpu:
         n = flat[0].size
         out = np.empty(n, dst.uint)
         flags = np.empty(n, np.uint8)
-        cfg = self._config(dst) if cfg is None else cfg
+        if cfg is None:
+            cfg = self._own if dst is self.format else self._config(dst)
         if op in _BINARY:
             status = _BINARY[op](flat[0], flat[1], out, flags, cfg)
         elif op in _ELEMENTARY:

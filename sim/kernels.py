@@ -139,14 +139,18 @@ def saturate(bits, cfg):
 @inline
 def _shift_round(sig, s, sign, mode):
     """``sig`` (below 2**62) shifted right by ``s`` (1..62) bits and rounded in ``mode``
-    (the increment is added before the shift); and 1 if bits were lost."""
+    (the increment is added before the shift); and 1 if bits were lost. The mode enters
+    as all-ones or zero masks (loop-invariant), not as branches or selects."""
+    near, even = -np.int64((mode == RNE) | (mode == RNA)), -np.int64(mode == RNE)
+    directed, up = -np.int64((mode == UP) | (mode == DOWN)), -np.int64(mode == UP)
     mask = (1 << s) - 1
     lost = np.int64((sig & mask) != 0)
-    half = mask >> 1
-    inc = (half + ((sig >> s) & 1) if mode == RNE else half + 1 if mode == RNA
-           else mask & (sign - 1) if mode == UP else mask & -sign if mode == DOWN else 0)
+    # Nearest: half, plus the last kept bit for ties to even, or plus one for ties away;
+    # directed: all the dropped bits when rounding away from zero (sign against direction).
+    inc = ((mask >> 1) & near) + (((sig >> s) & 1) & even) + np.int64(mode == RNA) \
+        + (mask & (-sign ^ up) & directed)
     kept = (sig + inc) >> s
-    return kept | (lost & (mode == ODD)), lost
+    return kept | (lost & np.int64(mode == ODD)), lost
 
 
 @inline
@@ -188,7 +192,8 @@ def round_pack(sign, exp, sig, cfg, normal=False):
     # Overflow: to Inf or to MAX, by the mode's direction.
     inf = _inf_bits(cfg)
     over = bits >= inf
-    away = (mode == RNE) | (mode == RNA) | ((mode == UP) & (sign == 0)) | ((mode == DOWN) & (sign == 1))
+    away = np.int64((mode == RNE) | (mode == RNA)) | (np.int64(mode == UP) & (1 - sign)) \
+        | (np.int64(mode == DOWN) & sign)
     bits = inf - 1 + away if over else bits
     flags |= (OVERFLOW | INEXACT) * over
     # Exact results: zeros and Inf keep their sign, NaN is the configured NaN.
@@ -225,21 +230,23 @@ _HARD8 = 0x8080808080808080  # HARD in each byte of a word
 
 
 @inline
-def _next_hard(flags, i):
-    """The first index >= i whose flags are HARD (flags.size if none), eight bytes at a time."""
+def _hard_indices(flags, count):
+    """The ``count`` indices whose flags are HARD, in order, skipping eight clear bytes at a time."""
+    idx = np.empty(count, np.int64)
     n = flags.size
-    while i < n and i % 8 != 0:
-        if flags[i] & HARD:
-            return i
-        i += 1
     words = flags[: n - n % 8].view(np.uint64)
-    w = i // 8
-    while w < words.size and (words[w] & np.uint64(_HARD8)) == 0:
-        w += 1
-    for i in range(8 * w, n):
+    j = 0
+    for w in range(words.size):
+        if words[w] & np.uint64(_HARD8):
+            for i in range(8 * w, 8 * w + 8):
+                if flags[i] & HARD:
+                    idx[j] = i
+                    j += 1
+    for i in range(n - n % 8, n):
         if flags[i] & HARD:
-            return i
-    return n
+            idx[j] = i
+            j += 1
+    return idx
 
 
 @inline
@@ -323,35 +330,52 @@ def _binary_value(op, exact, x, y, down):
 
 
 @inline
-def _binary_at(op, exact, a, b, i, cfg, fast):
-    """Element i of a binary operation: (bits, flags); with ``fast``, flags may be HARD."""
+def _binary_at(op, exact, a, b, i, cfg):
+    """Element i of a binary operation: its binary64 value (see the contract) and its INVALID
+    and DIVBYZERO flags (binary operations on these formats cannot overflow binary64)."""
     x, y = decode(a[i], cfg), decode(b[i], cfg)
     r = _binary_value(op, exact, x, y, cfg[MODE] == DOWN)
-    bits, flags = round64_fast(r, cfg) if fast else round64(r, cfg)
-    # INVALID and DIVBYZERO (binary operations on these formats cannot overflow binary64).
     invalid = is_snan(a[i], cfg) | is_snan(b[i], cfg) | (math.isnan(r) & ~(math.isnan(x) | math.isnan(y)))
     zero_div = (op == DIV) & (y == 0) & (x != 0) & math.isfinite(x)
-    return bits, flags | (INVALID * invalid | DIVBYZERO * zero_div)
+    return r, INVALID * invalid | DIVBYZERO * zero_div
+
+
+@inline
+def _round_hard(values, special, idx, out, flags, cfg):
+    """The rare elements (indices ``idx``, their values and operation flags) rounded in full,
+    in a loop of their own, and put back; returns the OR of their flags."""
+    bits = np.empty(values.size, np.int64)
+    fl = np.empty(values.size, np.int64)
+    for j in range(values.size):
+        bits[j], fl[j] = round64(values[j], cfg)
+    status = 0
+    for j in range(idx.size):
+        f = fl[j] | special[j]
+        out[idx[j]] = bits[j]
+        flags[idx[j]] = f
+        status |= f
+    return status
 
 
 @inline
 def _binary_loop(op, exact, a, b, out, flags, cfg):
     status = 0
+    hard = 0
     for i in range(a.size):
-        bits, fl = _binary_at(op, exact, a, b, i, cfg, True)
+        r, special = _binary_at(op, exact, a, b, i, cfg)
+        bits, fl = round64_fast(r, cfg)
+        fl |= special
         out[i] = bits
         flags[i] = fl
         status |= fl
-    if status & HARD:  # the rare elements, in full
-        status &= ~HARD
-        i = _next_hard(flags, 0)
-        while i < a.size:
-            bits, fl = _binary_at(op, exact, a, b, i, cfg, False)
-            out[i] = bits
-            flags[i] = fl
-            status |= fl
-            i = _next_hard(flags, i + 1)
-    return status
+        hard += fl >> 7
+    if hard == 0:
+        return status
+    idx = _hard_indices(flags, hard)
+    values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
+    for j in range(hard):
+        values[j], special[j] = _binary_at(op, exact, a, b, idx[j], cfg)
+    return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
 
 
 # One compiled function per operation, so that a program compiles only what it uses
@@ -399,16 +423,15 @@ def minimum(a, b, out, flags, cfg):
 
 
 @inline
-def _fma_at(a, b, c, i, cfg, fast):
+def _fma_at(a, b, c, i, cfg):
     x, y, z = decode(a[i], cfg), decode(b[i], cfg), decode(c[i], cfg)
     p = x * y
     r = add64(p, z, cfg[MODE] == DOWN)
-    bits, flags = round64_fast(r, cfg) if fast else round64(r, cfg)
     nan_in = math.isnan(x) | math.isnan(y)
     invalid = (is_snan(a[i], cfg) | is_snan(b[i], cfg) | is_snan(c[i], cfg)
                | (math.isnan(p) & ~nan_in)  # 0 * Inf, whatever the addend (as SoftFloat)
                | (math.isnan(r) & ~(nan_in | math.isnan(z))))
-    return bits, flags | INVALID * invalid
+    return r, INVALID * invalid
 
 
 @jit
@@ -416,21 +439,22 @@ def fma(a, b, c, out, flags, cfg):
     """out = a * b + c with one rounding, its flags; returns the OR of the flags."""
     cfg = settings(cfg)
     status = 0
+    hard = 0
     for i in range(a.size):
-        bits, fl = _fma_at(a, b, c, i, cfg, True)
+        r, special = _fma_at(a, b, c, i, cfg)
+        bits, fl = round64_fast(r, cfg)
+        fl |= special
         out[i] = bits
         flags[i] = fl
         status |= fl
-    if status & HARD:
-        status &= ~HARD
-        i = _next_hard(flags, 0)
-        while i < a.size:
-            bits, fl = _fma_at(a, b, c, i, cfg, False)
-            out[i] = bits
-            flags[i] = fl
-            status |= fl
-            i = _next_hard(flags, i + 1)
-    return status
+        hard += fl >> 7
+    if hard == 0:
+        return status
+    idx = _hard_indices(flags, hard)
+    values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
+    for j in range(hard):
+        values[j], special[j] = _fma_at(a, b, c, idx[j], cfg)
+    return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
 
 
 @inline
@@ -515,22 +539,21 @@ def _unary_value(op, x):
 @inline
 def _round_loop(a, out, flags, src, cfg):
     status = 0
+    hard = 0
     for i in range(a.size):
         bits, fl = round64_fast(decode(a[i], src), cfg)
         fl |= INVALID * is_snan(a[i], src)
         out[i] = bits
         flags[i] = fl
         status |= fl
-    if status & HARD:
-        status &= ~HARD
-        i = _next_hard(flags, 0)
-        while i < a.size:
-            bits, fl = round64(decode(a[i], src), cfg)
-            out[i] = bits
-            flags[i] = fl | INVALID * is_snan(a[i], src)
-            status |= flags[i]
-            i = _next_hard(flags, i + 1)
-    return status
+        hard += fl >> 7
+    if hard == 0:
+        return status
+    idx = _hard_indices(flags, hard)
+    values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
+    for j in range(hard):
+        values[j], special[j] = decode(a[idx[j]], src), INVALID * is_snan(a[idx[j]], src)
+    return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
 
 
 @jit
