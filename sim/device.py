@@ -54,8 +54,8 @@ import numpy as np
 
 from . import kernels as K
 from . import profiles
-from .formats import BFLOAT16, BINARY16, BINARY32, Format, format_of
-from .fpu import Fpu, Result
+from .formats import BFLOAT16, BINARY16, BINARY32, format_of
+from .fpu import _BINARY, Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
@@ -65,6 +65,8 @@ EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
 # As plain ints for the per-operation path (IntFlag arithmetic is slow).
 _EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_INEXACT = int(Flag.INEXACT)
+_F16 = np.dtype(np.float16)
 
 _current: contextvars.ContextVar[tuple[Device, ...]] = contextvars.ContextVar("sim_devices", default=())
 
@@ -179,6 +181,18 @@ class Device:
         self._record(result.status)
         return Fpu._finish(result, shape, scalar, False)
 
+    def _binary(self, op: str, a, b) -> np.ndarray:
+        """A binary operation; arrays of one dtype and shape take a short path (most calls do)."""
+        fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
+        if fpu is None or b.__class__ is not np.ndarray or b.dtype != a.dtype or b.shape != a.shape:
+            return self._op(op, a, b)
+        uint = fpu.format.uint
+        out = np.empty(a.size, uint)
+        status = _BINARY[op](a.reshape(-1).view(uint), b.reshape(-1).view(uint), out, np.empty(a.size, np.uint8),
+                             fpu._own)
+        self._record(status)
+        return out.view(a.dtype).reshape(a.shape)
+
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> Device:
         self._tokens.append(_current.set(_current.get() + (self,)))
@@ -189,16 +203,16 @@ class Device:
 
     # -- elementwise --------------------------------------------------------------
     def add(self, a, b) -> np.ndarray:
-        return self._op("add", a, b)
+        return self._binary("add", a, b)
 
     def sub(self, a, b) -> np.ndarray:
-        return self._op("sub", a, b)
+        return self._binary("sub", a, b)
 
     def mul(self, a, b) -> np.ndarray:
-        return self._op("mul", a, b)
+        return self._binary("mul", a, b)
 
     def div(self, a, b) -> np.ndarray:
-        return self._op("div", a, b)
+        return self._binary("div", a, b)
 
     def neg(self, a) -> np.ndarray:
         """-a, a sign-bit operation (NaNs included)."""
@@ -244,14 +258,6 @@ class Device:
         self._record(result.status)
         return Fpu._finish(result, shape, scalar, False)
 
-    def _convert_bits(self, bits: np.ndarray, src: Format, dst: Format) -> Result:
-        """Round a flat array of ``src`` bits into ``dst``, in dst's settings."""
-        fpu = self._fpus[dst.dtype]
-        out = np.empty(bits.size, dst.uint)
-        flags = np.empty(bits.size, np.uint8)
-        status = K.convert(bits, out, flags, self._fpus[src.dtype]._config(src), fpu._config(dst))
-        return Result(out.view(dst.dtype), flags, status)
-
     # -- reductions and matmul ----------------------------------------------------
     def matmul(self, a, b, accumulate=None, out_dtype=np.float16) -> np.ndarray:
         """``a @ b`` for binary16 matrices (M, K) and (K, N).
@@ -264,36 +270,44 @@ class Device:
         device's settings for that format.
         """
         a, b = np.asarray(a), np.asarray(b)
-        if a.dtype != np.float16 or b.dtype != np.float16:
+        if a.dtype != _F16 or b.dtype != _F16:
             raise TypeError(f"matmul takes binary16 operands, got {a.dtype} and {b.dtype}")
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"matmul needs shapes (M, K) and (K, N), got {a.shape} and {b.shape}")
         acc = self.profile.matmul_accumulate if accumulate is None else accumulate
-        acc_fmt, out_fmt = format_of(acc), format_of(out_dtype)
-        if acc_fmt not in (BINARY16, BINARY32) or out_fmt not in (BINARY16, BINARY32):
-            raise ValueError(f"matmul accumulates and returns float16 or float32, not "
-                             f"{np.dtype(acc)} / {np.dtype(out_dtype)}")
+        try:
+            acc_fpu, out_fpu = self._fpus[np.dtype(acc)], self._fpus[np.dtype(out_dtype)]
+        except (KeyError, TypeError):
+            acc_fpu = out_fpu = None
+        if acc_fpu is None or acc_fpu.format is BFLOAT16 or out_fpu.format is BFLOAT16:
+            raise ValueError(f"matmul accumulates and returns float16 or float32, not {acc!r} / {out_dtype!r}")
         a16, b16 = np.ascontiguousarray(a).view(np.uint16), np.ascontiguousarray(b).view(np.uint16)
-        cfg16 = self.fpu._config(BINARY16)
+        cfg16 = self.fpu._own
         m, n = a.shape[0], b.shape[1]
-        if acc_fmt is BINARY16:
+        if acc_fpu is self.fpu:
             total = np.empty((m, n), np.uint16)
             status = K.matmul16(a16, b16, total, cfg16)
         else:
-            a32, b32 = np.empty(a.shape, np.float32), np.empty(b.shape, np.float32)
-            K.widen16(a16.reshape(-1), a32.reshape(-1))
-            K.widen16(b16.reshape(-1), b32.reshape(-1))
-            total = np.zeros((m, n), np.float32)
-            self._matmul32(a32, b32, total, track=False)
-            status = 0 if np.isfinite(a32).all() and np.isfinite(b32).all() else K.matmul32_flags(a16, b16, cfg16)
-            total = total.view(np.uint32)
-        result = self._convert_bits(total.reshape(-1), acc_fmt, out_fmt)
-        if acc_fmt is BINARY32 and not result.status & Flag.INEXACT:
+            # The kernel vectorises along the rows of its right operand: give it the longer
+            # side (C^T = B^T A^T adds the same products in the same order along k).
+            flip = n < m and n < 64
+            left, right = (b16.T, a16.T) if flip else (a16, b16)
+            a32, b32 = np.empty(left.shape, np.float32), np.empty(right.shape, np.float32)
+            special = K.widen16(np.ascontiguousarray(left).reshape(-1), a32.reshape(-1)) \
+                | K.widen16(np.ascontiguousarray(right).reshape(-1), b32.reshape(-1))
+            acc = np.zeros((a32.shape[0], b32.shape[1]), np.float32)
+            self._matmul32(a32, b32, acc, track=False)
+            status = K.matmul32_flags(a16, b16, cfg16) if special else 0
+            total = (np.ascontiguousarray(acc.T) if flip else acc).view(np.uint32)
+        out = np.empty(m * n, out_fpu.format.uint)
+        flags = np.empty(m * n, np.uint8)
+        out_status = K.convert(total.reshape(-1), out, flags, acc_fpu._own, out_fpu._own)
+        if acc_fpu is not self.fpu and not out_status & _INEXACT:
             # The output rounding was exact (always so for binary32 outputs): whether the
             # accumulation rounded takes a second, slower pass that tracks it.
-            status |= self._matmul32(a32, b32, np.zeros((m, n), np.float32), track=True)
-        self._record(status | result.status)
-        return result.value.reshape(m, n)
+            status |= self._matmul32(a32, b32, np.zeros_like(acc), track=True)
+        self._record(status | out_status)
+        return out.view(out_fpu.format.dtype).reshape(m, n)
 
     def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray, track: bool) -> int:
         """Sequential binary32 accumulation over k (with ``track``, its INEXACT flag); with

@@ -330,9 +330,10 @@ def _binary_value(op, exact, x, y, down):
 
 
 @inline
-def _binary_at(op, exact, a, b, i, cfg):
-    """Element i of a binary operation: its binary64 value (see the contract) and its INVALID
+def _binary_at(operands, i, cfg):
+    """Element i of a binary operation (op, exact, a, b): its binary64 value and its INVALID
     and DIVBYZERO flags (binary operations on these formats cannot overflow binary64)."""
+    op, exact, a, b = operands
     x, y = decode(a[i], cfg), decode(b[i], cfg)
     r = _binary_value(op, exact, x, y, cfg[MODE] == DOWN)
     invalid = is_snan(a[i], cfg) | is_snan(b[i], cfg) | (math.isnan(r) & ~(math.isnan(x) | math.isnan(y)))
@@ -358,11 +359,15 @@ def _round_hard(values, special, idx, out, flags, cfg):
 
 
 @inline
-def _binary_loop(op, exact, a, b, out, flags, cfg):
+def _rounded(value_at, operands, out, flags, cfg):
+    """The loop of every rounded elementwise operation: ``value_at(operands, i, cfg)`` gives
+    element i's binary64 value (see the contract) and the flags the operation itself
+    raises; the fast path rounds it, and the rare elements are rounded again in full,
+    in a loop of their own. Returns the OR of the flags."""
     status = 0
     hard = 0
-    for i in range(a.size):
-        r, special = _binary_at(op, exact, a, b, i, cfg)
+    for i in range(out.size):
+        r, special = value_at(operands, i, cfg)
         bits, fl = round64_fast(r, cfg)
         fl |= special
         out[i] = bits
@@ -374,8 +379,13 @@ def _binary_loop(op, exact, a, b, out, flags, cfg):
     idx = _hard_indices(flags, hard)
     values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
     for j in range(hard):
-        values[j], special[j] = _binary_at(op, exact, a, b, idx[j], cfg)
+        values[j], special[j] = value_at(operands, idx[j], cfg)
     return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
+
+
+@inline
+def _binary_loop(op, exact, a, b, out, flags, cfg):
+    return _rounded(_binary_at, (op, exact, a, b), out, flags, cfg)
 
 
 # One compiled function per operation, so that a program compiles only what it uses
@@ -423,7 +433,8 @@ def minimum(a, b, out, flags, cfg):
 
 
 @inline
-def _fma_at(a, b, c, i, cfg):
+def _fma_at(operands, i, cfg):
+    a, b, c = operands
     x, y, z = decode(a[i], cfg), decode(b[i], cfg), decode(c[i], cfg)
     p = x * y
     r = add64(p, z, cfg[MODE] == DOWN)
@@ -437,24 +448,7 @@ def _fma_at(a, b, c, i, cfg):
 @jit
 def fma(a, b, c, out, flags, cfg):
     """out = a * b + c with one rounding, its flags; returns the OR of the flags."""
-    cfg = settings(cfg)
-    status = 0
-    hard = 0
-    for i in range(a.size):
-        r, special = _fma_at(a, b, c, i, cfg)
-        bits, fl = round64_fast(r, cfg)
-        fl |= special
-        out[i] = bits
-        flags[i] = fl
-        status |= fl
-        hard += fl >> 7
-    if hard == 0:
-        return status
-    idx = _hard_indices(flags, hard)
-    values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
-    for j in range(hard):
-        values[j], special[j] = _fma_at(a, b, c, idx[j], cfg)
-    return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
+    return _rounded(_fma_at, (a, b, c), out, flags, settings(cfg))
 
 
 @inline
@@ -537,30 +531,16 @@ def _unary_value(op, x):
 
 
 @inline
-def _round_loop(a, out, flags, src, cfg):
-    status = 0
-    hard = 0
-    for i in range(a.size):
-        bits, fl = round64_fast(decode(a[i], src), cfg)
-        fl |= INVALID * is_snan(a[i], src)
-        out[i] = bits
-        flags[i] = fl
-        status |= fl
-        hard += fl >> 7
-    if hard == 0:
-        return status
-    idx = _hard_indices(flags, hard)
-    values, special = np.empty(hard, np.float64), np.empty(hard, np.int64)
-    for j in range(hard):
-        values[j], special[j] = decode(a[idx[j]], src), INVALID * is_snan(a[idx[j]], src)
-    return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
+def _convert_at(operands, i, cfg):
+    a, src = operands
+    return decode(a[i], src), INVALID * is_snan(a[i], src)
 
 
 @jit
 def convert(a, out, flags, src, cfg):
     """out = a (bits in format ``src``) rounded into ``cfg`` (also to an integral value, by the
     quantum ``cfg`` says), its flags; returns the OR of the flags."""
-    return _round_loop(a, out, flags, settings(src), settings(cfg))
+    return _rounded(_convert_at, (a, settings(src)), out, flags, settings(cfg))
 
 
 @jit
@@ -806,9 +786,12 @@ def matmul32(a, b, acc, lo, hi, track):
 
 @jit
 def widen16(bits, out):
-    """binary16 bits widened to binary32 values (exact)."""
+    """binary16 bits widened to binary32 values (exact); returns True if any is Inf or NaN."""
+    special = False
     for i in range(bits.size):
         out[i] = np.float32(_half_to_f64(bits[i]))
+        special |= (bits[i] & 0x7C00) == 0x7C00
+    return special
 
 
 @jit
