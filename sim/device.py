@@ -55,7 +55,7 @@ import numpy as np
 from . import kernels as K
 from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, format_of
-from .fpu import _BINARY, Fpu
+from .fpu import _BINARY, _ELEMENTARY, Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
@@ -181,6 +181,18 @@ class Device:
         self._record(result.status)
         return Fpu._finish(result, shape, scalar, False)
 
+    def _elementary(self, op: str, a) -> np.ndarray:
+        """A transcendental or similar one-operand operation; arrays take a short path."""
+        fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
+        if fpu is None:
+            return self._op(op, a)
+        uint = fpu.format.uint
+        out = np.empty(a.size, uint)
+        status = K.elementary(_ELEMENTARY[op], a.reshape(-1).view(uint), out, np.empty(a.size, np.uint8),
+                              fpu._own, fpu._own)
+        self._record(status)
+        return out.view(a.dtype).reshape(a.shape)
+
     def _binary(self, op: str, a, b) -> np.ndarray:
         """A binary operation; arrays of one dtype and shape take a short path (most calls do)."""
         fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
@@ -231,28 +243,34 @@ class Device:
         return self._op("minimum", a, b)
 
     def exp(self, a) -> np.ndarray:
-        return self._op("exp", a)
+        return self._elementary("exp", a)
 
     def log(self, a) -> np.ndarray:
         """Natural log; log(0) = -Inf raises DIVBYZERO, log(<0) is INVALID."""
-        return self._op("log", a)
+        return self._elementary("log", a)
 
     def tanh(self, a) -> np.ndarray:
-        return self._op("tanh", a)
+        return self._elementary("tanh", a)
 
     def sigmoid(self, a) -> np.ndarray:
-        return self._op("sigmoid", a)
+        return self._elementary("sigmoid", a)
 
     def relu(self, a) -> np.ndarray:
         """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
-        return self._op("maximum", a, np.zeros((), self._on(a).format.dtype))
+        return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
 
     def cast(self, x, dtype, rounding: Rounding | str | None = None) -> np.ndarray:
         """Convert between float32, binary16 and bfloat16 (or widen to float64), rounding in
         ``rounding`` (default: the device's) and in the overflow mode of the destination format."""
-        src = self._on(x).format
+        src_fpu = self._on(x)
+        src = src_fpu.format
         dst = format_of(dtype)
-        fpu = self._fpus.get(dst.dtype, self._on(x))
+        fpu = self._fpus.get(dst.dtype, src_fpu)
+        if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:  # the short path
+            out = np.empty(x.size, dst.uint)
+            status = K.convert(x.reshape(-1).view(src.uint), out, np.empty(x.size, np.uint8), src_fpu._own, fpu._own)
+            self._record(status)
+            return out.view(dst.dtype).reshape(x.shape)
         cfg = fpu._config(dst, None if rounding is None else Rounding.parse(rounding))
         result, shape, scalar = fpu._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
         self._record(result.status)
