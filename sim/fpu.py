@@ -16,6 +16,13 @@ __all__ = ["Fpu"]
 _Out = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 _BINARY = {"add": K.add, "sub": K.sub, "mul": K.mul, "div": K.div, "maximum": K.maximum, "minimum": K.minimum}
+#: Where binary64 adds a format's values exactly (binary16), sums skip the TwoSum.
+_EXACT_SUMS = {"add": K.add_exact, "sub": K.sub_exact}
+
+
+def binary_kernel(op: str, fmt: Format):
+    """The compiled kernel of a binary operation on values of ``fmt``."""
+    return _EXACT_SUMS[op] if op in _EXACT_SUMS and fmt.sum_exact_in_float64 else _BINARY[op]
 _ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU}
 _COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
@@ -280,7 +287,7 @@ class Fpu:
         if cfg is None:
             cfg = self._own if dst is self.format else self._config(dst)
         if op in _BINARY:
-            status = _BINARY[op](flat[0], flat[1], out, flags, cfg)
+            status = binary_kernel(op, src)(flat[0], flat[1], out, flags, cfg)
         elif op in _ELEMENTARY:
             status = K.elementary(_ELEMENTARY[op], flat[0], out, flags, self._config(src), cfg)
         elif op == "convert" or op == "rint":

@@ -229,7 +229,7 @@ HARD = 0x80  # a flags value no operation raises: "round this element again, in 
 _HARD8 = 0x8080808080808080  # HARD in each byte of a word
 
 
-@inline
+@jit
 def _hard_indices(flags, count):
     """The ``count`` indices whose flags are HARD, in order, skipping eight clear bytes at a time."""
     idx = np.empty(count, np.int64)
@@ -307,12 +307,6 @@ def add64(x, y, down, exact=False):
 
 
 @inline
-def _sum_exact(cfg):
-    """Whether binary64 adds any two values of the format exactly (binary16: 41 bits apart at most)."""
-    return 2 * cfg[BIAS] + 1 + cfg[MAN] <= 53
-
-
-@inline
 def _binary_value(op, exact, x, y, down):
     if op == ADD:
         return add64(x, y, down, exact)
@@ -341,10 +335,11 @@ def _binary_at(operands, i, cfg):
     return r, INVALID * invalid | DIVBYZERO * zero_div
 
 
-@inline
+@jit
 def _round_hard(values, special, idx, out, flags, cfg):
     """The rare elements (indices ``idx``, their values and operation flags) rounded in full,
-    in a loop of their own, and put back; returns the OR of their flags."""
+    in a loop of their own, and put back; returns the OR of their flags. Compiled once and
+    shared by every operation (it is off the fast path)."""
     bits = np.empty(values.size, np.int64)
     fl = np.empty(values.size, np.int64)
     for j in range(values.size):
@@ -393,19 +388,25 @@ def _binary_loop(op, exact, a, b, out, flags, cfg):
 @jit
 def add(a, b, out, flags, cfg):
     """out = a + b elementwise (bits of one format), its flags; returns the OR of the flags."""
-    cfg = settings(cfg)
-    if _sum_exact(cfg):
-        return _binary_loop(ADD, True, a, b, out, flags, cfg)
-    return _binary_loop(ADD, False, a, b, out, flags, cfg)
+    return _binary_loop(ADD, False, a, b, out, flags, settings(cfg))
+
+
+@jit
+def add_exact(a, b, out, flags, cfg):
+    """:func:`add` for a format whose sums binary64 holds exactly (binary16): no TwoSum."""
+    return _binary_loop(ADD, True, a, b, out, flags, settings(cfg))
 
 
 @jit
 def sub(a, b, out, flags, cfg):
     """out = a - b, as :func:`add`."""
-    cfg = settings(cfg)
-    if _sum_exact(cfg):
-        return _binary_loop(SUB, True, a, b, out, flags, cfg)
-    return _binary_loop(SUB, False, a, b, out, flags, cfg)
+    return _binary_loop(SUB, False, a, b, out, flags, settings(cfg))
+
+
+@jit
+def sub_exact(a, b, out, flags, cfg):
+    """:func:`sub` for a format whose sums binary64 holds exactly (binary16)."""
+    return _binary_loop(SUB, True, a, b, out, flags, settings(cfg))
 
 
 @jit
