@@ -378,59 +378,54 @@ def _rounded(value_at, operands, out, flags, cfg):
     return (status & ~HARD) | _round_hard(values, special, idx, out, flags, cfg)
 
 
-@inline
-def _binary_loop(op, exact, a, b, out, flags, cfg):
-    return _rounded(_binary_at, (op, exact, a, b), out, flags, cfg)
-
-
 # One compiled function per operation, so that a program compiles only what it uses
 # (each function once per combination of array types).
 @jit
 def add(a, b, out, flags, cfg):
     """out = a + b elementwise (bits of one format), its flags; returns the OR of the flags."""
-    return _binary_loop(ADD, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (ADD, False, a, b), out, flags, settings(cfg))
 
 
 @jit
 def add_exact(a, b, out, flags, cfg):
     """:func:`add` for a format whose sums binary64 holds exactly (binary16): no TwoSum."""
-    return _binary_loop(ADD, True, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (ADD, True, a, b), out, flags, settings(cfg))
 
 
 @jit
 def sub(a, b, out, flags, cfg):
     """out = a - b, as :func:`add`."""
-    return _binary_loop(SUB, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (SUB, False, a, b), out, flags, settings(cfg))
 
 
 @jit
 def sub_exact(a, b, out, flags, cfg):
     """:func:`sub` for a format whose sums binary64 holds exactly (binary16)."""
-    return _binary_loop(SUB, True, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (SUB, True, a, b), out, flags, settings(cfg))
 
 
 @jit
 def mul(a, b, out, flags, cfg):
     """out = a * b, as :func:`add`."""
-    return _binary_loop(MUL, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (MUL, False, a, b), out, flags, settings(cfg))
 
 
 @jit
 def div(a, b, out, flags, cfg):
     """out = a / b, as :func:`add`."""
-    return _binary_loop(DIV, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (DIV, False, a, b), out, flags, settings(cfg))
 
 
 @jit
 def maximum(a, b, out, flags, cfg):
     """out = IEEE 754-2019 maximum(a, b), as :func:`add`."""
-    return _binary_loop(MAX, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (MAX, False, a, b), out, flags, settings(cfg))
 
 
 @jit
 def minimum(a, b, out, flags, cfg):
     """out = IEEE 754-2019 minimum(a, b), as :func:`add`."""
-    return _binary_loop(MIN, False, a, b, out, flags, settings(cfg))
+    return _rounded(_binary_at, (MIN, False, a, b), out, flags, settings(cfg))
 
 
 @inline
