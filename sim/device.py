@@ -55,7 +55,7 @@ import numpy as np
 from . import kernels as K
 from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, format_of
-from .fpu import _ELEMENTARY, Fpu, binary_kernel
+from .fpu import _ELEMENTARY, Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
@@ -200,8 +200,8 @@ class Device:
             return self._op(op, a, b)
         uint = fpu.format.uint
         out = np.empty(a.size, uint)
-        status = binary_kernel(op, fpu.format)(a.reshape(-1).view(uint), b.reshape(-1).view(uint), out,
-                                               np.empty(a.size, np.uint8), fpu._own)
+        status = fpu._kernels[op](a.reshape(-1).view(uint), b.reshape(-1).view(uint), out,
+                                  np.empty(a.size, np.uint8), fpu._own)
         self._record(status)
         return out.view(a.dtype).reshape(a.shape)
 

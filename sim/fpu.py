@@ -79,6 +79,7 @@ class Fpu:
         self._configs: dict[tuple, np.ndarray] = {}
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
                            self.nan_to_zero)
+        self._kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
@@ -287,7 +288,8 @@ class Fpu:
         if cfg is None:
             cfg = self._own if dst is self.format else self._config(dst)
         if op in _BINARY:
-            status = binary_kernel(op, src)(flat[0], flat[1], out, flags, cfg)
+            kernel = self._kernels[op] if src is self.format else binary_kernel(op, src)
+            status = kernel(flat[0], flat[1], out, flags, cfg)
         elif op in _ELEMENTARY:
             status = K.elementary(_ELEMENTARY[op], flat[0], out, flags, self._config(src), cfg)
         elif op == "convert" or op == "rint":
