@@ -19,16 +19,22 @@ anything was lost. The operations meet that contract as follows:
 - a quotient by a count (``mean``) is made round-to-odd with an exact
   remainder (Dekker's product);
 - exp, log, tanh, sigmoid come from binary64 libm results, which are within a
-  few binary64 ulps of the exact value; where that result is exactly 0, +-1, 1/2
-  or ``x`` although the exact value is not, it is moved one binary64 ulp towards
-  the exact value, whose side is known (exp > 0, |tanh x| < min(1, |x|), ...).
-  All 65,536 binary16 and bfloat16 inputs agree with MPFR in all six modes
-  (``tests/test_transcendentals.py``).
+  few binary64 ulps of the exact value; the result is then moved strictly inside
+  the bounds the exact value is known to obey (exp x > 0, |tanh x| < min(1, |x|),
+  0 < sigmoid x < 1, ...: see ``_unary_value``), so that where binary64 says
+  exactly 0, +-1, 1/2 or ``x``, or lands just past such a bound, the rounding
+  still sees the exact value's side. All 65,536 binary16 and bfloat16 inputs
+  agree with MPFR in all six modes (``tests/test_transcendentals.py``).
+- the binary32 matmul accumulation uses the IEEE fused multiply-add: binary16
+  products are exact in binary32, so it is the addition with one rounding.
 
 Format and settings travel as a small int64 array (:func:`config`), so one
 compiled loop serves every format, mode and overflow mode; a loop is compiled
-once per combination of operand array types. No fastmath anywhere: the binary64
-and binary32 operations are IEEE operations in program order.
+once per combination of operand array types, on first use, and cached. No
+fastmath anywhere: the binary64 and binary32 operations are IEEE operations in
+program order. The rounding is branch-free (selects and masks), so the loops
+vectorise; values that need the subnormal quantum are marked HARD on the fast
+path and rounded again in full, gathered in a loop of their own.
 
 Flag bits are SoftFloat's: INEXACT 1, UNDERFLOW 2, OVERFLOW 4, DIVBYZERO 8, INVALID 16.
 """
