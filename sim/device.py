@@ -54,7 +54,7 @@ import numpy as np
 
 from . import kernels as K
 from . import profiles
-from .formats import BFLOAT16, BINARY16, BINARY32, format_of
+from .formats import BFLOAT16, BINARY16, BINARY32, Format, format_of
 from .fpu import _ELEMENTARY, Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
@@ -181,29 +181,30 @@ class Device:
         self._record(result.status)
         return Fpu._finish(result, shape, scalar, False)
 
+    def _flat(self, call, n: int, dst: Format, shape: tuple[int, ...]) -> np.ndarray:
+        """The short path: ``call(out, flags)`` runs one kernel on n elements into fresh arrays
+        of ``dst`` bits; its events are recorded and the result shaped."""
+        out = np.empty(n, dst.uint)
+        self._record(call(out, np.empty(n, np.uint8)))
+        return out.view(dst.dtype).reshape(shape)
+
     def _elementary(self, op: str, a) -> np.ndarray:
-        """A transcendental or similar one-operand operation; arrays take a short path."""
+        """A transcendental or similar one-operand operation; arrays take the short path."""
         fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
         if fpu is None:
             return self._op(op, a)
-        uint = fpu.format.uint
-        out = np.empty(a.size, uint)
-        status = K.elementary(_ELEMENTARY[op], a.reshape(-1).view(uint), out, np.empty(a.size, np.uint8),
-                              fpu._own, fpu._own)
-        self._record(status)
-        return out.view(a.dtype).reshape(a.shape)
+        bits, code, cfg = a.reshape(-1).view(fpu.format.uint), _ELEMENTARY[op], fpu._own
+        return self._flat(lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size, fpu.format,
+                          a.shape)
 
     def _binary(self, op: str, a, b) -> np.ndarray:
-        """A binary operation; arrays of one dtype and shape take a short path (most calls do)."""
+        """A binary operation; arrays of one dtype and shape take the short path (most calls do)."""
         fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
         if fpu is None or b.__class__ is not np.ndarray or b.dtype != a.dtype or b.shape != a.shape:
             return self._op(op, a, b)
-        uint = fpu.format.uint
-        out = np.empty(a.size, uint)
-        status = fpu._kernels[op](a.reshape(-1).view(uint), b.reshape(-1).view(uint), out,
-                                  np.empty(a.size, np.uint8), fpu._own)
-        self._record(status)
-        return out.view(a.dtype).reshape(a.shape)
+        uint, kernel, cfg = fpu.format.uint, fpu._kernels[op], fpu._own
+        x, y = a.reshape(-1).view(uint), b.reshape(-1).view(uint)
+        return self._flat(lambda out, flags: kernel(x, y, out, flags, cfg), a.size, fpu.format, a.shape)
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> Device:
@@ -266,11 +267,10 @@ class Device:
         src = src_fpu.format
         dst = format_of(dtype)
         fpu = self._fpus.get(dst.dtype, src_fpu)
-        if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:  # the short path
-            out = np.empty(x.size, dst.uint)
-            status = K.convert(x.reshape(-1).view(src.uint), out, np.empty(x.size, np.uint8), src_fpu._own, fpu._own)
-            self._record(status)
-            return out.view(dst.dtype).reshape(x.shape)
+        if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:
+            bits = x.reshape(-1).view(src.uint)
+            return self._flat(lambda out, flags: K.convert(bits, out, flags, src_fpu._own, fpu._own), x.size, dst,
+                              x.shape)
         cfg = fpu._config(dst, None if rounding is None else Rounding.parse(rounding))
         result, shape, scalar = fpu._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
         self._record(result.status)

@@ -23,7 +23,7 @@ _EXACT_SUMS = {"add": K.add_exact, "sub": K.sub_exact}
 def binary_kernel(op: str, fmt: Format):
     """The compiled kernel of a binary operation on values of ``fmt``."""
     return _EXACT_SUMS[op] if op in _EXACT_SUMS and fmt.sum_exact_in_float64 else _BINARY[op]
-_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU}
+_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID}
 _COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
 
@@ -153,8 +153,8 @@ class Fpu:
         return self._public("sigmoid", (a,), return_flags)
 
     def relu(self, a, *, return_flags: bool = False) -> _Out:
-        """max(a, 0) with +0 for -0; NaN stays NaN (the default NaN)."""
-        return self._public("relu", (a,), return_flags)
+        """max(a, 0) with +0 for -0; NaN stays NaN (the default NaN): IEEE 754-2019 maximum(a, +0)."""
+        return self._public("maximum", (a, self.format.dtype.type(0)), return_flags)
 
     def via_float64(self, fn: Callable, *args, pole: Callable | None = None, return_flags: bool = False) -> _Out:
         """``fn`` computed in binary64 from the exact operands, rounded once.

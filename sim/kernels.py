@@ -55,7 +55,7 @@ RNE, RTZ, DOWN, UP, RNA, ODD = range(6)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
 ADD, SUB, MUL, DIV, MAX, MIN = range(6)
-SQRT, EXP, LOG, TANH, SIGMOID, RELU = range(6)
+SQRT, EXP, LOG, TANH, SIGMOID = range(5)
 EQ, LT, LE = range(3)
 
 EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
@@ -489,8 +489,6 @@ def _unary_value(op, x):
     if op == SQRT:
         r = math.sqrt(x)
         return r, (INVALID if math.isnan(r) else 0)
-    if op == RELU:
-        return (x if x > 0 else 0.0), 0
     if math.isinf(x):
         if op == EXP:
             return (x if x > 0 else 0.0), 0
@@ -560,7 +558,7 @@ def sign_op(negate, a, out, flags, cfg):
 
 @jit
 def elementary(op, a, out, flags, src, cfg):
-    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID, RELU (a's bits in format ``src``), its
+    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID (a's bits in format ``src``), its
     flags; returns the OR of the flags."""
     src = settings(src)
     cfg = settings(cfg)
