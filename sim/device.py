@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
+import operator
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ import numpy as np
 from . import kernels as K
 from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, Format, format_of
-from .fpu import _ELEMENTARY, Fpu
+from .fpu import _ELEMENTARY, Fpu, _filled
 from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
@@ -65,8 +66,8 @@ EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
 # As plain ints for the per-operation path (IntFlag arithmetic is slow).
 _EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_INEXACT = int(Flag.INEXACT)
 _F16 = np.dtype(np.float16)
+_VALUES = (np.ndarray, np.generic)
 
 _current: contextvars.ContextVar[tuple[Device, ...]] = contextvars.ContextVar("sim_devices", default=())
 
@@ -154,11 +155,14 @@ class Device:
         with self._lock:
             self._status |= status
             if status & _EVENTS:
-                reg = self._register
-                reg[0] |= (status & _OVERFLOW) != 0
-                reg[1] |= (status & _INVALID) != 0
-                reg[2] |= (status & _DIVBYZERO) != 0
-                reg[3] = min(int(reg[3]) + 1, _INT32_MAX)
+                self._event(status)
+
+    def _event(self, status: int) -> None:
+        reg = self._register
+        reg[0] |= (status & _OVERFLOW) != 0
+        reg[1] |= (status & _INVALID) != 0
+        reg[2] |= (status & _DIVBYZERO) != 0
+        reg[3] = min(int(reg[3]) + 1, _INT32_MAX)
 
     def _on(self, x) -> Fpu:
         try:
@@ -198,13 +202,31 @@ class Device:
                           a.shape)
 
     def _binary(self, op: str, a, b) -> np.ndarray:
-        """A binary operation; arrays of one dtype and shape take the short path (most calls do)."""
-        fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
-        if fpu is None or b.__class__ is not np.ndarray or b.dtype != a.dtype or b.shape != a.shape:
+        """A binary operation on arrays or scalars of one dtype (broadcast as numpy does): checks,
+        one kernel call, one register update. Anything else (errors included) goes by ``_op``."""
+        try:
+            fpu = self._fpus[a.dtype]
+            usual = b.dtype == a.dtype and isinstance(a, _VALUES) and isinstance(b, _VALUES)
+        except (AttributeError, KeyError, TypeError):
+            usual = False
+        if not usual:
             return self._op(op, a, b)
-        uint, kernel, cfg = fpu.format.uint, fpu._kernels[op], fpu._own
-        x, y = a.reshape(-1).view(uint), b.reshape(-1).view(uint)
-        return self._flat(lambda out, flags: kernel(x, y, out, flags, cfg), a.size, fpu.format, a.shape)
+        shape = a.shape
+        if b.shape != shape:
+            try:
+                shape = np.broadcast(a, b).shape
+            except ValueError:
+                return self._op(op, a, b)
+            a = a if a.shape == shape else _filled(a, shape)
+            b = b if b.shape == shape else _filled(b, shape)
+        uint, out = fpu._uint, np.empty(shape, a.dtype)
+        status = fpu._kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
+                                  np.empty(out.size, np.uint8), fpu._own)
+        with self._lock:
+            self._status |= status
+            if status & _EVENTS:
+                self._event(status)
+        return out if shape or a.__class__ is np.ndarray or b.__class__ is np.ndarray else out[()]
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> Device:
@@ -300,44 +322,23 @@ class Device:
         if acc_fpu is None or acc_fpu.format is BFLOAT16 or out_fpu.format is BFLOAT16:
             raise ValueError(f"matmul accumulates and returns float16 or float32, not {acc!r} / {out_dtype!r}")
         a16, b16 = np.ascontiguousarray(a).view(np.uint16), np.ascontiguousarray(b).view(np.uint16)
-        cfg16 = self.fpu._own
         m, n = a.shape[0], b.shape[1]
-        if acc_fpu is self.fpu:
-            total = np.empty((m, n), np.uint16)
-            status = K.matmul16(a16, b16, total, cfg16)
-        else:
-            # The kernel vectorises along the rows of its right operand: give it the longer
-            # side (C^T = B^T A^T adds the same products in the same order along k).
-            flip = n < m and n < 64
-            left, right = (b16.T, a16.T) if flip else (a16, b16)
-            a32, b32 = np.empty(left.shape, np.float32), np.empty(right.shape, np.float32)
-            special = K.widen16(np.ascontiguousarray(left).reshape(-1), a32.reshape(-1)) \
-                | K.widen16(np.ascontiguousarray(right).reshape(-1), b32.reshape(-1))
-            acc = np.zeros((a32.shape[0], b32.shape[1]), np.float32)
-            self._matmul32(a32, b32, acc, track=False)
-            status = K.matmul32_flags(a16, b16, cfg16) if special else 0
-            total = (np.ascontiguousarray(acc.T) if flip else acc).view(np.uint32)
-        out = np.empty(m * n, out_fpu.format.uint)
+        fmt = out_fpu.format
+        out = np.empty(m * n, fmt.uint)
         flags = np.empty(m * n, np.uint8)
-        out_status = K.convert(total.reshape(-1), out, flags, acc_fpu._own, out_fpu._own)
-        if acc_fpu is not self.fpu and not out_status & _INEXACT:
-            # The output rounding was exact (always so for binary32 outputs): whether the
-            # accumulation rounded takes a second, slower pass that tracks it.
-            status |= self._matmul32(a32, b32, np.zeros_like(acc), track=True)
-        self._record(status | out_status)
-        return out.view(out_fpu.format.dtype).reshape(m, n)
-
-    def _matmul32(self, a32: np.ndarray, b32: np.ndarray, acc: np.ndarray, track: bool) -> int:
-        """Sequential binary32 accumulation over k (with ``track``, its INEXACT flag); with
-        ``threads``, blocks of rows run on worker threads (the kernel releases the GIL),
-        which changes nothing in the result."""
-        m = a32.shape[0]
-        workers = min(self.threads, m) if a32.size * b32.shape[1] >= THREADED_MATMUL else 1
+        settings = self.fpu._own, acc_fpu._own, out_fpu._own
+        workers = min(self.threads, m) if a.size * n >= THREADED_MATMUL else 1
         if workers == 1:
-            return K.matmul32(a32, b32, acc, 0, m, track)
-        bounds = np.linspace(0, m, workers + 1).astype(int)
-        return int(np.bitwise_or.reduce(list(_pool(workers).map(
-            lambda lo, hi: K.matmul32(a32, b32, acc, lo, hi, track), bounds[:-1], bounds[1:]))))
+            status = K.matmul(a16, b16, out, flags, *settings)
+        else:
+            # Blocks of output rows on worker threads (the kernel releases the GIL): each
+            # output element's sum is the same whichever block computes it.
+            bounds = np.linspace(0, m, workers + 1).astype(int)
+            status = functools.reduce(operator.or_, _pool(workers).map(
+                lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
+                bounds[:-1], bounds[1:]))
+        self._record(status)
+        return out.view(fmt.dtype).reshape(m, n)
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
@@ -360,7 +361,8 @@ class Device:
         else:
             v = x if axis in (0, -x.ndim) else x.swapaxes(0, axis) if x.ndim == 2 else np.moveaxis(x, axis, 0)
         rest = v.shape[1:]
-        v = v.reshape(v.shape[0], math.prod(rest)).view(src.format.uint)  # a copy only where needed
+        # C order, a copy only where needed (one compiled kernel serves every layout).
+        v = np.ascontiguousarray(v.reshape(v.shape[0], math.prod(rest))).view(src.format.uint)
         out = np.empty(v.shape[1], dst.format.uint)
         status = K.tree_sum(v, out, src._own, acc._own, dst._own, mean)
         self._record(status)

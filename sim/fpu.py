@@ -80,6 +80,7 @@ class Fpu:
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
                            self.nan_to_zero)
         self._kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
+        self._uint = self.format.uint
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
