@@ -16,7 +16,7 @@ import os
 import warnings
 
 import numpy as np
-from timing import best
+from timing import best, best_of_each
 
 from sim import Device, Fpu
 
@@ -65,8 +65,7 @@ def main() -> None:
     small = np.ones((64, 32), np.float16)
     dev = Device("atlas-a2")
     dev.add(small, small)
-    t = best(functools.partial(dev.add, small, small), 2000)
-    tb = best(functools.partial(np.add, small, small), 2000)
+    t, tb = best_of_each([functools.partial(dev.add, small, small), functools.partial(np.add, small, small)], 5000)
     rows.append(("device add 64x32 (us)", t * 1e6, t / tb, "numpy f16 add 64x32 (us)", tb * 1e6))
 
     x, y = (rng.standard_normal(args.n).astype(np.float16) for _ in range(2))
