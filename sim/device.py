@@ -326,17 +326,26 @@ class Device:
         fmt = out_fpu.format
         out = np.empty(m * n, fmt.uint)
         flags = np.empty(m * n, np.uint8)
-        settings = self.fpu._own, acc_fpu._own, out_fpu._own
+        settings = acc_fpu._own, out_fpu._own
         workers = min(self.threads, m) if a.size * n >= THREADED_MATMUL else 1
-        if workers == 1:
-            status = K.matmul(a16, b16, out, flags, *settings)
+        if acc_fpu is self.fpu:
+            total = np.empty(m * n, np.uint16)
+            status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu._own)
+            status |= K.convert(total, out, flags, *settings)
         else:
-            # Blocks of output rows on worker threads (the kernel releases the GIL): each
-            # output element's sum is the same whichever block computes it.
-            bounds = np.linspace(0, m, workers + 1).astype(int)
-            status = functools.reduce(operator.or_, _pool(workers).map(
-                lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
-                bounds[:-1], bounds[1:]))
+            if workers == 1:
+                status, special = K.matmul(a16, b16, out, flags, *settings)
+            else:
+                # Blocks of output rows on worker threads (the kernel releases the GIL): each
+                # output element's sum is the same whichever block computes it.
+                bounds = np.linspace(0, m, workers + 1).astype(int)
+                parts = list(_pool(workers).map(
+                    lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
+                    bounds[:-1], bounds[1:]))
+                status = functools.reduce(operator.or_, (p[0] for p in parts))
+                special = any(p[1] for p in parts)
+            if special:  # Inf or NaN operands: INVALID inside the sums
+                status |= K.matmul32_flags(a16, b16, self.fpu._own)
         self._record(status)
         return out.view(fmt.dtype).reshape(m, n)
 

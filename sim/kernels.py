@@ -66,8 +66,10 @@ EXP_NAN = EXP_INF + 1
 _FRAC52 = (1 << 52) - 1
 
 jit = nb.njit(cache=True, nogil=True, error_model="numpy")  # IEEE division: x/0 is +-Inf or NaN
-#: Helpers are inlined into each loop (numba does not inline across compiled functions by itself).
-inline = nb.njit(cache=True, nogil=True, error_model="numpy", forceinline=True)
+#: Helpers are inlined into each loop (numba does not inline across compiled functions by
+#: itself); they are never called from Python, so they need no Python wrapper (less to compile).
+inline = nb.njit(cache=True, nogil=True, error_model="numpy", forceinline=True, no_cpython_wrapper=True,
+                 no_cfunc_wrapper=True)
 
 
 def _bitcast(src, dst, llvm_type):
@@ -743,35 +745,17 @@ def _fma32(x, y, z):
 
 
 @jit
-def matmul32(a, b, acc, lo, hi, track):
-    """acc[i] += sum over k, in ascending order, of a[i, k] * b[k] for rows lo..hi: binary32,
-    each addition rounded to nearest even, the order along k the program's.
+def matmul32(a, b, acc):
+    """acc[i] += sum over k, in ascending order, of a[i, k] * b[k]: binary32, each addition
+    rounded to nearest even, the order along k the program's.
 
     The operands are binary16 values, so each product is exact in binary32 and
     fma(a, b, acc) is the same IEEE addition acc + a * b with one rounding; four rows
-    share each row of b and four steps of k share each load and store of acc. With
-    ``track``, a plain loop that also returns INEXACT if an addition rounded (an
-    error-free Fast2Sum on the larger magnitude); else 0.
+    share each row of b and four steps of k share each load and store of acc.
     """
     k_dim, n = a.shape[1], b.shape[1]
-    if track:
-        inexact = False
-        for i in range(lo, hi):
-            row = acc[i]
-            for k in range(k_dim):
-                aik = a[i, k]
-                bk = b[k]
-                lost = False
-                for j in range(n):
-                    p = aik * bk[j]
-                    t = row[j]
-                    s = t + p
-                    big, small = (t, p) if abs(t) >= abs(p) else (p, t)
-                    lost |= (small - (s - big) != 0) & (abs(s) < np.inf)  # Inf and NaN sums are exact
-                    row[j] = s
-                inexact |= lost
-        return INEXACT if inexact else 0
-    i = lo
+    hi = a.shape[0]
+    i = 0
     while i + 4 <= hi:
         r0, r1, r2, r3 = acc[i], acc[i + 1], acc[i + 2], acc[i + 3]
         k = 0
@@ -806,7 +790,29 @@ def matmul32(a, b, acc, lo, hi, track):
             bk = b[k]
             for j in range(n):
                 row[j] = _fma32(aik, bk[j], row[j])
-    return 0
+
+
+@jit
+def matmul32_inexact(a, b, acc):
+    """:func:`matmul32` in a plain loop that also returns INEXACT if an addition rounded (an
+    error-free Fast2Sum on the larger magnitude), else 0."""
+    k_dim, n = a.shape[1], b.shape[1]
+    inexact = False
+    for i in range(a.shape[0]):
+        row = acc[i]
+        for k in range(k_dim):
+            aik = a[i, k]
+            bk = b[k]
+            lost = False
+            for j in range(n):
+                p = aik * bk[j]
+                t = row[j]
+                s = t + p
+                big, small = (t, p) if abs(t) >= abs(p) else (p, t)
+                lost |= (small - (s - big) != 0) & (abs(s) < np.inf)  # Inf and NaN sums are exact
+                row[j] = s
+            inexact |= lost
+    return INEXACT if inexact else 0
 
 
 @inline
@@ -884,18 +890,14 @@ def matmul16(a, b, out, cfg):
 
 
 @jit
-def matmul(a, b, out, flags, cfg16, acc, dst):
-    """out = a @ b for binary16 bits ``a`` (M, K) and ``b`` (K, N), flat M*N bits of ``dst``:
-    accumulated in ``acc`` (binary16: :func:`matmul16`; binary32: :func:`matmul32`, its
-    INVALID from :func:`matmul32_flags`), then rounded once into ``dst``. Returns the OR
-    of the flags: INEXACT where the output rounding or an addition of the binary32
-    accumulation lost bits. One call, so that small matmuls cost little besides their
-    arithmetic."""
+def matmul(a, b, out, flags, acc, dst):
+    """out = a @ b for binary16 bits ``a`` (M, K) and ``b`` (K, N) with binary32 accumulation
+    (``acc``; :func:`matmul32`), rounded once into ``dst`` (flat M*N bits). Returns the OR
+    of the flags (INEXACT where the output rounding or an addition of the accumulation
+    lost bits) and whether an operand is Inf or NaN: then :func:`matmul32_flags` gives
+    the INVALID of the accumulation. One call, so that small matmuls cost little besides
+    their arithmetic."""
     m, n = a.shape[0], b.shape[1]
-    if acc[WIDTH] == 16:
-        total16 = np.empty(m * n, np.uint16)
-        status = matmul16(a, b, total16.reshape((m, n)), cfg16)
-        return status | convert(total16, out, flags, acc, dst)
     # matmul32 vectorises along the rows of its right operand: give it the longer side
     # (C^T = B^T A^T adds the same products in the same order along k).
     flip = (n < m) & (n < 64)
@@ -905,14 +907,13 @@ def matmul(a, b, out, flags, cfg16, acc, dst):
     else:
         left, special_l = _widened(a)
         right, special_r = _widened(b)
-    rows = left.shape[0]
-    total = np.zeros((rows, right.shape[1]), np.float32)
-    matmul32(left, right, total, 0, rows, False)
-    status = matmul32_flags(a, b, cfg16) if special_l | special_r else 0
+    total = np.zeros((left.shape[0], right.shape[1]), np.float32)
+    matmul32(left, right, total)
+    status = 0
     bits = (total.T.copy() if flip else total).ravel().view(np.uint32)
     out_status = convert(bits, out, flags, acc, dst)
     if not out_status & INEXACT:
         # The output rounding was exact (always so for binary32 outputs): whether the
         # accumulation rounded takes a second, slower pass that tracks it.
-        status |= matmul32(left, right, np.zeros_like(total), 0, rows, True)
-    return status | out_status
+        status |= matmul32_inexact(left, right, np.zeros_like(total))
+    return status | out_status, special_l | special_r
