@@ -101,6 +101,16 @@ class Manager:
 
 
 # -- argument checks ------------------------------------------------------------------
+class PolicyManager(Manager):
+    """The stateful face on a given policy value (any :class:`Policy`, yours included)."""
+
+    def __init__(self, policy: Policy) -> None:
+        if not isinstance(policy, Policy):
+            raise TypeError(f"PolicyManager takes a Policy, got {type(policy).__name__}")
+        self.policy = policy
+        self.state = policy.initial()
+
+
 def _number(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")

@@ -13,6 +13,7 @@ Same arguments and seed give the same bits.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -25,8 +26,8 @@ from sim import Device, Group, profiles
 from . import policies
 from .managers import ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from .optimizers import DETECTORS, NPULossScaleOptimizer
-from .policy import Manager, describe
-from .workloads import make_workload
+from .policy import Manager, Policy, PolicyManager, describe
+from .workloads import Workload, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS"]
 
@@ -56,6 +57,42 @@ MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {
 #: and so ``applied`` (always true with an unchecked FixedLossScaleManager).
 COLUMNS = ("step", "loss_scale", "overflow", "detector_finite", "applied", "undetected_overflow",
            "register", "loss", "baseline_loss", "grad_max", "underflow_fraction")
+
+
+def _managers(manager: Any, args: dict[str, Any] | None, ranks: int) -> tuple[list[Any], str]:
+    """One manager per rank and the name the summary gives them. ``manager`` is a name; a
+    class or zero-argument factory (called once per rank); a :class:`Policy` value (each
+    rank gets a :class:`PolicyManager` on it); or an object with ``get_loss_scale`` and
+    ``update_loss_scale`` (rank 0 trains it; other ranks get deep copies of it)."""
+    if isinstance(manager, str):
+        made = [make_manager(manager, args) for _ in range(ranks)]
+        return made, manager
+    if args:
+        raise ValueError("manager_args go with a manager name; give a manager object its arguments "
+                         "when you make it")
+    if isinstance(manager, Policy):
+        made = [PolicyManager(manager) for _ in range(ranks)]
+    elif _is_scaler(manager):
+        made = [manager] + [copy.deepcopy(manager) for _ in range(ranks - 1)]
+    elif callable(manager):
+        try:
+            made = [manager() for _ in range(ranks)]
+        except TypeError as err:
+            raise TypeError(f"could not make a manager by calling {getattr(manager, '__name__', manager)}(): "
+                            f"{err}; give a manager object made with its arguments instead") from None
+    else:
+        made = [manager]
+    for m in made:
+        if not _is_scaler(m):
+            raise TypeError(f"manager must be a name ({', '.join(MANAGERS)}), a Policy, or an object with "
+                            f"get_loss_scale() and update_loss_scale(finite) (or a class or factory making "
+                            f"one); got {type(m).__name__}")
+    return made, type(made[0]).__name__
+
+
+def _is_scaler(obj: Any) -> bool:
+    return not isinstance(obj, type) and all(callable(getattr(obj, a, None))
+                                             for a in ("get_loss_scale", "update_loss_scale"))
 
 
 def make_manager(name: str, args: dict[str, Any] | None = None) -> Manager:
@@ -92,13 +129,31 @@ def _versions() -> dict[str, str]:
             "lossscale": __version__}
 
 
-def simulate(workload: str = "mlp", profile: str = "atlas-a2", overflow_mode: str | None = None,
-             manager: str = "exponential", manager_args: dict[str, Any] | None = None,
+def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overflow_mode: str | None = None,
+             manager: Any = "exponential", manager_args: dict[str, Any] | None = None,
              detector: str | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
              underflow_every: int = 10, workload_args: dict[str, Any] | None = None,
              progress: Callable[[int, int], None] | None = None) -> Run:
-    """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``."""
-    args = {"workload": workload, "profile": profile, "overflow_mode": overflow_mode, "manager": manager,
+    """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``.
+
+    ``workload``: a name (``workload_args`` and ``seed`` configure it) or any object
+    following :class:`lossscale.workloads.Workload` (it brings its own seed).
+    ``manager``: a name (``manager_args`` override the simulator's defaults), a
+    :class:`Policy` value, a class or factory making a manager, or a manager object (any
+    object with ``get_loss_scale`` and ``update_loss_scale``, as ``check_policy`` takes;
+    with several ranks each other rank trains a deep copy of it).
+    """
+    if isinstance(workload, str):
+        wl = make_workload(workload, seed, **(workload_args or {}))
+    elif workload_args:
+        raise ValueError("workload_args go with a workload name; give a workload object its arguments "
+                         "when you make it")
+    else:
+        check_workload(workload)
+        wl = workload
+    label = workload if isinstance(workload, str) else str(getattr(wl, "name", type(wl).__name__))
+    args = {"workload": label, "profile": profile, "overflow_mode": overflow_mode,
+            "manager": manager if isinstance(manager, str) else None,
             "manager_args": dict(manager_args or {}), "detector": detector, "ranks": ranks, "steps": steps,
             "seed": seed, "underflow_every": underflow_every, "workload_args": dict(workload_args or {})}
     for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1)):
@@ -107,16 +162,16 @@ def simulate(workload: str = "mlp", profile: str = "atlas-a2", overflow_mode: st
     if detector is not None and detector not in DETECTORS:
         raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(DETECTORS)}")
     prof = profiles.get(profile)
-    wl = make_workload(workload, seed, **(workload_args or {}))
-    make_manager(manager, manager_args)  # refuse bad arguments before any work
+    managers, manager_name = _managers(manager, manager_args, ranks)  # refuse bad ones before any work
+    args["manager"] = manager_name
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         devices = [Device(prof, overflow_mode, name=f"rank{r}") for r in range(ranks)]
     if ranks > 1:
         Group(devices)
     params = [wl.init_params() for _ in devices]
-    opts = [NPULossScaleOptimizer(wl.optimizer(), make_manager(manager, manager_args), is_distributed=ranks > 1,
-                                  detector=detector, device=dev) for dev in devices]
+    opts = [NPULossScaleOptimizer(wl.optimizer(), m, is_distributed=ranks > 1, detector=detector, device=dev)
+            for m, dev in zip(managers, devices, strict=True)]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(steps)
     records: list[dict[str, Any]] = []
@@ -163,12 +218,13 @@ def simulate(workload: str = "mlp", profile: str = "atlas-a2", overflow_mode: st
         if progress is not None:
             progress(t + 1, steps)
     final, baseline = wl.evaluate(params[0]), wl.evaluate(base_params)
+    policy = getattr(managers[0], "policy", None)
     col = lambda k: [r[k] for r in records]  # noqa: E731
     fractions = [f for f in col("underflow_fraction") if f == f]
     summary = {
         "arguments": args,
-        "manager": {"name": manager, "class": type(opts[0].loss_scale_manager).__name__,
-                    "arguments": describe(opts[0].loss_scale_manager.policy)},
+        "manager": {"name": manager_name, "class": type(managers[0]).__name__,
+                    "arguments": describe(policy) if isinstance(policy, Policy) else {}},
         "profile": {"name": prof.name, "product": prof.product_en, "overflow_mode": devices[0].overflow.name,
                     "warnings": [str(w.message) for w in caught]},
         "detector": opts[0].detector_for(devices[0]),

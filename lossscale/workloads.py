@@ -18,9 +18,10 @@ gradients unscaled (the reference for underflow) and a binary32 training step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,9 +29,62 @@ from sim import Device
 
 from .optimizers import Adam, Momentum
 
-__all__ = ["WORKLOADS", "Mlp", "Trace", "make_workload"]
+__all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload"]
 
 F32, H = np.float32, np.float16
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """What :func:`lossscale.simulate` needs of a workload (the built-in ones follow it; so
+    can any object of yours). Parameters are lists of binary32 arrays (the master
+    weights, which the simulator owns and the optimizer updates in place).
+
+    - ``name`` (str) and ``has_accuracy`` (bool: whether ``evaluate`` reports one).
+    - ``init_params()``: fresh initial parameters; called once per rank and once for the
+      binary32 baseline, so it must give the same values every time.
+    - ``optimizer()``: a fresh plain optimizer (``lossscale.SGD``, ``Momentum``, ``Adam``).
+    - ``batches(steps)``: a sequence of ``steps`` batches (anything ``shards`` accepts).
+    - ``shards(batch, ranks)``: each rank's part of a batch and its share of the global
+      batch, ``[(part, share), ...]``, one per rank.
+    - ``forward_backward(dev, params, scale, part, share)``: on the simulated device
+      ``dev``, the loss (a float) and the low-precision gradients of ``scale * loss``,
+      one array per parameter: the arithmetic whose overflow the register sees.
+    - ``grads32(params, part, share)``: the loss and the unscaled gradients in plain
+      binary32 (the reference for underflow; with the whole batch, the baseline's step).
+    - ``evaluate(params)``: ``{"loss": ..., "accuracy": ...}`` of binary32 parameters.
+    """
+
+    name: str
+    has_accuracy: bool
+
+    def init_params(self) -> list[np.ndarray]: ...
+
+    def optimizer(self) -> Any: ...
+
+    def batches(self, steps: int) -> Sequence[Any]: ...
+
+    def shards(self, batch: Any, ranks: int) -> list[tuple[Any, float]]: ...
+
+    def forward_backward(self, dev: Device, params: list[np.ndarray], scale: float, part: Any,
+                         share: float = 1.0) -> tuple[float, list[np.ndarray]]: ...
+
+    def grads32(self, params: list[np.ndarray], part: Any, share: float = 1.0) -> tuple[float, list[np.ndarray]]: ...
+
+    def evaluate(self, params: list[np.ndarray]) -> dict[str, float]: ...
+
+
+_PROTOCOL = ("name", "has_accuracy", "init_params", "optimizer", "batches", "shards", "forward_backward",
+             "grads32", "evaluate")
+
+
+def check_workload(workload: Any) -> None:
+    """TypeError naming what ``workload`` lacks of the :class:`Workload` protocol."""
+    missing = [a for a in _PROTOCOL if not hasattr(workload, a)]
+    missing += [a for a in _PROTOCOL[2:] if a not in missing and not callable(getattr(workload, a))]
+    if missing:
+        raise TypeError(f"workload {type(workload).__name__} lacks {', '.join(missing)} of the Workload protocol "
+                        f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray]:
