@@ -23,7 +23,8 @@ _EXACT_SUMS = {"add": K.add_exact, "sub": K.sub_exact}
 def binary_kernel(op: str, fmt: Format):
     """The compiled kernel of a binary operation on values of ``fmt``."""
     return _EXACT_SUMS[op] if op in _EXACT_SUMS and fmt.sum_exact_in_float64 else _BINARY[op]
-_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID}
+_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "rsqrt": K.RSQRT,
+               "erf": K.ERF}
 _COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
 
@@ -115,6 +116,14 @@ class Fpu:
     def sqrt(self, a, *, return_flags: bool = False) -> _Out:
         """Square root, rounded once; sqrt(-0) is -0."""
         return self._public("sqrt", (a,), return_flags)
+
+    def rsqrt(self, a, *, return_flags: bool = False) -> _Out:
+        """1/sqrt(a), rounded once (IEEE 754 rSqrt: +-0 gives +-Inf with DIVBYZERO)."""
+        return self._public("rsqrt", (a,), return_flags)
+
+    def erf(self, a, *, return_flags: bool = False) -> _Out:
+        """The error function, correctly rounded."""
+        return self._public("erf", (a,), return_flags)
 
     def fma(self, a, b, c, *, return_flags: bool = False) -> _Out:
         """a * b + c with a single rounding."""

@@ -25,6 +25,11 @@ anything was lost. The operations meet that contract as follows:
   exactly 0, +-1, 1/2 or ``x``, or lands just past such a bound, the rounding
   still sees the exact value's side. All 65,536 binary16 and bfloat16 inputs
   agree with MPFR in all six modes (``tests/test_transcendentals.py``).
+- rsqrt: b, the (p+1)-bit number nearest to binary64's 1/sqrt(x), squared is
+  exact (p <= 25), so the sign of fma(b*b, x, -1) says exactly whether the exact
+  value is below, at or above b; r is b or its binary64 neighbour on that side.
+- erf comes from binary64 libm and is moved inside 0 < |erf x| < min(1, 2|x|/sqrt(pi))
+  as the other transcendentals are (erf is concave for x > 0).
 - the binary32 matmul accumulation uses the IEEE fused multiply-add: binary16
   products are exact in binary32, so it is the addition with one rounding.
 
@@ -58,7 +63,7 @@ RNE, RTZ, DOWN, UP, RNA, ODD = range(6)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
 ADD, SUB, MUL, DIV, MAX, MIN = range(6)
-SQRT, EXP, LOG, TANH, SIGMOID = range(5)
+SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF = range(7)
 EQ, LT, LE = range(3)
 
 EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
@@ -96,12 +101,15 @@ def _half_to_f64(typingctx, x):
     return types.float64(types.uint16), codegen
 
 
-@intrinsic
-def _fma(typingctx, x, y, z):
-    """The IEEE fused multiply-add of three binary32 values (one rounding)."""
-    def codegen(context, builder, signature, args):
-        return builder.fma(*args)
-    return types.float32(types.float32, types.float32, types.float32), codegen
+def _fused(t):
+    @intrinsic
+    def fma(typingctx, x, y, z):
+        """The IEEE fused multiply-add x * y + z (one rounding)."""
+        return t(t, t, t), lambda context, builder, signature, args: builder.fma(*args)
+    return fma
+
+
+_fma, _fma64 = _fused(types.float32), _fused(types.float64)
 
 
 @intrinsic
@@ -495,9 +503,28 @@ def _exact_sum(a, b):
     return s if (s - a == b) & (s - b == a) else np.nan
 
 
+_TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
+
+
 @inline
-def _unary_value(op, x):
-    """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand.
+def _rsqrt(x, man):
+    """1/sqrt(x) for x > 0 as the contract needs it, for a target of man + 1 <= 25 bits: b,
+    the (man+2)-bit number nearest binary64's estimate, if the exact value is b, else b's
+    binary64 neighbour on the exact value's side (the sign of b*b*x - 1, exactly)."""
+    r = 1.0 / math.sqrt(x)
+    if man > 23:  # beyond binary32 b*b is not exact: binary64's estimate (not correctly rounded)
+        return r
+    u = _f64_bits(r)
+    drop = 51 - man
+    b = _bits_f64((u + (1 << (drop - 1))) & ~((1 << drop) - 1))
+    side = _fma64(b * b, x, -1.0)  # b*b is exact; one rounding keeps the sign
+    return b if side == 0 else np.nextafter(b, 0.0 if side > 0 else np.inf)
+
+
+@inline
+def _unary_value(op, x, man):
+    """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand,
+    for a target with ``man`` fraction bits.
 
     Where the exact value is transcendental, r is the binary64 value moved inside the
     bounds the exact value is known to obey (so that its side of every rounding boundary
@@ -510,6 +537,19 @@ def _unary_value(op, x):
     if op == SQRT:
         r = math.sqrt(x)
         return r, (INVALID if math.isnan(r) else 0)
+    if op == RSQRT:
+        if x == 0:
+            return math.copysign(np.inf, x), DIVBYZERO  # IEEE 754 rSqrt(+-0) = +-Inf
+        if x < 0:
+            return np.nan, INVALID
+        if math.isinf(x):
+            return 0.0, 0
+        return _rsqrt(x, man), 0
+    if op == ERF:
+        if math.isinf(x) or x == 0:
+            return (math.copysign(1.0, x) if x != 0 else x), 0
+        bound = min(1.0, np.nextafter(abs(x) * _TWO_OVER_SQRT_PI, np.inf))
+        return math.copysign(_inside(abs(math.erf(x)), 0.0, bound), x), 0
     if math.isinf(x):
         if op == EXP:
             return (x if x > 0 else 0.0), 0
@@ -583,13 +623,13 @@ def sign_op(negate, a, out, flags, cfg):
 @inline
 def _elementary_at(operands, i, cfg, full):
     op, a, src = operands
-    r, fl = _unary_value(op, decode(a[i], src))
+    r, fl = _unary_value(op, decode(a[i], src), cfg[MAN])
     return r, fl | INVALID * is_snan(a[i], src)
 
 
 @jit
 def elementary(op, a, out, flags, src, cfg):
-    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID (a's bits in format ``src``), its
+    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF (a's bits in format ``src``), its
     flags; returns the OR of the flags."""
     return _rounded(_elementary_at, (op, a, settings(src)), out, flags, settings(cfg))
 

@@ -71,7 +71,9 @@ def _sigmoid(ctx, x: mpfr) -> mpfr:
 
 
 #: Functions whose value is exact only at these arguments (transcendental elsewhere).
-EXACT_AT = {"exp": (0,), "log": (1,), "tanh": (0,), "sigmoid": (0,)}
+EXACT_AT = {"exp": (0,), "log": (1,), "tanh": (0,), "sigmoid": (0,), "erf": (0,)}
+#: Operations whose MPFR name differs.
+MPFR_NAMES = {"rsqrt": "rec_sqrt"}
 
 
 def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
@@ -82,7 +84,7 @@ def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
         return ctx.rint(xs[0])
     if op == "sigmoid":
         return _sigmoid(ctx, xs[0])
-    return getattr(ctx, op)(*xs)
+    return getattr(ctx, MPFR_NAMES.get(op, op))(*xs)
 
 
 def _lsb(v: mpfr, p: int) -> int:
@@ -118,7 +120,7 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
               tininess: Tininess = Tininess.AFTER, src: Format | None = None) -> tuple[int, int]:
     """(result bits, flags) of ``op`` on bit patterns, IEEE semantics.
 
-    op: add sub mul div sqrt fma exp log tanh (MPFR names), "sigmoid", "convert"
+    op: add sub mul div sqrt fma exp log tanh erf (MPFR names), "rsqrt", "sigmoid", "convert"
     (from ``src``) or "rint" (round to integral, no INEXACT).
     """
     src = src or fmt
@@ -137,6 +139,8 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
         if mode is Rounding.ODD and r != exact and int(r) % 2 == 0:
             r = EXACT.add(r, gmpy2.copy_sign(mpfr(1), exact))
         return encode(gmpy2.copy_sign(r, exact), fmt), flags
+    if op == "rsqrt" and gmpy2.is_zero(xs[0]):  # IEEE 754 rSqrt(+-0) = +-Inf (MPFR gives +Inf for both)
+        return encode(gmpy2.copy_sign(mpfr("inf"), xs[0]), fmt), flags | Flag.DIVBYZERO
     if op == "fma" and any(gmpy2.is_infinite(x) for x in xs[:2]) and any(gmpy2.is_zero(x) for x in xs[:2]):
         return fmt.default_nan, flags | Flag.INVALID
     exact = _apply(EXACT, op, xs)

@@ -1,4 +1,5 @@
-"""exp, log, tanh and sigmoid against MPFR (tests/oracle.py): correctly rounded in every mode, with flags.
+"""exp, log, tanh, sigmoid, erf, rsqrt and sqrt against MPFR (tests/oracle.py): correctly
+rounded in every mode, with flags.
 
 Every binary16 and bfloat16 input in all six modes (marker ``exhaustive``, run by
 ``.ci/run``); in the default run, the inputs where a binary64 evaluation returns
@@ -19,7 +20,7 @@ from sim import BFLOAT16, BINARY16, BINARY32, Format, Fpu, OverflowMode, Roundin
 
 from oracle import reference, saturated
 
-FUNCTIONS = ["exp", "log", "tanh", "sigmoid"]
+FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "erf", "rsqrt", "sqrt"]
 FORMATS = {"binary16": BINARY16, "bfloat16": BFLOAT16, "binary32": BINARY32}
 
 
@@ -49,7 +50,8 @@ def hard_inputs(fmt: Format) -> np.ndarray:
     """Inputs where binary64 returns exactly 0, +-1, 1/2 or x, or overflows: tiny, huge and
     saturating arguments, both signs, plus specials."""
     values = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 19.0, -19.0, 55.75, -55.75, 745.5, -745.5,
-              710.0, 11.0, 12.0, -17.0, -18.0, 2.0**-24, -(2.0**-24), 2.0**-14, 2.0**-30, -(2.0**-60)]
+              710.0, 11.0, 12.0, -17.0, -18.0, 2.0**-24, -(2.0**-24), 2.0**-14, 2.0**-30, -(2.0**-60),
+              4.0, 0.25, 2.0, 3.0, 5.9, -5.9, 6.0]  # rsqrt exact at powers of 4; erf 1 in binary64 from 5.92
     if fmt is not BINARY16:
         values += [3e38, -3e38, 2.0**-133, -(2.0**-126), 1e20, -1e20, 88.8, -104.0]
     bits = np.array(values, fmt.dtype).view(fmt.uint).astype(np.int64)
