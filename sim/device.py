@@ -57,7 +57,7 @@ from . import kernels as K
 from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, Format, format_of
 from .fpu import _ELEMENTARY, Fpu, _filled
-from .rounding import Flag, OverflowMode, Rounding
+from .rounding import Flag, OverflowMode, Rounding, config
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
 
@@ -79,6 +79,18 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 #: Multiply-adds below which a matmul stays on one thread (threads cost more than they save).
 THREADED_MATMUL = 1 << 18
+
+
+def _columns(x, axis: int | None, fmt: Format) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``x`` as bits (n, columns) with the reduced axis first, C-ordered (one compiled kernel
+    serves every layout; a copy only where needed), and the shape of the result."""
+    x = np.asarray(x)
+    if axis is None:
+        v = x.reshape(-1, 1)
+    else:
+        v = x if axis in (0, -x.ndim) else x.swapaxes(0, axis) if x.ndim == 2 else np.moveaxis(x, axis, 0)
+    rest = v.shape[1:]
+    return np.ascontiguousarray(v.reshape(v.shape[0], math.prod(rest))).view(fmt.uint), rest
 
 
 class LegacyModeWarning(UserWarning):
@@ -278,6 +290,50 @@ class Device:
     def sigmoid(self, a) -> np.ndarray:
         return self._elementary("sigmoid", a)
 
+    def sqrt(self, a) -> np.ndarray:
+        """Square root, correctly rounded; sqrt(-0) = -0, sqrt(<0) is INVALID."""
+        return self._elementary("sqrt", a)
+
+    def rsqrt(self, a) -> np.ndarray:
+        """1/sqrt(a), correctly rounded (one rounding); +-0 gives +-Inf with DIVBYZERO (IEEE 754 rSqrt)."""
+        return self._elementary("rsqrt", a)
+
+    def erf(self, a) -> np.ndarray:
+        """The error function, correctly rounded."""
+        return self._elementary("erf", a)
+
+    # -- comparisons: IEEE predicates, bool results --------------------------------
+    def eq(self, a, b) -> np.ndarray:
+        """a == b, quiet: INVALID only for a signaling NaN operand; NaN equals nothing."""
+        return self._compare(K.EQ, False, a, b)
+
+    def ne(self, a, b) -> np.ndarray:
+        """not (a == b), quiet."""
+        return ~self._compare(K.EQ, False, a, b)
+
+    def lt(self, a, b) -> np.ndarray:
+        """a < b, signaling: any NaN operand raises INVALID (IEEE 754 compareSignalingLess)."""
+        return self._compare(K.LT, True, a, b)
+
+    def le(self, a, b) -> np.ndarray:
+        """a <= b, signaling."""
+        return self._compare(K.LE, True, a, b)
+
+    def gt(self, a, b) -> np.ndarray:
+        """a > b, signaling."""
+        return self._compare(K.LT, True, b, a)
+
+    def ge(self, a, b) -> np.ndarray:
+        """a >= b, signaling."""
+        return self._compare(K.LE, True, b, a)
+
+    def _compare(self, op: int, signaling: bool, a, b) -> np.ndarray:
+        fpu = self._on(a)
+        flat, shape, scalar = fpu._operands("compare", (a, b), fpu.format)
+        out = np.empty(flat[0].size, bool)
+        self._record(K.compare(op, signaling, flat[0], flat[1], out, np.empty(out.size, np.uint8), fpu._own))
+        return out[0] if scalar else out.reshape(shape)
+
     def relu(self, a) -> np.ndarray:
         """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
         return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
@@ -300,7 +356,8 @@ class Device:
 
     # -- reductions and matmul ----------------------------------------------------
     def matmul(self, a, b, accumulate=None, out_dtype=np.float16) -> np.ndarray:
-        """``a @ b`` for binary16 matrices (M, K) and (K, N).
+        """``a @ b`` for binary16 matrices (M, K) and (K, N), or stacks of them (..., M, K) and
+        (..., K, N) whose leading dimensions broadcast (one device operation for the stack).
 
         Products are exact; they are added along k in ascending order, each
         addition rounded to ``accumulate`` (default: the profile's, binary32;
@@ -312,8 +369,8 @@ class Device:
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype != _F16 or b.dtype != _F16:
             raise TypeError(f"matmul takes binary16 operands, got {a.dtype} and {b.dtype}")
-        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-            raise ValueError(f"matmul needs shapes (M, K) and (K, N), got {a.shape} and {b.shape}")
+        if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"matmul needs shapes (..., M, K) and (..., K, N), got {a.shape} and {b.shape}")
         acc = self.profile.matmul_accumulate if accumulate is None else accumulate
         try:
             acc_fpu, out_fpu = self._fpus[np.dtype(acc)], self._fpus[np.dtype(out_dtype)]
@@ -321,33 +378,81 @@ class Device:
             acc_fpu = out_fpu = None
         if acc_fpu is None or acc_fpu.format is BFLOAT16 or out_fpu.format is BFLOAT16:
             raise ValueError(f"matmul accumulates and returns float16 or float32, not {acc!r} / {out_dtype!r}")
+        fmt = out_fpu.format
+        m, n = a.shape[-2], b.shape[-1]
+        if a.ndim == 2 and b.ndim == 2:
+            out, status = self._matmul(a, b, acc_fpu, out_fpu)
+            self._record(status)
+            return out.view(fmt.dtype).reshape(m, n)
+        try:
+            lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
+        stack_a = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        stack_b = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        out = np.empty((len(stack_a), m * n), fmt.uint)
+        status = 0
+        for i in range(len(stack_a)):
+            out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu)
+            status |= s
+        self._record(status)
+        return out.view(fmt.dtype).reshape(*lead, m, n)
+
+    def _matmul(self, a: np.ndarray, b: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu) -> tuple[np.ndarray, int]:
+        """One (M, K) @ (K, N) product: its output bits (flat) and flags, not yet recorded."""
         a16, b16 = np.ascontiguousarray(a).view(np.uint16), np.ascontiguousarray(b).view(np.uint16)
         m, n = a.shape[0], b.shape[1]
-        fmt = out_fpu.format
-        out = np.empty(m * n, fmt.uint)
+        out = np.empty(m * n, out_fpu.format.uint)
         flags = np.empty(m * n, np.uint8)
         settings = acc_fpu._own, out_fpu._own
         workers = min(self.threads, m) if a.size * n >= THREADED_MATMUL else 1
         if acc_fpu is self.fpu:
             total = np.empty(m * n, np.uint16)
             status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu._own)
-            status |= K.convert(total, out, flags, *settings)
+            return out, status | K.convert(total, out, flags, *settings)
+        if workers == 1:
+            status, special = K.matmul(a16, b16, out, flags, *settings)
         else:
-            if workers == 1:
-                status, special = K.matmul(a16, b16, out, flags, *settings)
-            else:
-                # Blocks of output rows on worker threads (the kernel releases the GIL): each
-                # output element's sum is the same whichever block computes it.
-                bounds = np.linspace(0, m, workers + 1).astype(int)
-                parts = list(_pool(workers).map(
-                    lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
-                    bounds[:-1], bounds[1:]))
-                status = functools.reduce(operator.or_, (p[0] for p in parts))
-                special = any(p[1] for p in parts)
-            if special:  # Inf or NaN operands: INVALID inside the sums
-                status |= K.matmul32_flags(a16, b16, self.fpu._own)
-        self._record(status)
-        return out.view(fmt.dtype).reshape(m, n)
+            # Blocks of output rows on worker threads (the kernel releases the GIL): each
+            # output element's sum is the same whichever block computes it.
+            bounds = np.linspace(0, m, workers + 1).astype(int)
+            parts = list(_pool(workers).map(
+                lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
+                bounds[:-1], bounds[1:]))
+            status = functools.reduce(operator.or_, (p[0] for p in parts))
+            special = any(p[1] for p in parts)
+        if special:  # Inf or NaN operands: INVALID inside the sums
+            status |= K.matmul32_flags(a16, b16, self.fpu._own)
+        return out, status
+
+    def conv2d(self, x, w, stride: int = 1, padding: int = 0, dilation: int = 1, accumulate=None,
+               out_dtype=np.float16) -> np.ndarray:
+        """2-D cross-correlation (torch's conv2d, groups=1) of binary16 ``x`` (N, C, H, W) with
+        ``w`` (O, C, KH, KW): (N, O, OH, OW).
+
+        Each output is one matmul row: the products x * w, exact, added in ascending order
+        of the reduction index (c, kh, kw) (c slowest), each addition rounded to
+        ``accumulate`` as :meth:`matmul` does, from +0; padded positions are +0 operands.
+        The sum is rounded once to ``out_dtype``. One device operation.
+        """
+        x, w = np.asarray(x), np.asarray(w)
+        if x.ndim != 4 or w.ndim != 4 or x.shape[1] != w.shape[1]:
+            raise ValueError(f"conv2d needs x (N, C, H, W) and w (O, C, KH, KW), got {x.shape} and {w.shape}")
+        for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"conv2d: {name} must be an integer of at least {low}, got {v!r}")
+        o, c, kh, kw = w.shape
+        span_h, span_w = dilation * (kh - 1) + 1, dilation * (kw - 1) + 1
+        xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+        if xp.shape[2] < span_h or xp.shape[3] < span_w:
+            raise ValueError(f"conv2d: the kernel {w.shape[2:]} (dilation {dilation}) is larger than the padded "
+                             f"input {xp.shape[2:]}")
+        windows = np.lib.stride_tricks.sliding_window_view(xp, (span_h, span_w), axis=(2, 3))
+        windows = windows[:, :, ::stride, ::stride, ::dilation, ::dilation]  # (N, C, OH, OW, KH, KW)
+        n, _, oh, ow = windows.shape[:4]
+        rows = windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+        out = self.matmul(rows, np.ascontiguousarray(w.reshape(o, c * kh * kw).T), accumulate, out_dtype)
+        return np.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
@@ -360,18 +465,47 @@ class Device:
         number and rounded once to ``out_dtype``; the mean of nothing is NaN (INVALID)."""
         return self._reduce(x, axis, accumulate, out_dtype, mean=True)
 
+    def amax(self, x, axis: int | None = None) -> np.ndarray:
+        """The IEEE 754-2019 maximum along ``axis`` (all if None): NaN if any element is NaN
+        (INVALID for a signaling one), +0 above -0; exact, with the overflow mode applied to
+        the result once (saturation: NaN -> 0, Inf -> MAX). Empty: ValueError."""
+        return self._extremum("maximum", x, axis)
+
+    def amin(self, x, axis: int | None = None) -> np.ndarray:
+        """The IEEE 754-2019 minimum along ``axis``, as :meth:`amax`; -0 below +0."""
+        return self._extremum("minimum", x, axis)
+
+    def _extremum(self, op: str, x, axis) -> np.ndarray:
+        fpu = self._on(x)
+        fmt = fpu.format
+        v, rest = _columns(x, axis, fmt)
+        if v.shape[0] == 0:
+            raise ValueError(f"{op} reduction of an empty axis has no result (no identity)")
+        # Pairs of rows in INF/NaN mode, so that a NaN is not saturated to 0 half-way; the
+        # device's mode applies to the result.
+        ieee, kernel = self._ieee(fmt), fpu._kernels[op]
+        status = 0
+        while v.shape[0] > 1:
+            half = v.shape[0] // 2
+            pair = np.empty((half, v.shape[1]), fmt.uint)
+            status |= kernel(v[:half].ravel(), v[half:2 * half].ravel(), pair.reshape(-1),
+                             np.empty(pair.size, np.uint8), ieee)
+            v = np.concatenate([pair, v[2 * half:]]) if v.shape[0] % 2 else pair
+        out = np.empty(v.shape[1], fmt.uint)
+        self._record(status | K.convert(v.reshape(-1), out, np.empty(out.size, np.uint8), fpu._own, fpu._own))
+        result = out.view(fmt.dtype)
+        return result[0] if axis is None else result.reshape(rest)
+
+    def _ieee(self, fmt: Format) -> np.ndarray:
+        """Kernel settings for ``fmt`` in the device's rounding, INF/NaN mode."""
+        fpu = self._fpus[fmt.dtype]
+        return config(fmt, fpu.rounding, OverflowMode.INF_NAN, fpu.tininess, fpu.default_nan, False)
+
     def _reduce(self, x, axis, accumulate, out_dtype, mean: bool) -> np.ndarray:
         src = self._on(x)
         acc = src if accumulate is None else self._unit(accumulate, "accumulate")
         dst = src if out_dtype is None else self._unit(out_dtype, "out_dtype")
-        x = np.asarray(x)
-        if axis is None:
-            v = x.reshape(-1, 1)
-        else:
-            v = x if axis in (0, -x.ndim) else x.swapaxes(0, axis) if x.ndim == 2 else np.moveaxis(x, axis, 0)
-        rest = v.shape[1:]
-        # C order, a copy only where needed (one compiled kernel serves every layout).
-        v = np.ascontiguousarray(v.reshape(v.shape[0], math.prod(rest))).view(src.format.uint)
+        v, rest = _columns(x, axis, src.format)
         out = np.empty(v.shape[1], dst.format.uint)
         status = K.tree_sum(v, out, src._own, acc._own, dst._own, mean)
         self._record(status)
