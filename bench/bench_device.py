@@ -49,14 +49,18 @@ def main() -> None:
     for dev in devices.values():
         dev.matmul(a[:2], b[:, :2])  # compile (or load) the kernels
     repeat = max(args.repeat, 20)
-    # Ours first: OpenBLAS worker threads keep spinning for a while after a call.
-    timings = {name: best(functools.partial(dev.matmul, a, b), repeat) for name, dev in devices.items()}
+    # Ours in turn with BLAS on one thread (a slow spell of the machine falls on all alike),
+    # then BLAS on its default threads (its idle workers spin for a while after each call).
+    calls = [functools.partial(dev.matmul, a, b) for dev in devices.values()]
     blas = {}
-    for label, n in (("default threads", None), ("1 thread", 1)):
-        limit = blas_threads(n)
-        if limit is not None:
-            with limit:
-                blas[label] = best(lambda: a32 @ b32, repeat)
+    limit = blas_threads(1)
+    if limit is not None:
+        with limit:
+            *ours, blas["1 thread"] = best_of_each([*calls, lambda: a32 @ b32], repeat)
+    else:
+        ours = best_of_each(calls, repeat)
+    timings = dict(zip(devices, ours, strict=True))
+    blas["default threads"] = best(lambda: a32 @ b32, repeat)
     label, base = min(blas.items(), key=lambda kv: kv[1])
     for name, t in timings.items():
         rows.append((f"matmul {s}^3 f32 acc, device {name} (ms)", t * 1e3, t / base,
