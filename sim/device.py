@@ -55,7 +55,7 @@ import numpy as np
 
 from . import kernels as K
 from . import profiles
-from .formats import BFLOAT16, BINARY16, BINARY32, Format, format_of
+from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import _ELEMENTARY, Fpu, _filled
 from .rounding import Flag, OverflowMode, Rounding, config
 
@@ -339,8 +339,15 @@ class Device:
         return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
 
     def cast(self, x, dtype, rounding: Rounding | str | None = None) -> np.ndarray:
-        """Convert between float32, binary16 and bfloat16 (or widen to float64), rounding in
+        """Convert between float32, binary16 and bfloat16 (or widen to float64; float64 sources,
+        such as the scalars of a program, round into the device's formats), rounding in
         ``rounding`` (default: the device's) and in the overflow mode of the destination format."""
+        if getattr(x, "dtype", None) == np.float64 and format_of(dtype) is not BINARY64:
+            fpu = self._unit(dtype, "cast's dtype")
+            cfg = fpu._config(fpu.format, None if rounding is None else Rounding.parse(rounding))
+            result, shape, scalar = fpu._apply("convert", (x,), False, src=BINARY64, dst=fpu.format, cfg=cfg)
+            self._record(result.status)
+            return Fpu._finish(result, shape, scalar, False)
         src_fpu = self._on(x)
         src = src_fpu.format
         dst = format_of(dtype)

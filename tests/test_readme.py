@@ -1,7 +1,9 @@
-"""The README's Python examples run as written (one namespace, in order)."""
+"""The README's Python examples run as written (one namespace, in order), and print or hold
+what their comments say."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -10,16 +12,23 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def test_readme_python_examples_run(capsys) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 2
-    namespace: dict = {}
+    assert len(blocks) >= 4
+    ns: dict = {}
     for block in blocks:
-        exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
-    ns = namespace
-    # What the comments of the first example say.
-    assert ns["y"].tolist() == [65504.0] and ns["dev"].get_float_status().tolist() == [1, 0, 0, 1, 0, 0, 0, 0]
-    assert ns["z"].tolist() == [65504.0, 1.0, 4.0]
-    assert ns["flags"].tolist() == [int(ns["Flag"].OVERFLOW | ns["Flag"].INEXACT), 0, 0]
-    assert ns["fpu"].status == ns["Flag"].OVERFLOW | ns["Flag"].INEXACT
-    assert ns["run"].summary["steps_run"] == 200
-    skipped, undetected, final = capsys.readouterr().out.split(" ", 2)
-    assert int(undetected) == 0 and "accuracy" in final
+        if "import torch" in block and importlib.util.find_spec("torch") is None:
+            continue  # the optional extra; CI installs it
+        capsys.readouterr()
+        exec(compile(block, str(README), "exec"), ns)  # noqa: S102
+        out = capsys.readouterr().out
+        if "fpu.status" in block:  # the emulator's first example
+            assert ns["y"].tolist() == [65504.0] and ns["dev"].get_float_status().tolist() == [1, 0, 0, 1, 0, 0, 0, 0]
+            assert ns["z"].tolist() == [65504.0, 1.0, 4.0]
+            assert ns["flags"].tolist() == [int(ns["Flag"].OVERFLOW | ns["Flag"].INEXACT), 0, 0]
+            assert ns["fpu"].status == ns["Flag"].OVERFLOW | ns["Flag"].INEXACT
+        if "simulate(" in block:
+            assert ns["run"].summary["steps_run"] == 200
+            skipped, undetected, final = out.split(" ", 2)
+            assert int(undetected) == 0 and "accuracy" in final
+        if "DeviceMode" in block:
+            assert out.strip() == "[1 0 0 5 0 0 0 0]"
+            assert all(p.grad.isfinite().all() for p in ns["model"].parameters())

@@ -1,0 +1,271 @@
+"""Unmodified PyTorch code on a simulated Atlas device (optional extra ``torch``).
+
+Inside ``with DeviceMode(dev):`` every aten operation on float16 or bfloat16
+tensors (and float32 ones with ``float32=True``) is taken by one of three
+routes, counted in ``mode.routes``:
+
+- ``device``: the operation has a device equivalent and runs on ``dev``, in its
+  rounding, overflow mode and register (see ``ROUTES`` for the list). Operands
+  of other dtypes are first cast on the device to the dtype torch's promotion
+  gives the result; Python scalars are rounded into it there too (one cast,
+  its events recorded), then the device operation rounds once more.
+  ``addmm`` is a matmul rounded to the output dtype, then the bias added;
+  sums and means accumulate in binary32 and round once to the tensor's dtype.
+- ``exact``: pure data movement and selection (views, reshape, cat, index,
+  gather, where, pooling indices, ...), which torch computes exactly itself.
+- ``float32``: anything else is computed by torch in binary32 from the exact
+  binary32 values of its operands, and each floating result is rounded once
+  on the device into the dtype torch would return, so that its overflow still
+  reaches the register. ``strict=True`` raises NotImplementedError naming
+  the operation instead.
+
+Autograd works as usual when backward runs inside the mode (on CPU it runs in
+the calling thread, so the backward operations are routed too).
+
+The mode is a ``torch.utils._python_dispatch.TorchDispatchMode``: it sees the
+operations below autograd, after torch's Python-level decompositions.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from .device import Device
+
+__all__ = ["DeviceMode", "ROUTES", "EXACT"]
+
+aten = torch.ops.aten
+_NUMPY = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+          torch.float32: np.dtype(np.float32)}
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array of the same dtype (shared memory where possible)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _tensor(a) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+class _Op:
+    """One routed call: the mode, its device and the arguments' conversion."""
+
+    def __init__(self, mode: DeviceMode) -> None:
+        self.mode, self.dev = mode, mode.device
+
+    def operand(self, x, dtype: torch.dtype) -> np.ndarray:
+        """x as a numpy array of ``dtype``, cast on the device where its dtype differs."""
+        if isinstance(x, torch.Tensor):
+            a = _numpy(x)
+            if x.dtype == dtype:
+                return a
+            if x.dtype not in _NUMPY:  # integer or bool tensors: exact in float64 up to 2**53
+                a = a.astype(np.float64)
+        else:
+            a = np.asarray(float(x), np.float64)
+        return self.dev.cast(a, _NUMPY[dtype])
+
+
+def _result_dtype(*xs) -> torch.dtype:
+    return torch.result_type(*xs[:2]) if len(xs) > 1 else xs[0].dtype
+
+
+def _binary(name: str) -> Callable:
+    def run(op: _Op, a, b, alpha=1):
+        dtype = _result_dtype(a, b)
+        x, y = op.operand(a, dtype), op.operand(b, dtype)
+        if alpha != 1:
+            y = op.dev.mul(y, op.operand(alpha, dtype))
+        return _tensor(getattr(op.dev, name)(x, y))
+    return run
+
+
+def _unary(name: str) -> Callable:
+    return lambda op, a: _tensor(getattr(op.dev, name)(_numpy(a)))
+
+
+def _compare(name: str) -> Callable:
+    def run(op: _Op, a, b):
+        dtype = _result_dtype(a, b)
+        return _tensor(getattr(op.dev, name)(op.operand(a, dtype), op.operand(b, dtype)))
+    return run
+
+
+def _dims(x: torch.Tensor, dim) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.dim()))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(sorted(d % max(x.dim(), 1) for d in dims))
+
+
+def _reduce(kind: str) -> Callable:
+    """sum, mean (binary32 accumulation, one rounding to the tensor's dtype), amax, amin over
+    any set of dimensions: those are moved to the front and flattened into one."""
+    def run(op: _Op, x, dim=None, keepdim=False, dtype=None):
+        if dtype is not None and dtype != x.dtype:
+            raise _Unmapped
+        a = _numpy(x)
+        dims = _dims(x, dim)
+        rest = [d for d in range(a.ndim) if d not in dims]
+        flat = np.transpose(a, dims + tuple(rest)).reshape(-1, *[a.shape[d] for d in rest])
+        if kind in ("sum", "mean"):
+            r = getattr(op.dev, kind)(flat, axis=0, accumulate=np.float32, out_dtype=a.dtype)
+        else:
+            r = getattr(op.dev, kind)(flat, axis=0)
+        r = np.asarray(r)
+        if keepdim:
+            r = r.reshape([1 if d in dims else a.shape[d] for d in range(a.ndim)])
+        return _tensor(r)
+    return run
+
+
+def _mm(op: _Op, a, b):
+    if a.dtype != torch.float16 or b.dtype != torch.float16:
+        raise _Unmapped  # the device's matmul takes binary16 operands
+    return _tensor(op.dev.matmul(_numpy(a), _numpy(b)))
+
+
+def _addmm(op: _Op, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1 or bias.dtype != torch.float16:
+        raise _Unmapped
+    return _tensor(op.dev.add(op.dev.matmul(_numpy(a), _numpy(b)), _numpy(bias)))
+
+
+def _to_copy(op: _Op, x, dtype=None, **kw):
+    if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.dtype not in _NUMPY:
+        raise _Exact
+    return _tensor(op.dev.cast(_numpy(x), _NUMPY[dtype]))
+
+
+def _copy_(op: _Op, dst, src, non_blocking=False):
+    """copy_ between float dtypes is a cast (rounded on the device); within one, exact."""
+    if not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY:
+        raise _Exact
+    return dst.copy_(_tensor(op.dev.cast(_numpy(src), _NUMPY[dst.dtype])))
+
+
+def _convolution(op: _Op, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    same = lambda v: len(set(v)) == 1  # noqa: E731
+    if (transposed or groups != 1 or x.dim() != 4 or x.dtype != torch.float16 or w.dtype != torch.float16
+            or not (same(stride) and same(padding) and same(dilation))):
+        raise _Unmapped
+    y = op.dev.conv2d(_numpy(x), _numpy(w), stride[0], padding[0], dilation[0])
+    if bias is not None:
+        y = op.dev.add(y, _numpy(bias).reshape(1, -1, 1, 1).astype(np.float16, copy=False))
+    return _tensor(y)
+
+
+class _Unmapped(Exception):
+    """This call's arguments have no device equivalent: take the float32 route."""
+
+
+class _Exact(Exception):
+    """This call is exact as torch computes it: take the exact route."""
+
+
+#: Operations with a device equivalent, by aten overload packet.
+ROUTES: dict[Any, Callable] = {
+    aten.add: _binary("add"), aten.sub: _binary("sub"), aten.mul: _binary("mul"), aten.div: _binary("div"),
+    aten.maximum: _binary("maximum"), aten.minimum: _binary("minimum"),
+    aten.neg: _unary("neg"), aten.abs: _unary("abs"), aten.exp: _unary("exp"), aten.log: _unary("log"),
+    aten.tanh: _unary("tanh"), aten.sigmoid: _unary("sigmoid"), aten.sqrt: _unary("sqrt"),
+    aten.rsqrt: _unary("rsqrt"), aten.erf: _unary("erf"), aten.relu: _unary("relu"),
+    aten.eq: _compare("eq"), aten.ne: _compare("ne"), aten.lt: _compare("lt"), aten.le: _compare("le"),
+    aten.gt: _compare("gt"), aten.ge: _compare("ge"),
+    aten.sum: _reduce("sum"), aten.mean: _reduce("mean"), aten.amax: _reduce("amax"), aten.amin: _reduce("amin"),
+    aten.mm: _mm, aten.bmm: _mm, aten.addmm: _addmm, aten._to_copy: _to_copy, aten.copy_: _copy_,
+    aten.convolution: _convolution,
+}
+
+#: Operations that move or select values without arithmetic: exact as torch computes them.
+EXACT = frozenset({
+    aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
+    aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
+    aten.where, aten.clone, aten.detach, aten.alias, aten.split, aten.split_with_sizes, aten.unbind,
+    aten.zeros_like, aten.ones_like, aten.empty_like, aten.zero_, aten.threshold_backward, aten.embedding,
+    aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh, aten.new_zeros,
+    aten.new_empty, aten.empty_strided, aten._reshape_alias, aten.flip, aten.roll, aten.repeat,
+})
+
+
+class DeviceMode(TorchDispatchMode):
+    """Route every aten operation on float16 / bfloat16 tensors (float32 too with
+    ``float32=True``) to ``device``; see the module's docstring for the routes."""
+
+    def __init__(self, device: Device, *, strict: bool = False, float32: bool = False) -> None:
+        super().__init__()
+        if not isinstance(device, Device):
+            raise TypeError(f"DeviceMode takes a sim.Device, got {type(device).__name__}")
+        self.device, self.strict = device, strict
+        self.dtypes = frozenset({torch.float16, torch.bfloat16} | ({torch.float32} if float32 else set()))
+        self.routes: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+        tensors += [t for x in args if isinstance(x, (list, tuple)) for t in x if isinstance(t, torch.Tensor)]
+        # Ours: an operand of our dtypes, or a result asked for in one (a cast from float32).
+        if not (any(t.dtype in self.dtypes and t.device.type == "cpu" for t in tensors)
+                or kwargs.get("dtype") in self.dtypes):
+            return func(*args, **kwargs)
+        packet, name = func.overloadpacket, str(func)
+        handler = ROUTES.get(packet)
+        inplace = name.split(".")[1].endswith("_") if "." in name else False
+        if packet in EXACT:
+            return self._count(name, "exact", func(*args, **kwargs))
+        if handler is not None and "out" not in kwargs:
+            try:
+                result = handler(_Op(self), *args, **kwargs)
+            except _Exact:
+                return self._count(name, "exact", func(*args, **kwargs))
+            except (_Unmapped, TypeError):
+                pass
+            else:
+                done = result if packet is aten.copy_ or not inplace else args[0].copy_(result)
+                return self._count(name, "device", done)
+        if self.strict:
+            raise NotImplementedError(f"{name} has no device equivalent (DeviceMode(strict=True)); "
+                                      f"without strict it runs in float32 and is rounded once on the device")
+        return self._count(name, "float32", self._float32(func, args, kwargs))
+
+    def _count(self, name: str, route: str, result):
+        self.routes[name, route] += 1
+        return result
+
+    def _float32(self, func, args, kwargs):
+        """func computed by torch in binary32, each floating result rounded once on the device
+        into the dtype torch gives it."""
+        meta = func(*tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, args),
+                    **tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, kwargs))
+        wide = lambda x: x.float() if isinstance(x, torch.Tensor) and x.dtype in self.dtypes else x  # noqa: E731
+        out = func(*tree_map(wide, args), **tree_map(wide, kwargs))
+        dev = self.device
+
+        def narrow(result, like):
+            if not isinstance(result, torch.Tensor) or like.dtype not in self.dtypes or result.dtype == like.dtype:
+                return result
+            return _tensor(dev.cast(_numpy(result), _NUMPY[like.dtype]))
+
+        if isinstance(out, torch.Tensor):
+            result = narrow(out, meta)
+        else:
+            result = type(out)(narrow(r, m) for r, m in zip(out, meta, strict=True))
+        name = str(func)
+        if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
+            return args[0].copy_(result)
+        return result

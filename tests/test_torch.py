@@ -1,0 +1,148 @@
+"""sim.torch.DeviceMode: torch's aten operations on float16 routed to the simulated device.
+
+Each mapped operation against the device operation it stands for, on binary16 edge data
+(ties, 65504, subnormals, -0, NaN), with Python scalars, 0-d, non-contiguous, in-place
+and mixed-dtype operands; the float32 route; strict mode; a model's routes; and the
+register catching in saturation mode what the gradients do not show."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim import Device  # noqa: E402
+from sim.torch import DeviceMode  # noqa: E402
+
+H, F32 = np.float16, np.float32
+EDGE = np.array([0.0, -0.0, 1.0, -1.5, 2.0**-24, -(2.0**-14), 65504.0, -65504.0, 65519.0, 0.1, 3.0, 1000.0,
+                 np.inf, -np.inf, np.nan, 0.5 + 2.0**-11, 1.0 + 2.0**-10, 7.0], H)
+
+
+def bits(x) -> list[int]:
+    a = x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    return a.view(np.uint16 if a.dtype == H else np.uint32).ravel().tolist()
+
+
+def pair() -> tuple[np.ndarray, np.ndarray]:
+    a = np.resize(EDGE, (6, 6)).astype(H)
+    return a, np.roll(a, 5).T.copy()
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum"])
+def test_binary_ops_are_the_device_ops(op: str, profile: str) -> None:
+    a, b = pair()
+    dev, ref = Device(profile), Device(profile)
+    with DeviceMode(dev) as mode:
+        got = getattr(torch, op)(torch.from_numpy(a), torch.from_numpy(b))
+    assert bits(got) == bits(getattr(ref, op)(a, b))
+    assert dev.get_float_status().tolist() == ref.get_float_status().tolist()
+    assert [k for k, route in mode.routes if route != "exact"] == [f"aten.{op}.default" if op in (
+        "maximum", "minimum") else f"aten.{op}.Tensor"]
+    assert all(route == "device" for k, route in mode.routes if k.startswith(f"aten.{op}"))
+
+
+def test_scalars_zero_d_noncontiguous_inplace_and_mixed_dtypes() -> None:
+    a, b = pair()
+    dev, ref = Device("atlas-training"), Device("atlas-training")
+    ta, tb = torch.from_numpy(a.copy()), torch.from_numpy(b)
+    with DeviceMode(dev):
+        scalar = ta * 300.0  # the scalar is rounded to binary16 on the device, then multiplied
+        zero_d = ta + torch.tensor(0.1, dtype=torch.float16)
+        strided = ta.T - tb  # a non-contiguous operand
+        mixed = ta + torch.from_numpy(b.astype(F32))  # promotes to float32: exact widening, binary32 add
+        inplace = ta.clone()
+        inplace.add_(tb)
+    assert bits(scalar) == bits(ref.mul(a, ref.cast(np.float64(300.0), H)))
+    assert bits(zero_d) == bits(ref.add(a, np.array(0.1, H)))
+    assert bits(strided) == bits(ref.sub(np.ascontiguousarray(a.T), b))
+    # float16 + float32 promotes: the float16 operand is cast on the device (saturation mode maps its
+    # Inf and NaN as every result there), then a binary32 add.
+    assert mixed.dtype == torch.float32 and bits(mixed) == bits(ref.add(ref.cast(a, F32), b.astype(F32)))
+    assert bits(inplace) == bits(ref.add(a, b))
+    assert ta.numpy().tobytes() == a.tobytes()  # clone kept the original
+
+
+@pytest.mark.parametrize("op", ["exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "erf", "relu", "neg", "abs"])
+def test_unary_ops_are_the_device_ops(op: str) -> None:
+    a = np.resize(EDGE, 40).astype(H)
+    dev, ref = Device("atlas-training"), Device("atlas-training")
+    with DeviceMode(dev):
+        got = getattr(torch, op)(torch.from_numpy(a))
+    assert bits(got) == bits(getattr(ref, op)(a))
+    assert dev.get_float_status().tolist() == ref.get_float_status().tolist()
+
+
+def test_reductions_matmuls_and_conv_are_the_device_ops() -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, 6, 5)) * 2.0 ** rng.integers(-10, 10, (4, 6, 5))).astype(H)
+    m, w = rng.standard_normal((5, 7)).astype(H), rng.standard_normal((7, 3)).astype(H)
+    bias = rng.standard_normal(3).astype(H)
+    img, ker = rng.standard_normal((2, 3, 6, 6)).astype(H), rng.standard_normal((4, 3, 3, 3)).astype(H)
+    dev, ref = Device("atlas-a2"), Device("atlas-a2")
+    t = torch.from_numpy
+    with DeviceMode(dev) as mode:
+        s = t(x).sum(dim=(0, 2))
+        mean = t(x).mean(dim=1, keepdim=True)
+        top = t(x).amax(dim=-1)
+        mm = t(m) @ t(w)
+        lin = torch.nn.functional.linear(t(m), t(np.ascontiguousarray(w.T)), t(bias))
+        conv = torch.nn.functional.conv2d(t(img), t(ker), padding=1)
+    flat = np.transpose(x, (0, 2, 1)).reshape(-1, 6)
+    assert bits(s) == bits(ref.sum(flat, axis=0, accumulate=F32, out_dtype=H))
+    assert bits(mean) == bits(ref.mean(x, axis=1, accumulate=F32, out_dtype=H))
+    assert bits(top) == bits(ref.amax(np.moveaxis(x, 2, 0).reshape(5, -1), axis=0))
+    assert bits(mm) == bits(ref.matmul(m, w))
+    assert bits(lin) == bits(ref.add(ref.matmul(m, w), bias))
+    assert bits(conv) == bits(ref.conv2d(img, ker, padding=1))
+    assert {route for _, route in mode.routes} <= {"device", "exact"}
+
+
+def test_other_ops_run_in_float32_and_round_once_on_the_device() -> None:
+    x = np.array([[300.0, 1.0, -2.0], [0.5, 7.0, 65504.0]], H)
+    dev, ref = Device("atlas-training"), Device("atlas-training")
+    with DeviceMode(dev) as mode:
+        sq = torch.pow(torch.from_numpy(x), 2)  # 90000 saturates: the register sees it
+        soft = torch.softmax(torch.from_numpy(x), dim=1)
+    want = ref.cast(np.power(x.astype(F32), 2), H)
+    assert bits(sq) == bits(want) and float(sq[0, 0]) == 65504.0
+    assert dev.get_float_status()[0] == 1
+    assert bits(soft) == bits(Device().cast(torch.softmax(torch.from_numpy(x).float(), 1).numpy(), H))
+    assert mode.routes["aten.pow.Tensor_Scalar", "float32"] == 1
+    with pytest.raises(NotImplementedError, match="aten.pow.Tensor_Scalar has no device equivalent"):
+        with DeviceMode(Device(), strict=True):
+            torch.pow(torch.from_numpy(x), 2)
+
+
+def mlp(seed: int = 0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).half()
+
+
+def step(model, dev: Device, scale: float):
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((16, 64)).astype(H))
+    y = torch.arange(16) % 10
+    model.zero_grad()
+    with DeviceMode(dev) as mode:
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y) * scale
+        loss.backward()
+    return [p.grad.numpy().copy() for p in model.parameters()], mode
+
+
+def test_an_mlp_routes_every_float16_op_and_the_register_catches_overflow() -> None:
+    grads, mode = step(mlp(), Device("atlas-a2"), 1024.0)
+    assert dict(mode.routes) == {  # kept here: a torch upgrade that changes routing fails loudly
+        ("aten.t.default", "exact"): 9, ("aten.addmm.default", "device"): 2, ("aten.relu.default", "device"): 1,
+        ("aten.detach.default", "exact"): 6, ("aten._to_copy.default", "device"): 2,
+        ("aten.mm.default", "device"): 3, ("aten.sum.dim_IntList", "device"): 2, ("aten.view.default", "exact"): 2,
+        ("aten.threshold_backward.default", "exact"): 1}
+    assert all(np.isfinite(g).all() for g in grads)
+    # A scale of 2**32 overflows binary16 gradients: Inf in INF/NaN mode; in saturation mode
+    # the gradients stay finite (65504) and only the register knows.
+    inf_nan, _ = step(mlp(), Device("atlas-a2"), 2.0**32)
+    assert not all(np.isfinite(g).all() for g in inf_nan)
+    sat = Device("atlas-training")
+    saturated, _ = step(mlp(), sat, 2.0**32)
+    assert all(np.isfinite(g).all() for g in saturated) and sat.get_float_status()[0] == 1
