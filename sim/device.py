@@ -135,6 +135,9 @@ class Device:
                       BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, **kw)}
         self._register = np.zeros(8, np.int32)
         self._status = 0
+        #: What the running operations belong to, set by whoever drives the device (sim.torch sets
+        #: the module path), for the record of which operation raised an event.
+        self.label: str | None = None
         self.group = None  # set by sim.Group: the collective this device is a rank of
         self.rank: int | None = None
         self._lock = threading.RLock()

@@ -22,6 +22,14 @@ routes, counted in ``mode.routes``:
 Autograd works as usual when backward runs inside the mode (on CPU it runs in
 the calling thread, so the backward operations are routed too).
 
+Each routed operation is labelled with the module that issued it: its path
+in the outermost module called inside the mode (``encoder.layers.1.attn``;
+"" outside any module), found by forward hooks in the forward pass and, in
+the backward pass, from the autograd node being run (each node created in a
+module's forward is tagged with its path). The label is set on the device
+(``device.label``) while the operation runs, and ``mode.events`` counts, per
+label, the device operations whose events reached the register.
+
 The mode is a ``torch.utils._python_dispatch.TorchDispatchMode``: it sees the
 operations below autograd, after torch's Python-level decompositions.
 """
@@ -43,6 +51,7 @@ from .device import Device
 __all__ = ["DeviceMode", "ROUTES", "EXACT"]
 
 aten = torch.ops.aten
+_LABEL = "sim.module"  # the autograd node metadata key of the module path
 _NUMPY = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
           torch.float32: np.dtype(np.float32)}
 
@@ -214,6 +223,45 @@ class DeviceMode(TorchDispatchMode):
         self.device, self.strict = device, strict
         self.dtypes = frozenset({torch.float16, torch.bfloat16} | ({torch.float32} if float32 else set()))
         self.routes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.events: collections.Counter[str] = collections.Counter()
+        self._modules: list[str] = []  # the forward pass's module paths, innermost last
+        self._names: dict[int, str] = {}
+        self._hooks: list[Any] = []
+
+    def __enter__(self):
+        hooks = torch.nn.modules.module
+        self._hooks = [hooks.register_module_forward_pre_hook(self._enter_module),
+                       hooks.register_module_forward_hook(self._leave_module)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    def _enter_module(self, module, args) -> None:
+        if not self._modules:  # the outermost module: it names the others
+            self._names = {id(m): name for name, m in module.named_modules()}
+        self._modules.append(self._names.get(id(module), type(module).__name__))
+
+    def _leave_module(self, module, args, output) -> None:
+        path = self._modules.pop()
+        # Tag the autograd nodes this module's forward created (inner modules tagged theirs first).
+        todo = [t.grad_fn for t in torch.utils._pytree.tree_leaves(output)
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or _LABEL in node.metadata:
+                continue
+            node.metadata[_LABEL] = path
+            todo.extend(next_node for next_node, _ in node.next_functions)
+
+    def _label(self) -> str:
+        node = torch._C._current_autograd_node()
+        if node is not None:  # backward: the module whose forward made this node
+            return node.metadata.get(_LABEL, "")
+        return self._modules[-1] if self._modules else ""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -224,24 +272,34 @@ class DeviceMode(TorchDispatchMode):
                 or kwargs.get("dtype") in self.dtypes):
             return func(*args, **kwargs)
         packet, name = func.overloadpacket, str(func)
-        handler = ROUTES.get(packet)
-        inplace = name.split(".")[1].endswith("_") if "." in name else False
         if packet in EXACT:
             return self._count(name, "exact", func(*args, **kwargs))
+        dev, label = self.device, self._label()
+        before, dev.label = int(dev.get_float_status()[3]), label
+        try:
+            route, result = self._route(func, packet, name, args, kwargs)
+        finally:
+            if int(dev.get_float_status()[3]) != before:
+                self.events[label] += 1
+            dev.label = None
+        return self._count(name, route, result)
+
+    def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:
+        handler = ROUTES.get(packet)
         if handler is not None and "out" not in kwargs:
             try:
                 result = handler(_Op(self), *args, **kwargs)
             except _Exact:
-                return self._count(name, "exact", func(*args, **kwargs))
+                return "exact", func(*args, **kwargs)
             except (_Unmapped, TypeError):
                 pass
             else:
-                done = result if packet is aten.copy_ or not inplace else args[0].copy_(result)
-                return self._count(name, "device", done)
+                inplace = "." in name and name.split(".")[1].endswith("_")
+                return "device", result if packet is aten.copy_ or not inplace else args[0].copy_(result)
         if self.strict:
             raise NotImplementedError(f"{name} has no device equivalent (DeviceMode(strict=True)); "
                                       f"without strict it runs in float32 and is rounded once on the device")
-        return self._count(name, "float32", self._float32(func, args, kwargs))
+        return "float32", self._float32(func, args, kwargs)
 
     def _count(self, name: str, route: str, result):
         self.routes[name, route] += 1

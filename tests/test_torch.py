@@ -146,3 +146,33 @@ def test_an_mlp_routes_every_float16_op_and_the_register_catches_overflow() -> N
     sat = Device("atlas-training")
     saturated, _ = step(mlp(), sat, 2.0**32)
     assert all(np.isfinite(g).all() for g in saturated) and sat.get_float_status()[0] == 1
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def test_device_ops_are_labelled_with_the_module_that_issued_them() -> None:
+    torch.manual_seed(0)
+    model, dev = Net().half(), Device("atlas-training")
+    mode = DeviceMode(dev)
+    labels, route = [], mode._route
+    mode._route = lambda func, *rest: (labels.append((str(func), dev.label)), route(func, *rest))[1]
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((8, 64)).astype(H))
+    with mode:
+        out = model(x).float()
+        forward = list(labels)
+        (torch.nn.functional.cross_entropy(out, torch.arange(8)) * 2.0**32).backward()
+    assert forward == [("aten.addmm.default", "encoder.0"), ("aten.relu.default", "encoder.1"),
+                       ("aten.addmm.default", "head"), ("aten._to_copy.default", "")]  # .float() is outside
+    backward = {label for _, label in labels[len(forward):]}
+    assert backward == {"", "head", "encoder.0"}  # relu's backward is an exact select: not routed
+    # The overflowing scale: the cast of the loss gradient (outside any module) and the
+    # gradients of both linear layers overflow; only the register and mode.events say so.
+    assert set(mode.events) == {"", "head", "encoder.0"} and dev.label is None
