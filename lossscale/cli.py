@@ -166,6 +166,9 @@ def _describe(run: Run) -> str:
     notes = [f"note: {w}" for w in s["profile"]["warnings"]]
     if s["stopped_early"]:
         notes.append(f"stopped early at {s['stopped_early']}")
+    if s.get("event_modules"):
+        named = ", ".join(f"{m or '(outside modules)'} {n}" for m, n in s["event_modules"].items())
+        notes.append(f"device operations with register events, by module: {named}")
     return "\n".join([head, *notes])
 
 

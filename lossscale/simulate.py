@@ -13,6 +13,7 @@ Same arguments and seed give the same bits.
 
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
 from collections.abc import Callable
@@ -175,6 +176,7 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(steps)
     records: list[dict[str, Any]] = []
+    event_modules: collections.Counter[str] = collections.Counter()
     stopped = None
     for t in range(steps):
         scale = opts[0].get_loss_scale()
@@ -185,6 +187,8 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
         for dev, p, (part, share) in zip(devices, params, shards, strict=True):
             with dev:
                 loss, g = wl.forward_backward(dev, p, scale, part, share)
+            for module, count in (getattr(wl, "events", None) or {}).items():
+                event_modules[module] += count
             losses.append(loss)
             grads.append(g)
         local0 = grads[0]
@@ -238,5 +242,8 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
         "mean_underflow_fraction": float(np.mean(fractions)) if fractions else float("nan"),
         "underflow_every": underflow_every,
         "matmul_accumulation": np.dtype(prof.matmul_accumulate).name,
+        # Workloads that label their device operations (the torch ones): per module ("" for
+        # none), how many operations raised a register event, over all steps and ranks.
+        "event_modules": dict(event_modules.most_common()),
     }
     return Run(records, summary, args)

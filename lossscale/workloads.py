@@ -18,6 +18,7 @@ gradients unscaled (the reference for underflow) and a binary32 training step
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -53,6 +54,9 @@ class Workload(Protocol):
     - ``grads32(params, part, share)``: the loss and the unscaled gradients in plain
       binary32 (the reference for underflow; with the whole batch, the baseline's step).
     - ``evaluate(params)``: ``{"loss": ..., "accuracy": ...}`` of binary32 parameters.
+    - optionally ``events``: after ``forward_backward``, a dict from a label (a module path)
+      to how many of its device operations raised register events; the run's summary adds
+      them up as ``event_modules``.
     """
 
     name: str
@@ -243,7 +247,9 @@ class Trace:
         return {"loss": self._loss(params), "accuracy": float("nan")}
 
 
-WORKLOADS = {"mlp": Mlp, "trace": Trace}
+WORKLOADS: dict[str, Any] = {"mlp": Mlp, "trace": Trace}
+if importlib.util.find_spec("torch") is not None:  # the optional extra: named here, imported when made
+    WORKLOADS.update({"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn"})
 
 
 def make_workload(name: str, seed: int = 0, **kwargs: Any):
@@ -251,6 +257,9 @@ def make_workload(name: str, seed: int = 0, **kwargs: Any):
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     cls = WORKLOADS[name]
+    if isinstance(cls, str):
+        from . import torch_workloads
+        cls = getattr(torch_workloads, cls)
     fixed = ("name", "has_accuracy", "seed")
     valid = [f.name for f in fields(cls) if not f.name.startswith("_") and f.name not in fixed]
     for key in kwargs:

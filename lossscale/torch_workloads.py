@@ -1,0 +1,185 @@
+"""PyTorch models as simulator workloads (optional extra ``torch``).
+
+:class:`TorchWorkload` wraps a user's ``torch.nn.Module``, a loss function and
+data into the :class:`lossscale.workloads.Workload` protocol. Master weights
+are binary32 numpy arrays (the simulator's); each step they are cast on the
+device to the compute dtype (binary16 or bfloat16), the model runs forward and
+backward under :class:`sim.torch.DeviceMode` with the loss multiplied by the
+loss scale (times the rank's share of the global batch), and the parameters'
+low-precision gradients are the step's gradients; the optimizer unscales them.
+The binary32 reference is the same model in plain torch float32.
+
+Built in: ``torch-mlp`` (64-32-10 on the 8x8 digits, the hand-written ``mlp``'s
+model in torch) and ``torch-cnn`` (a small CNN on the digits as 1x8x8 images:
+conv 3x3, ReLU, max-pool, linear).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from sim import Device
+from sim.torch import DeviceMode
+
+from .optimizers import Momentum
+from .workloads import _digits
+
+__all__ = ["TorchWorkload", "TorchMlp", "TorchCnn"]
+
+_DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
+
+
+class TorchWorkload:
+    """A torch model, a loss and data as a workload.
+
+    ``data``: ``(inputs, targets)`` for training and optionally ``test=(inputs, targets)``
+    for :meth:`evaluate` (numpy arrays or tensors; inputs float32). ``loss_fn(output,
+    target)`` gives the mean loss over the batch; it receives the model's output in the
+    compute dtype (cast to float32 inside it, as mixed-precision code does, to compute the
+    loss in binary32). ``accuracy=True`` reports the argmax accuracy of integer targets.
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, data: Sequence, *, test: Sequence | None = None,
+                 batch: int = 64, learning_rate: float = 0.1, momentum: float = 0.9, dtype: str = "float16",
+                 seed: int = 0, name: str | None = None, accuracy: bool | None = None,
+                 strict: bool = False) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        x, y = (torch.as_tensor(np.asarray(v)) for v in data)
+        if len(x) != len(y) or len(x) < batch:
+            raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
+                             f"got {len(x)} inputs and {len(y)} targets")
+        self.x, self.y = x.float(), y
+        self.test = tuple(torch.as_tensor(np.asarray(v)) for v in test) if test is not None else (self.x, self.y)
+        self.model32 = copy.deepcopy(model).float()
+        self.dtype, self._np = _DTYPES[dtype]
+        self.model = copy.deepcopy(model).to(self.dtype)
+        self.loss_fn, self.strict = loss_fn, strict
+        self.batch, self.learning_rate, self.momentum, self.seed = batch, learning_rate, momentum, seed
+        self.name = name or type(model).__name__
+        self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
+        self._initial = [p.detach().numpy().copy() for p in self.model32.parameters()]
+        self.routes: dict = {}  # the last step's DeviceMode routes
+        self.events: dict = {}  # the last step's ops with register events, per module
+
+    def init_params(self) -> list[np.ndarray]:
+        return [p.copy() for p in self._initial]
+
+    def optimizer(self):
+        return Momentum(self.learning_rate, self.momentum)
+
+    def batches(self, steps: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed + 1)
+        return np.stack([rng.choice(len(self.y), self.batch, replace=False) for _ in range(steps)])
+
+    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
+        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
+
+    def forward_backward(self, dev: Device, params: list[np.ndarray], scale: float, idx: np.ndarray,
+                         share: float = 1.0) -> tuple[float, list[np.ndarray]]:
+        """The loss and the compute-dtype gradients of ``scale * share * loss``, on ``dev``."""
+        with torch.no_grad():
+            for p, v in zip(self.model.parameters(), params, strict=True):
+                p.copy_(torch.from_numpy(dev.cast(v, self._np).view(np.int16)).view(self.dtype))
+                p.grad = None
+        x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
+        with DeviceMode(dev, strict=self.strict) as mode:
+            loss = self.loss_fn(self.model(x.to(self.dtype)), y)
+            (loss * (scale * share)).backward()
+        self.routes, self.events = dict(mode.routes), dict(mode.events)
+        grads = [p.grad.view(torch.int16).numpy().view(self._np) for p in self.model.parameters()]
+        return float(loss.detach()) * share, grads
+
+    def grads32(self, params: list[np.ndarray], idx: np.ndarray, share: float = 1.0):
+        """The same loss and unscaled gradients in plain torch float32."""
+        model = self.model32
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), params, strict=True):
+                p.copy_(torch.from_numpy(v))
+                p.grad = None
+        x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
+        loss = self.loss_fn(model(x), y) * share
+        loss.backward()
+        return float(loss.detach()), [p.grad.detach().numpy().copy() for p in model.parameters()]
+
+    def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
+        model = self.model32
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), params, strict=True):
+                p.copy_(torch.from_numpy(v))
+            x, y = self.test
+            out = model(x.float())
+            loss = float(self.loss_fn(out, y))
+        acc = float((out.argmax(dim=1) == y).float().mean()) if self.has_accuracy else float("nan")
+        return {"loss": loss, "accuracy": acc}
+
+
+def _cross_entropy(out, y):
+    return torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def _digit_data(shape: tuple[int, ...]):
+    x, y = _digits()
+    order = np.random.default_rng(1234).permutation(len(y))  # the hand-written mlp's fixed split
+    x, y = x[order].reshape(-1, *shape), y[order]
+    return (x[:1500], y[:1500]), (x[1500:], y[1500:])
+
+
+@dataclass
+class TorchMlp(TorchWorkload):
+    """The hand-written ``mlp``'s 64-``hidden``-10 perceptron, in torch."""
+
+    seed: int = 0
+    hidden: int = 32
+    batch: int = 64
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        torch.manual_seed(self.seed)
+        model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(), torch.nn.Linear(self.hidden, 10))
+        train, test = _digit_data((64,))
+        TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
+                               learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
+                               seed=self.seed, name="torch-mlp")
+
+
+class _Cnn(torch.nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, channels, 3, padding=1)
+        self.pool = torch.nn.MaxPool2d(2)
+        self.head = torch.nn.Linear(channels * 16, 10)
+
+    def forward(self, x):
+        return self.head(self.pool(torch.relu(self.conv(x))).flatten(1))
+
+
+@dataclass
+class TorchCnn(TorchWorkload):
+    """A small CNN on the digits as 1x8x8 images: conv 3x3 (``channels``), ReLU, max-pool 2, linear."""
+
+    seed: int = 0
+    channels: int = 8
+    batch: int = 64
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        torch.manual_seed(self.seed)
+        train, test = _digit_data((1, 8, 8))
+        TorchWorkload.__init__(self, _Cnn(self.channels), _cross_entropy, train, test=test, batch=self.batch,
+                               learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
+                               seed=self.seed, name="torch-cnn")
