@@ -22,6 +22,11 @@ routes, counted in ``mode.routes``:
 Autograd works as usual when backward runs inside the mode (on CPU it runs in
 the calling thread, so the backward operations are routed too).
 
+A backward pass of operations made in a module's forward under the mode that
+runs outside it (after the ``with`` block, or in a thread the mode does not
+cover: modes are per thread) raises RuntimeError, rather than running
+natively unseen.
+
 Each routed operation is labelled with the module that issued it: its path
 in the outermost module called inside the mode (``encoder.layers.1.attn``;
 "" outside any module), found by forward hooks in the forward pass and, in
@@ -43,7 +48,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
 from .device import Device
@@ -255,7 +260,16 @@ class DeviceMode(TorchDispatchMode):
             if node is None or _LABEL in node.metadata:
                 continue
             node.metadata[_LABEL] = path
+            node.register_prehook(self._check_backward)
             todo.extend(next_node for next_node, _ in node.next_functions)
+
+    def _check_backward(self, grad_outputs):
+        """Refuse to let the backward pass of our operations run where the mode is not active."""
+        if self not in _get_current_dispatch_mode_stack():
+            raise RuntimeError(
+                f"the backward pass of operations run under DeviceMode({self.device.name}) is running outside "
+                f"it (after its with block, or in another thread): its operations would run natively, unseen "
+                f"by the device. Run backward inside the mode, in the same thread.")
 
     def _label(self) -> str:
         node = torch._C._current_autograd_node()

@@ -176,3 +176,28 @@ def test_device_ops_are_labelled_with_the_module_that_issued_them() -> None:
     # The overflowing scale: the cast of the loss gradient (outside any module) and the
     # gradients of both linear layers overflow; only the register and mode.events say so.
     assert set(mode.events) == {"", "head", "encoder.0"} and dev.label is None
+
+
+def test_backward_outside_the_mode_or_in_another_thread_is_refused() -> None:
+    import threading
+    model = Net().half()
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((4, 64)).astype(H))
+    with DeviceMode(Device()):
+        loss = model(x).float().sum()
+    with pytest.raises(RuntimeError, match="running outside it"):
+        loss.backward()
+    errors = []
+    with DeviceMode(Device()):
+        loss = model(x).float().sum()
+        thread = threading.Thread(target=lambda: errors.append(_raises(loss.backward)))
+        thread.start()
+        thread.join()
+    assert errors and "running outside it" in errors[0]
+
+
+def _raises(fn) -> str:
+    try:
+        fn()
+    except RuntimeError as err:
+        return str(err)
+    return ""
