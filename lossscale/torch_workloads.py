@@ -10,8 +10,11 @@ low-precision gradients are the step's gradients; the optimizer unscales them.
 The binary32 reference is the same model in plain torch float32.
 
 Built in: ``torch-mlp`` (64-32-10 on the 8x8 digits, the hand-written ``mlp``'s
-model in torch) and ``torch-cnn`` (a small CNN on the digits as 1x8x8 images:
-conv 3x3, ReLU, max-pool, linear).
+model in torch), ``torch-cnn`` (a small CNN on the digits as 1x8x8 images:
+conv 3x3, ReLU, max-pool, linear) and ``torch-transformer`` (one pre-norm
+transformer block, character-level, on the Zen of Python: embeddings, layer
+norm, causal attention with batched matmuls and softmax, GELU, dropout,
+cross-entropy).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sim.torch import DeviceMode
 from .optimizers import Momentum
 from .workloads import _digits
 
-__all__ = ["TorchWorkload", "TorchMlp", "TorchCnn"]
+__all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
 
@@ -59,7 +62,7 @@ class TorchWorkload:
         if len(x) != len(y) or len(x) < batch:
             raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
                              f"got {len(x)} inputs and {len(y)} targets")
-        self.x, self.y = x.float(), y
+        self.x, self.y = (x.float() if x.is_floating_point() else x), y
         self.test = tuple(torch.as_tensor(np.asarray(v)) for v in test) if test is not None else (self.x, self.y)
         self.model32 = copy.deepcopy(model).float()
         self.dtype, self._np = _DTYPES[dtype]
@@ -69,6 +72,7 @@ class TorchWorkload:
         self.name = name or type(model).__name__
         self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
         self._initial = [p.detach().numpy().copy() for p in self.model32.parameters()]
+        self._calls = 0
         self.routes: dict = {}  # the last step's DeviceMode routes
         self.events: dict = {}  # the last step's ops with register events, per module
 
@@ -93,8 +97,10 @@ class TorchWorkload:
                 p.copy_(torch.from_numpy(dev.cast(v, self._np).view(np.int16)).view(self.dtype))
                 p.grad = None
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
+        torch.manual_seed(self.seed * 1_000_003 + self._calls)  # dropout: the same masks in every run
+        self._calls += 1
         with DeviceMode(dev, strict=self.strict) as mode:
-            loss = self.loss_fn(self.model(x.to(self.dtype)), y)
+            loss = self.loss_fn(self.model(x.to(self.dtype) if x.is_floating_point() else x), y)
             (loss * (scale * share)).backward()
         self.routes, self.events = dict(mode.routes), dict(mode.events)
         grads = [p.grad.view(torch.int16).numpy().view(self._np) for p in self.model.parameters()]
@@ -118,9 +124,11 @@ class TorchWorkload:
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
             x, y = self.test
-            out = model(x.float())
+            model.eval()
+            out = model(x.float() if x.is_floating_point() else x)
+            model.train()
             loss = float(self.loss_fn(out, y))
-        acc = float((out.argmax(dim=1) == y).float().mean()) if self.has_accuracy else float("nan")
+        acc = float((out.argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
         return {"loss": loss, "accuracy": acc}
 
 
@@ -183,3 +191,72 @@ class TorchCnn(TorchWorkload):
         TorchWorkload.__init__(self, _Cnn(self.channels), _cross_entropy, train, test=test, batch=self.batch,
                                learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
                                seed=self.seed, name="torch-cnn")
+
+
+class _Block(torch.nn.Module):
+    """Pre-norm transformer block: causal multi-head attention, then a GELU MLP."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+        self.drop = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-1, -2)) * (c // self.heads) ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        attn = self.drop(torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1))
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class _Transformer(torch.nn.Module):
+    def __init__(self, vocab: int, context: int, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.embed, self.position = torch.nn.Embedding(vocab, width), torch.nn.Embedding(context, width)
+        self.block = _Block(width, heads, dropout)
+        self.ln, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx) + self.position(torch.arange(idx.shape[1]))
+        return self.head(self.ln(self.block(x)))
+
+
+def _next_char_loss(out, y):
+    return torch.nn.functional.cross_entropy(out.float().flatten(0, 1), y.flatten())
+
+
+@dataclass
+class TorchTransformer(TorchWorkload):
+    """One transformer block predicting the next character of the Zen of Python
+    (``lossscale/data/zen.txt``) from ``context`` before it."""
+
+    seed: int = 0
+    context: int = 16
+    width: int = 32
+    heads: int = 2
+    dropout: float = 0.1
+    batch: int = 32
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        from importlib import resources
+        text = resources.files("lossscale").joinpath("data/zen.txt").read_text()
+        chars = sorted(set(text))
+        codes = np.array([chars.index(ch) for ch in text], np.int64)
+        starts = np.arange(len(codes) - self.context)
+        windows = starts[:, None] + np.arange(self.context)
+        x, y = codes[windows], codes[windows + 1]
+        test = np.arange(len(starts)) % 10 == 0  # every tenth window held out
+        torch.manual_seed(self.seed)
+        model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
+        TorchWorkload.__init__(self, model, _next_char_loss, (x[~test], y[~test]), test=(x[test], y[test]),
+                               batch=self.batch, learning_rate=self.learning_rate, momentum=self.momentum,
+                               dtype=self.dtype, seed=self.seed, name="torch-transformer", accuracy=True)

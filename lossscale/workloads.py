@@ -249,7 +249,7 @@ class Trace:
 
 WORKLOADS: dict[str, Any] = {"mlp": Mlp, "trace": Trace}
 if importlib.util.find_spec("torch") is not None:  # the optional extra: named here, imported when made
-    WORKLOADS.update({"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn"})
+    WORKLOADS.update({"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"})
 
 
 def make_workload(name: str, seed: int = 0, **kwargs: Any):

@@ -324,7 +324,11 @@ class DeviceMode(TorchDispatchMode):
         into the dtype torch gives it."""
         meta = func(*tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, args),
                     **tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, kwargs))
-        wide = lambda x: x.float() if isinstance(x, torch.Tensor) and x.dtype in self.dtypes else x  # noqa: E731
+        def wide(x):  # our tensors as float32, and dtype arguments naming ours (input_dtype=...) too
+            if isinstance(x, torch.Tensor) and x.dtype in self.dtypes:
+                return x.float()
+            return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
+
         out = func(*tree_map(wide, args), **tree_map(wide, kwargs))
         dev = self.device
 
