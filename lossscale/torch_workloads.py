@@ -97,9 +97,11 @@ class TorchWorkload:
                 p.copy_(torch.from_numpy(dev.cast(v, self._np).view(np.int16)).view(self.dtype))
                 p.grad = None
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
-        torch.manual_seed(self.seed * 1_000_003 + self._calls)  # dropout: the same masks in every run
         self._calls += 1
-        with DeviceMode(dev, strict=self.strict) as mode:
+        # Dropout: the same masks in every run, from a seed of the step's own; the caller's
+        # random state is left as it was.
+        with torch.random.fork_rng(), DeviceMode(dev, strict=self.strict) as mode:
+            torch.manual_seed(self.seed * 1_000_003 + self._calls)
             loss = self.loss_fn(self.model(x.to(self.dtype) if x.is_floating_point() else x), y)
             (loss * (scale * share)).backward()
         self.routes, self.events = dict(mode.routes), dict(mode.events)
@@ -114,8 +116,10 @@ class TorchWorkload:
                 p.copy_(torch.from_numpy(v))
                 p.grad = None
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
-        loss = self.loss_fn(model(x), y) * share
-        loss.backward()
+        with torch.random.fork_rng():  # the dropout masks of the last forward_backward
+            torch.manual_seed(self.seed * 1_000_003 + self._calls)
+            loss = self.loss_fn(model(x), y) * share
+            loss.backward()
         return float(loss.detach()), [p.grad.detach().numpy().copy() for p in model.parameters()]
 
     def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
@@ -155,8 +159,10 @@ class TorchMlp(TorchWorkload):
     dtype: str = "float16"
 
     def __post_init__(self) -> None:
-        torch.manual_seed(self.seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(), torch.nn.Linear(self.hidden, 10))
+        with torch.random.fork_rng():  # the caller's random state is left as it was
+            torch.manual_seed(self.seed)
+            model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(),
+                                        torch.nn.Linear(self.hidden, 10))
         train, test = _digit_data((64,))
         TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
                                learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
@@ -186,9 +192,11 @@ class TorchCnn(TorchWorkload):
     dtype: str = "float16"
 
     def __post_init__(self) -> None:
-        torch.manual_seed(self.seed)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            model = _Cnn(self.channels)
         train, test = _digit_data((1, 8, 8))
-        TorchWorkload.__init__(self, _Cnn(self.channels), _cross_entropy, train, test=test, batch=self.batch,
+        TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
                                learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
                                seed=self.seed, name="torch-cnn")
 
@@ -255,8 +263,9 @@ class TorchTransformer(TorchWorkload):
         windows = starts[:, None] + np.arange(self.context)
         x, y = codes[windows], codes[windows + 1]
         test = np.arange(len(starts)) % 10 == 0  # every tenth window held out
-        torch.manual_seed(self.seed)
-        model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
         TorchWorkload.__init__(self, model, _next_char_loss, (x[~test], y[~test]), test=(x[test], y[test]),
                                batch=self.batch, learning_rate=self.learning_rate, momentum=self.momentum,
                                dtype=self.dtype, seed=self.seed, name="torch-transformer", accuracy=True)

@@ -121,3 +121,13 @@ def test_route_table_of_each_builtin_model(name: str) -> None:
     for (op, route), n in wl.routes.items():
         table.setdefault(route, {})[op.removeprefix("aten.")] = n
     assert table == ROUTE_TABLES[name]
+
+
+def test_runs_repeat_bit_for_bit_and_leave_torch_random_state_alone() -> None:
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    one = simulate(workload="torch-transformer", profile="atlas-training", steps=3, manager="fixed")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    two = simulate(workload="torch-transformer", profile="atlas-training", steps=3, manager="fixed")
+    assert [r["loss"] for r in one.records] == [r["loss"] for r in two.records]
+    assert one.summary["final"] == two.summary["final"]
