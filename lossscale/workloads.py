@@ -252,6 +252,18 @@ if importlib.util.find_spec("torch") is not None:  # the optional extra: named h
     WORKLOADS.update({"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"})
 
 
+_TORCH_NAMES = ("TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer")
+
+
+def __getattr__(name: str) -> Any:
+    """``lossscale.workloads.TorchWorkload`` and the built-in torch workloads, imported (with
+    torch, the optional extra) on first use."""
+    if name in _TORCH_NAMES:
+        from . import torch_workloads
+        return getattr(torch_workloads, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def make_workload(name: str, seed: int = 0, **kwargs: Any):
     """A workload by name; ValueError listing the valid names and arguments."""
     if name not in WORKLOADS:

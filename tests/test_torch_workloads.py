@@ -9,8 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lossscale.simulate import simulate  # noqa: E402
-from lossscale.torch_workloads import TorchWorkload  # noqa: E402
-from lossscale.workloads import WORKLOADS, make_workload  # noqa: E402
+from lossscale.workloads import WORKLOADS, TorchWorkload, make_workload  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["torch-mlp", "torch-cnn", "torch-transformer"])
