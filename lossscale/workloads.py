@@ -256,11 +256,14 @@ _TORCH_NAMES = ("TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer")
 
 
 def __getattr__(name: str) -> Any:
-    """``lossscale.workloads.TorchWorkload`` and the built-in torch workloads, imported (with
-    torch, the optional extra) on first use."""
+    """``lossscale.workloads.TorchWorkload`` (and the built-in torch workloads) and
+    ``JaxWorkload``, imported with their optional extra on first use."""
     if name in _TORCH_NAMES:
         from . import torch_workloads
         return getattr(torch_workloads, name)
+    if name == "JaxWorkload":
+        from .jax_workloads import JaxWorkload
+        return JaxWorkload
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
