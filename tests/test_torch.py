@@ -201,3 +201,20 @@ def _raises(fn) -> str:
     except RuntimeError as err:
         return str(err)
     return ""
+
+
+def test_layer_norm_is_float32_rounded_once_within_half_an_ulp_of_float64() -> None:
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((8, 32)) * 2.0 ** rng.integers(-4, 5, (8, 1))).astype(H)
+    w, b = rng.standard_normal(32).astype(H), rng.standard_normal(32).astype(H)
+    dev = Device("atlas-a2")
+    t = torch.from_numpy
+    with DeviceMode(dev) as mode:
+        got = torch.nn.functional.layer_norm(t(x), (32,), t(w), t(b), eps=1e-5)
+    assert mode.routes["aten.native_layer_norm.default", "float32"] == 1
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(1, keepdims=True), x64.var(1, keepdims=True)
+    exact = (x64 - mean) / np.sqrt(var + 1e-5) * w.astype(np.float64) + b.astype(np.float64)
+    ulp = np.spacing(np.abs(exact).astype(H)).astype(np.float64)
+    # One binary16 rounding of a binary32 computation: half an ulp, plus binary32's own error.
+    assert np.all(np.abs(got.numpy().astype(np.float64) - exact) <= 0.5 * ulp + 1e-5 * np.abs(exact) + 1e-6)
