@@ -21,14 +21,14 @@ import numpy as np
 from sim import Device
 from sim.jax import on_device
 
-from .optimizers import Momentum
+from .workloads import SampledWorkload
 
 __all__ = ["JaxWorkload"]
 
 _DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
-class JaxWorkload:
+class JaxWorkload(SampledWorkload):
     """A JAX loss, its initial parameters and data as a workload (see the module's docstring)."""
 
     def __init__(self, loss: Callable, params: Sequence, data: Sequence, *, test: Sequence | None = None,
@@ -36,33 +36,16 @@ class JaxWorkload:
                  momentum: float = 0.9, dtype: str = "float16", seed: int = 0, name: str = "jax") -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         x, y = (np.asarray(v) for v in data)
-        if len(x) != len(y) or len(x) < batch:
-            raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
-                             f"got {len(x)} inputs and {len(y)} targets")
+        self._sample_from(params, len(x), len(y), batch=batch, learning_rate=learning_rate, momentum=momentum,
+                          seed=seed)
         self.loss, self.predict, self.dtype = loss, predict, _DTYPES[dtype]
         self.x, self.y = x, y
         self.test = tuple(np.asarray(v) for v in test) if test is not None else (x, y)
-        self._initial = [np.asarray(p, np.float32).copy() for p in params]
-        self.batch, self.learning_rate, self.momentum, self.seed, self.name = batch, learning_rate, momentum, seed, name
+        self.name = name
         self.has_accuracy = predict is not None
         self._step = jax.value_and_grad(lambda p, x, y, s: loss(p, x, y) * s)
         self.routes: dict = {}
-
-    def init_params(self) -> list[np.ndarray]:
-        return [p.copy() for p in self._initial]
-
-    def optimizer(self):
-        return Momentum(self.learning_rate, self.momentum)
-
-    def batches(self, steps: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed + 1)
-        return np.stack([rng.choice(len(self.y), self.batch, replace=False) for _ in range(steps)])
-
-    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
-        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
 
     def forward_backward(self, dev: Device, params: list[np.ndarray], scale: float, idx: np.ndarray,
                          share: float = 1.0) -> tuple[float, list[np.ndarray]]:

@@ -30,15 +30,14 @@ import torch
 from sim import Device
 from sim.torch import DeviceMode
 
-from .optimizers import Momentum
-from .workloads import _digits
+from .workloads import SampledWorkload, _digits
 
 __all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
 
 
-class TorchWorkload:
+class TorchWorkload(SampledWorkload):
     """A torch model, a loss and data as a workload.
 
     ``data``: ``(inputs, targets)`` for training and optionally ``test=(inputs, targets)``
@@ -56,38 +55,20 @@ class TorchWorkload:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         x, y = (torch.as_tensor(np.asarray(v)) for v in data)
-        if len(x) != len(y) or len(x) < batch:
-            raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
-                             f"got {len(x)} inputs and {len(y)} targets")
         self.x, self.y = (x.float() if x.is_floating_point() else x), y
         self.test = tuple(torch.as_tensor(np.asarray(v)) for v in test) if test is not None else (self.x, self.y)
         self.model32 = copy.deepcopy(model).float()
+        self._sample_from([p.detach().numpy() for p in self.model32.parameters()], len(x), len(y), batch=batch,
+                          learning_rate=learning_rate, momentum=momentum, seed=seed)
         self.dtype, self._np = _DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype)
         self.loss_fn, self.strict = loss_fn, strict
-        self.batch, self.learning_rate, self.momentum, self.seed = batch, learning_rate, momentum, seed
         self.name = name or type(model).__name__
         self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
-        self._initial = [p.detach().numpy().copy() for p in self.model32.parameters()]
         self._calls = 0
         self.routes: dict = {}  # the last step's DeviceMode routes
         self.events: dict = {}  # the last step's ops with register events, per module
-
-    def init_params(self) -> list[np.ndarray]:
-        return [p.copy() for p in self._initial]
-
-    def optimizer(self):
-        return Momentum(self.learning_rate, self.momentum)
-
-    def batches(self, steps: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed + 1)
-        return np.stack([rng.choice(len(self.y), self.batch, replace=False) for _ in range(steps)])
-
-    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
-        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
 
     def forward_backward(self, dev: Device, params: list[np.ndarray], scale: float, idx: np.ndarray,
                          share: float = 1.0) -> tuple[float, list[np.ndarray]]:

@@ -91,6 +91,37 @@ def check_workload(workload: Any) -> None:
                         f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
 
 
+class SampledWorkload:
+    """What a workload on ``(inputs, targets)`` arrays shares: batches of indices sampled
+    without replacement, split across ranks; momentum SGD; fixed initial binary32 parameters.
+    The torch and JAX workloads build on it; they set it up with :meth:`_sample_from`."""
+
+    def _sample_from(self, params, inputs: int, targets: int, *, batch: int, learning_rate: float,
+                     momentum: float, seed: int) -> None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        if inputs != targets or inputs < batch:
+            raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
+                             f"got {inputs} inputs and {targets} targets")
+        self._initial = [np.asarray(p, F32).copy() for p in params]
+        self._rows, self.batch, self.learning_rate, self.momentum, self.seed = inputs, batch, learning_rate, \
+            momentum, seed
+
+    def init_params(self) -> list[np.ndarray]:
+        return [p.copy() for p in self._initial]
+
+    def optimizer(self):
+        return Momentum(self.learning_rate, self.momentum)
+
+    def batches(self, steps: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed + 1)
+        return np.stack([rng.choice(self._rows, self.batch, replace=False) for _ in range(steps)])
+
+    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
+        """Each rank's indices and its share of the global batch."""
+        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
+
+
 def _digits() -> tuple[np.ndarray, np.ndarray]:
     with resources.files("lossscale").joinpath("data/digits.npz").open("rb") as f:
         data = np.load(f)
