@@ -1,5 +1,16 @@
 """Loss scaling as the frameworks do it, exactly: the Ascend NPU managers and
-optimizer, the other frameworks' dynamic loss scalers, and plain optimizers."""
+optimizer, the other frameworks' dynamic loss scalers, and plain optimizers.
+
+Three layers, each using only those above it (``tests/test_layers.py`` checks):
+
+- core: ``policy`` (the protocol: a policy is a frozen value with a pure
+  ``next``; ``Manager`` is its stateful face), ``managers`` (the Ascend ones),
+  ``policies`` (the other frameworks'), ``optimizers``;
+- training: ``simulate``, ``workloads`` (built in, and the ``Workload``
+  protocol for your own), ``torch_workloads``, ``jax_workloads``;
+- application: ``cli``, ``files``, ``plots``, ``sweep``, ``testing`` (the
+  property kit).
+"""
 
 __version__ = "0.1.0"
 
