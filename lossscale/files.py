@@ -16,13 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .simulate import COLUMNS, Run
+from .simulate import COLUMNS, SCHEMA, Run
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out"]
 
-BOOLS = {"overflow", "detector_finite", "applied", "undetected_overflow"}
-INTS = {"step"}
-TEXT = {"register"}
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -101,6 +98,7 @@ def read_run(folder: Path) -> Run:
     for row in rows:
         rec: dict[str, Any] = {}
         for k, v in row.items():
-            rec[k] = v == "1" if k in BOOLS else int(v) if k in INTS else v if k in TEXT else float(v)
+            kind = SCHEMA[k]
+            rec[k] = v == "1" if kind is bool else kind(v)
         records.append(rec)
     return Run(records, summary, summary.get("arguments", {}))

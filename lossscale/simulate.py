@@ -30,7 +30,7 @@ from .optimizers import DETECTORS, NPULossScaleOptimizer
 from .policy import Manager, Policy, PolicyManager, describe
 from .workloads import Workload, check_workload, make_workload
 
-__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS"]
+__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA"]
 
 _HIGH = 2.0**32  # the seed's initial scale: too high for binary16 gradients, so backoff shows
 #: Manager names, classes and the simulator's default arguments (a short growth period so
@@ -53,11 +53,17 @@ MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {
     "jmp": (policies.JmpDynamicLossScale, {"loss_scale": _HIGH, "period": 50}),
 }
 
-#: The trajectory's columns, in file order. ``overflow``: an event reached any rank's
-#: register this step; ``detector_finite``: the optimizer's detector saw a finite step,
-#: and so ``applied`` (always true with an unchecked FixedLossScaleManager).
-COLUMNS = ("step", "loss_scale", "overflow", "detector_finite", "applied", "undetected_overflow",
-           "register", "loss", "baseline_loss", "grad_max", "underflow_fraction")
+#: The trajectory's one schema: its columns, in file order, and their types (files.py
+#: writes and reads by it). ``overflow``: an event reached any rank's register this step;
+#: ``detector_finite``: the optimizer's detector saw a finite step, and so ``applied``
+#: (always true with an unchecked FixedLossScaleManager); ``register``: the summed
+#: register, as text.
+SCHEMA: dict[str, type] = {
+    "step": int, "loss_scale": float, "overflow": bool, "detector_finite": bool, "applied": bool,
+    "undetected_overflow": bool, "register": str, "loss": float, "baseline_loss": float, "grad_max": float,
+    "underflow_fraction": float,
+}
+COLUMNS = tuple(SCHEMA)
 
 
 def _managers(manager: Any, args: dict[str, Any] | None, ranks: int) -> tuple[list[Any], str]:

@@ -150,3 +150,11 @@ def test_bad_objects_are_refused_before_any_work(kw, error, message) -> None:
 def test_policy_manager_takes_only_policies() -> None:
     with pytest.raises(TypeError, match="takes a Policy"):
         PolicyManager(Halving())
+
+
+def test_records_follow_the_one_schema() -> None:
+    from lossscale.simulate import SCHEMA
+    run = simulate(**{**RUN, "steps": 12})
+    for rec in run.records:
+        assert list(rec) == list(SCHEMA)
+        assert all(type(rec[k]) is kind for k, kind in SCHEMA.items()), rec
