@@ -25,10 +25,14 @@ def test_readme_python_examples_run(capsys) -> None:
             assert ns["z"].tolist() == [65504.0, 1.0, 4.0]
             assert ns["flags"].tolist() == [int(ns["Flag"].OVERFLOW | ns["Flag"].INEXACT), 0, 0]
             assert ns["fpu"].status == ns["Flag"].OVERFLOW | ns["Flag"].INEXACT
-        if "simulate(" in block:
+        if "simulate(workload=Mlp" in block:
             assert ns["run"].summary["steps_run"] == 200
             skipped, undetected, final = out.split(" ", 2)
             assert int(undetected) == 0 and "accuracy" in final
+        if "TorchWorkload(model" in block:  # your model, your policy: the register misses nothing
+            s = ns["run"].summary
+            assert s["steps_run"] == 100 and s["undetected_overflow_steps"] == 0 and s["skipped_steps"] > 0
+            assert out.split(" ", 2)[:2] == [str(s["skipped_steps"]), "0"] and s["event_modules"]
         if "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())
