@@ -321,26 +321,30 @@ class DeviceMode(TorchDispatchMode):
 
     def _float32(self, func, args, kwargs):
         """func computed by torch in binary32, each floating result rounded once on the device
-        into the dtype torch gives it."""
-        meta = func(*tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, args),
-                    **tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, kwargs))
+        into the dtype torch gives it (from its meta kernel; failing one, the operands' dtype)."""
+        to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        try:
+            meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+            dtypes = [m.dtype if isinstance(m, torch.Tensor) else None
+                      for m in (meta if isinstance(meta, (tuple, list)) else [meta])]
+        except Exception:  # noqa: BLE001 (no meta kernel, or one that refuses the values: full(1e6, fp16))
+            leaves = [kwargs.get("dtype")] + [t.dtype for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                                              if isinstance(t, torch.Tensor)]
+            ours = next(d for d in leaves if d in self.dtypes)
+            dtypes = None
+
         def wide(x):  # our tensors as float32, and dtype arguments naming ours (input_dtype=...) too
             if isinstance(x, torch.Tensor) and x.dtype in self.dtypes:
                 return x.float()
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
         out = func(*tree_map(wide, args), **tree_map(wide, kwargs))
-        dev = self.device
-
-        def narrow(result, like):
-            if not isinstance(result, torch.Tensor) or like.dtype not in self.dtypes or result.dtype == like.dtype:
-                return result
-            return _tensor(dev.cast(_numpy(result), _NUMPY[like.dtype]))
-
-        if isinstance(out, torch.Tensor):
-            result = narrow(out, meta)
-        else:
-            result = type(out)(narrow(r, m) for r, m in zip(out, meta, strict=True))
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        dtypes = dtypes or [ours if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        narrowed = [_tensor(self.device.cast(_numpy(o), _NUMPY[d]))
+                    if isinstance(o, torch.Tensor) and d in self.dtypes and o.dtype != d else o
+                    for o, d in zip(outs, dtypes, strict=True)]
+        result = narrowed[0] if isinstance(out, torch.Tensor) else type(out)(narrowed)
         name = str(func)
         if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
             return args[0].copy_(result)

@@ -218,3 +218,15 @@ def test_layer_norm_is_float32_rounded_once_within_half_an_ulp_of_float64() -> N
     ulp = np.spacing(np.abs(exact).astype(H)).astype(np.float64)
     # One binary16 rounding of a binary32 computation: half an ulp, plus binary32's own error.
     assert np.all(np.abs(got.numpy().astype(np.float64) - exact) <= 0.5 * ulp + 1e-5 * np.abs(exact) + 1e-6)
+
+
+def test_results_asked_for_in_float16_round_on_the_device() -> None:
+    """A factory or a cast from float32 into float16 is ours too: torch.full of 1e6 saturates
+    and the register sees it (natively it would be an Inf the device never saw)."""
+    dev = Device("atlas-training")
+    with DeviceMode(dev) as mode:
+        big = torch.full((3,), 1e6, dtype=torch.float16)
+        cast = torch.tensor([1e6, 1.0]).to(torch.float16)
+    assert big.tolist() == [65504.0] * 3 and cast.tolist() == [65504.0, 1.0]
+    assert dev.get_float_status()[0] == 1 and dev.get_float_status()[3] == 2
+    assert mode.routes["aten.full.default", "float32"] == 1 and mode.routes["aten._to_copy.default", "device"] == 1
