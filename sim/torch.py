@@ -327,7 +327,7 @@ class DeviceMode(TorchDispatchMode):
             meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
             dtypes = [m.dtype if isinstance(m, torch.Tensor) else None
                       for m in (meta if isinstance(meta, (tuple, list)) else [meta])]
-        except Exception:  # noqa: BLE001 (no meta kernel, or one that refuses the values: full(1e6, fp16))
+        except NotImplementedError:  # no meta kernel (torch's own errors, such as full(1e6, fp16), propagate)
             leaves = [kwargs.get("dtype")] + [t.dtype for t in torch.utils._pytree.tree_leaves((args, kwargs))
                                               if isinstance(t, torch.Tensor)]
             ours = next(d for d in leaves if d in self.dtypes)

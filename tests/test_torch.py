@@ -221,12 +221,14 @@ def test_layer_norm_is_float32_rounded_once_within_half_an_ulp_of_float64() -> N
 
 
 def test_results_asked_for_in_float16_round_on_the_device() -> None:
-    """A factory or a cast from float32 into float16 is ours too: torch.full of 1e6 saturates
-    and the register sees it (natively it would be an Inf the device never saw)."""
+    """A cast from float32 into float16 is ours too: 1e6 saturates and the register sees it
+    (natively it would be an Inf the device never saw). What torch refuses, it still refuses."""
     dev = Device("atlas-training")
     with DeviceMode(dev) as mode:
-        big = torch.full((3,), 1e6, dtype=torch.float16)
         cast = torch.tensor([1e6, 1.0]).to(torch.float16)
-    assert big.tolist() == [65504.0] * 3 and cast.tolist() == [65504.0, 1.0]
-    assert dev.get_float_status()[0] == 1 and dev.get_float_status()[3] == 2
-    assert mode.routes["aten.full.default", "float32"] == 1 and mode.routes["aten._to_copy.default", "device"] == 1
+        ones = torch.full((3,), 2.0, dtype=torch.float16)
+        with pytest.raises(RuntimeError, match="cannot be converted to type c10::Half without overflow"):
+            torch.full((3,), 1e6, dtype=torch.float16)
+    assert cast.tolist() == [65504.0, 1.0] and ones.tolist() == [2.0] * 3
+    assert dev.get_float_status()[0] == 1 and dev.get_float_status()[3] == 1
+    assert mode.routes["aten._to_copy.default", "device"] == 1 and mode.routes["aten.full.default", "float32"] == 1
