@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .policy import Manager, Policy, check_at_least, check_bool, check_period, check_ratio, f32
+from .policy import DEMO_SCALE, Manager, Policy, check_at_least, check_bool, check_period, check_ratio, f32, register
 
 __all__ = ["FixedLossScale", "ExponentialUpdate", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
 
@@ -92,12 +92,15 @@ class ExponentialUpdate(Policy):
             return self.State(scale, 0, bad + 1)
 
 
+@register("fixed", loss_scale=2.0**10)
 class FixedLossScaleManager(Manager):
     """``FixedLossScaleManager(loss_scale, enable_overflow_check=True)``."""
 
     policy_type = FixedLossScale
 
 
+@register("exponential", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2,
+          decr_ratio=0.5)
 class ExponentialUpdateLossScaleManager(Manager):
     """``ExponentialUpdateLossScaleManager(init_loss_scale, incr_every_n_steps,
     decr_every_n_nan_or_inf=2, incr_ratio=2, decr_ratio=0.8)``."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from .managers import ExponentialUpdate
 from .policy import (
+    DEMO_SCALE,
     Manager,
     Policy,
     check_at_least,
@@ -26,6 +27,7 @@ from .policy import (
     check_positive,
     check_ratio,
     f32,
+    register,
 )
 
 __all__ = [
@@ -339,30 +341,36 @@ class TF1ExponentialUpdate(ExponentialUpdate):
         return candidate if np.isfinite(candidate) else scale
 
 
+@register("torch", init_scale=DEMO_SCALE, growth_interval=50)
 class TorchGradScaler(Manager):
     """``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."""
 
     policy_type = TorchPolicy
 
 
+@register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)
 class KerasDynamicLossScale(Manager):
     """Keras 2 / TF2 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``, multiplier 2."""
 
     policy_type = KerasPolicy
 
 
+@register("keras3", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)
 class Keras3LossScale(Manager):
     """Keras 3 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``."""
 
     policy_type = Keras3Policy
 
 
+@register("deepspeed", init_scale=DEMO_SCALE, scale_window=50)
 class DeepSpeedLossScaler(Manager):
     """DeepSpeed ``DynamicLossScaler`` (binary64); raises MinimumScaleError at the floor."""
 
     policy_type = DeepSpeedPolicy
 
 
+@register("megatron", initial_scale=DEMO_SCALE, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+          growth_interval=50, hysteresis=2)
 class MegatronGradScaler(Manager):
     """Megatron-LM ``DynamicGradScaler(initial_scale, min_scale, growth_factor, backoff_factor,
     growth_interval, hysteresis)``."""
@@ -370,12 +378,14 @@ class MegatronGradScaler(Manager):
     policy_type = MegatronPolicy
 
 
+@register("mindspore", init_loss_scale=DEMO_SCALE, scale_window=50)
 class MindSporeDynamicLossScale(Manager):
     """MindSpore ``DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)``."""
 
     policy_type = MindSporePolicy
 
 
+@register("jmp", loss_scale=DEMO_SCALE, period=50)
 class JmpDynamicLossScale(Manager):
     """jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."""
 
@@ -383,6 +393,7 @@ class JmpDynamicLossScale(Manager):
     policy_type = JmpPolicy
 
 
+@register("tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5)
 class TF1ExponentialUpdateLossScaleManager(Manager):
     """TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."""
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX"]
+__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "register", "DEMO_SCALE"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -101,6 +101,26 @@ class Manager:
 
 
 # -- argument checks ------------------------------------------------------------------
+#: The seed's initial scale, 2**32: too high for binary16 gradients, so backoff shows.
+DEMO_SCALE = 2.0**32
+
+#: Every manager by its short name (``lossscale run --manager``), in registration order: its
+#: class and the arguments of the demo runs (the seed's 2**32 where a manager takes an initial
+#: scale, and a growth period of 50 steps, so that both backoff and growth show in a default
+#: run; each can be overridden). A manager is added here by :func:`register`, where it is defined.
+MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {}
+
+
+def register(name: str, **demo: Any) -> Callable[[type[Manager]], type[Manager]]:
+    """Class decorator: enter a manager in :data:`MANAGERS` under ``name`` with its demo arguments."""
+    def add(cls: type[Manager]) -> type[Manager]:
+        if name in MANAGERS:
+            raise ValueError(f"manager name {name!r} is taken by {MANAGERS[name][0].__name__}")
+        MANAGERS[name] = (cls, demo)
+        return cls
+    return add
+
+
 class PolicyManager(Manager):
     """The stateful face on a given policy value (any :class:`Policy`, yours included)."""
 

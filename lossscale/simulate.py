@@ -25,33 +25,11 @@ import numpy as np
 from sim import Device, Group, profiles
 
 from . import policies
-from .managers import ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from .optimizers import DETECTORS, NPULossScaleOptimizer
-from .policy import Manager, Policy, PolicyManager, describe
+from .policy import MANAGERS, Manager, Policy, PolicyManager, describe
 from .workloads import Workload, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA"]
-
-_HIGH = 2.0**32  # the seed's initial scale: too high for binary16 gradients, so backoff shows
-#: Manager names, classes and the simulator's default arguments (a short growth period so
-#: that backoff and growth both show in a default run; every one can be overridden).
-MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {
-    "exponential": (ExponentialUpdateLossScaleManager,
-                    {"init_loss_scale": _HIGH, "incr_every_n_steps": 50, "decr_every_n_nan_or_inf": 2,
-                     "decr_ratio": 0.5}),
-    "fixed": (FixedLossScaleManager, {"loss_scale": 2.0**10}),
-    "tf1": (policies.TF1ExponentialUpdateLossScaleManager,
-            {"init_loss_scale": _HIGH, "incr_every_n_steps": 50, "decr_every_n_nan_or_inf": 2, "decr_ratio": 0.5}),
-    "torch": (policies.TorchGradScaler, {"init_scale": _HIGH, "growth_interval": 50}),
-    "keras": (policies.KerasDynamicLossScale, {"initial_scale": _HIGH, "dynamic_growth_steps": 50}),
-    "keras3": (policies.Keras3LossScale, {"initial_scale": _HIGH, "dynamic_growth_steps": 50}),
-    "deepspeed": (policies.DeepSpeedLossScaler, {"init_scale": _HIGH, "scale_window": 50}),
-    "megatron": (policies.MegatronGradScaler,
-                 {"initial_scale": _HIGH, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                  "growth_interval": 50, "hysteresis": 2}),
-    "mindspore": (policies.MindSporeDynamicLossScale, {"init_loss_scale": _HIGH, "scale_window": 50}),
-    "jmp": (policies.JmpDynamicLossScale, {"loss_scale": _HIGH, "period": 50}),
-}
 
 #: The trajectory's one schema: its columns, in file order, and their types (files.py
 #: writes and reads by it). ``overflow``: an event reached any rank's register this step;

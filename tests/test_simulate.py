@@ -158,3 +158,13 @@ def test_records_follow_the_one_schema() -> None:
     for rec in run.records:
         assert list(rec) == list(SCHEMA)
         assert all(type(rec[k]) is kind for k, kind in SCHEMA.items()), rec
+
+
+def test_one_registry_holds_every_manager_once() -> None:
+    from lossscale import managers
+    from lossscale.policy import Manager, register
+    faces = {cls for module in (managers, policies) for cls in vars(module).values()
+             if isinstance(cls, type) and issubclass(cls, Manager) and cls.__module__ == module.__name__}
+    assert {cls for cls, _ in MANAGERS.values()} == faces and len(MANAGERS) == len(faces) == 10
+    with pytest.raises(ValueError, match="manager name 'torch' is taken by TorchGradScaler"):
+        register("torch")(ExponentialUpdateLossScaleManager)
