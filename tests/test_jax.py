@@ -18,18 +18,22 @@ EDGE = np.array([0.0, -0.0, 1.0, -1.5, 2.0**-24, -(2.0**-14), 65504.0, -65504.0,
 
 
 def bits(x) -> list[int]:
-    return np.asarray(x).view(np.uint16).ravel().tolist()
+    a = np.asarray(x)
+    return a.ravel().tolist() if a.dtype == bool else a.view(np.uint16).ravel().tolist()
 
 
 @pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
 @pytest.mark.parametrize("fn, op", [(jnp.add, "add"), (jnp.subtract, "sub"), (jnp.multiply, "mul"),
                                     (jnp.divide, "div"), (jnp.maximum, "maximum"), (jnp.exp, "exp"),
-                                    (jnp.tanh, "tanh"), (jax.nn.sigmoid, "sigmoid"), (jax.lax.rsqrt, "rsqrt")])
+                                    (jnp.tanh, "tanh"), (jax.nn.sigmoid, "sigmoid"), (jax.lax.rsqrt, "rsqrt"),
+                                    (jnp.minimum, "minimum"), (jnp.negative, "neg"), (jnp.abs, "abs"),
+                                    (jnp.log, "log"), (jnp.sqrt, "sqrt"), (jax.lax.erf, "erf"), (jnp.less, "lt"),
+                                    (jnp.equal, "eq"), (jnp.greater_equal, "ge")])
 def test_mapped_primitives_are_the_device_ops(fn, op: str, profile: str) -> None:
     a = np.resize(EDGE, (4, 8)).astype(H)
     b = np.roll(a, 3)
     dev, ref = Device(profile), Device(profile)
-    unary = op in ("exp", "tanh", "sigmoid", "rsqrt")
+    unary = op in ("exp", "tanh", "sigmoid", "rsqrt", "neg", "abs", "log", "sqrt", "erf")
     got = on_device(fn, dev)(*((a,) if unary else (a, b)))
     want = getattr(ref, op)(*((a,) if unary else (a, b)))
     assert bits(got) == bits(want)

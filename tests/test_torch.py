@@ -232,3 +232,29 @@ def test_results_asked_for_in_float16_round_on_the_device() -> None:
     assert cast.tolist() == [65504.0, 1.0] and ones.tolist() == [2.0] * 3
     assert dev.get_float_status()[0] == 1 and dev.get_float_status()[3] == 1
     assert mode.routes["aten._to_copy.default", "device"] == 1 and mode.routes["aten.full.default", "float32"] == 1
+
+
+@pytest.mark.parametrize("op", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_comparisons_are_the_device_predicates(op: str) -> None:
+    a, b = pair()
+    dev, ref = Device("atlas-a2"), Device("atlas-a2")
+    with DeviceMode(dev):
+        got = getattr(torch, op)(torch.from_numpy(a), torch.from_numpy(b))
+        scalar = getattr(torch, op)(torch.from_numpy(a), 3.0)
+    assert got.dtype == torch.bool and got.numpy().tolist() == getattr(ref, op)(a, b).tolist()
+    assert scalar.numpy().tolist() == getattr(ref, op)(a, np.full_like(a, 3.0)).tolist()
+    assert dev.get_float_status()[1] == ref.get_float_status()[1]  # INVALID: NaN operands (signaling ones)
+
+
+def test_bmm_and_amin_are_the_device_ops() -> None:
+    rng = np.random.default_rng(6)
+    a = (rng.standard_normal((3, 4, 5)) * 100).astype(H)
+    b = (rng.standard_normal((3, 5, 2)) * 100).astype(H)
+    x = np.resize(EDGE, (3, 6)).astype(H)
+    dev, ref = Device("atlas-training"), Device("atlas-training")
+    with DeviceMode(dev) as mode:
+        got = torch.bmm(torch.from_numpy(a), torch.from_numpy(b))
+        low = torch.amin(torch.from_numpy(x), dim=1)
+    assert bits(got) == bits(ref.matmul(a, b)) and bits(low) == bits(ref.amin(x.T, axis=0))
+    assert mode.routes["aten.bmm.default", "device"] == 1 and mode.routes["aten.amin.default", "device"] == 1
+    assert dev.get_float_status().tolist() == ref.get_float_status().tolist()
