@@ -43,12 +43,14 @@ given; then large matmuls split their output rows over N threads.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
 import operator
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -135,9 +137,7 @@ class Device:
                       BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, **kw)}
         self._register = np.zeros(8, np.int32)
         self._status = 0
-        #: What the running operations belong to, set by whoever drives the device (sim.torch sets
-        #: the module path), for the record of which operation raised an event.
-        self.label: str | None = None
+        self._label: str | None = None
         self.group = None  # set by sim.Group: the collective this device is a rank of
         self.rank: int | None = None
         self._lock = threading.RLock()
@@ -145,6 +145,23 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device({self.profile.name!r}, overflow={self.overflow.name})"
+
+    # -- labels: what the running operations belong to --------------------------------
+    @contextlib.contextmanager
+    def label(self, name: str | None) -> Iterator[None]:
+        """Label the operations run inside the block (sim.torch labels them with the issuing
+        module's path; hand-written code can name its parts), for the record of which
+        operation raised an event. Blocks nest; the innermost label holds."""
+        previous, self._label = self._label, name
+        try:
+            yield
+        finally:
+            self._label = previous
+
+    @property
+    def current_label(self) -> str | None:
+        """The label of the innermost :meth:`label` block, or None."""
+        return self._label
 
     # -- the float-status register and the IEEE status ------------------------------
     def get_float_status(self) -> np.ndarray:

@@ -31,9 +31,9 @@ Each routed operation is labelled with the module that issued it: its path
 in the outermost module called inside the mode (``encoder.layers.1.attn``;
 "" outside any module), found by forward hooks in the forward pass and, in
 the backward pass, from the autograd node being run (each node created in a
-module's forward is tagged with its path). The label is set on the device
-(``device.label``) while the operation runs, and ``mode.events`` counts, per
-label, the device operations whose events reached the register.
+module's forward is tagged with its path). The operation runs inside
+``device.label(path)``, and ``mode.events`` counts, per label, the device
+operations whose events reached the register.
 
 The mode is a ``torch.utils._python_dispatch.TorchDispatchMode``: it sees the
 operations below autograd, after torch's Python-level decompositions.
@@ -289,13 +289,13 @@ class DeviceMode(TorchDispatchMode):
         if packet in EXACT:
             return self._count(name, "exact", func(*args, **kwargs))
         dev, label = self.device, self._label()
-        before, dev.label = int(dev.get_float_status()[3]), label
+        before = int(dev.get_float_status()[3])
         try:
-            route, result = self._route(func, packet, name, args, kwargs)
+            with dev.label(label):
+                route, result = self._route(func, packet, name, args, kwargs)
         finally:
             if int(dev.get_float_status()[3]) != before:
                 self.events[label] += 1
-            dev.label = None
         return self._count(name, route, result)
 
     def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:

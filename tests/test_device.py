@@ -438,3 +438,16 @@ def test_matmul_status_has_inexact_from_inside_the_binary32_sum() -> None:
     rounded = Device("atlas-a2")
     rounded.matmul(np.array([[1, 2.0**-12]], H), np.array([[1], [1]], H))  # exact in binary32, not in binary16
     assert rounded.status == Flag.INEXACT
+
+
+def test_labels_nest_and_come_off_when_the_block_ends() -> None:
+    dev = Device()
+    assert dev.current_label is None
+    with dev.label("encoder"):
+        with dev.label("encoder.attn"):
+            assert dev.current_label == "encoder.attn"
+        assert dev.current_label == "encoder"
+        with pytest.raises(ValueError), dev.label("broken"):
+            raise ValueError
+        assert dev.current_label == "encoder"
+    assert dev.current_label is None

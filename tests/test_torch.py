@@ -163,7 +163,7 @@ def test_device_ops_are_labelled_with_the_module_that_issued_them() -> None:
     model, dev = Net().half(), Device("atlas-training")
     mode = DeviceMode(dev)
     labels, route = [], mode._route
-    mode._route = lambda func, *rest: (labels.append((str(func), dev.label)), route(func, *rest))[1]
+    mode._route = lambda func, *rest: (labels.append((str(func), dev.current_label)), route(func, *rest))[1]
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((8, 64)).astype(H))
     with mode:
         out = model(x).float()
@@ -175,7 +175,7 @@ def test_device_ops_are_labelled_with_the_module_that_issued_them() -> None:
     assert backward == {"", "head", "encoder.0"}  # relu's backward is an exact select: not routed
     # The overflowing scale: the cast of the loss gradient (outside any module) and the
     # gradients of both linear layers overflow; only the register and mode.events say so.
-    assert set(mode.events) == {"", "head", "encoder.0"} and dev.label is None
+    assert set(mode.events) == {"", "head", "encoder.0"} and dev.current_label is None
 
 
 def test_backward_outside_the_mode_or_in_another_thread_is_refused() -> None:
