@@ -3,6 +3,13 @@
 Scales are binary32 and updated with binary32 arithmetic, the ratios held as
 binary32 constants, as the TensorFlow graph does (so ``2**32 * 0.8`` rounds as
 on the device).
+
+Sources: the Ascend TensorFlow adapter, ``tf_adapter/python/npu_bridge/estimator/npu/
+npu_loss_scale_manager.py`` (github.com/Ascend/tensorflow), and its documentation page
+of ``NPULossScaleOptimizer`` (the constructor and the managers it takes); the growth
+guard ``S < 3.4e38 / incr_ratio`` is that code's; TensorFlow 1.x's
+``tensorflow/contrib/mixed_precision/python/loss_scale_manager.py`` is the original it
+adapts (it grows whenever the product is finite).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ class FixedLossScale(Policy):
 
 @dataclass(frozen=True)
 class ExponentialUpdate(Policy):
-    """Ascend ``ExponentialUpdateLossScaleManager`` (DESIGN.md section 5).
+    """Ascend ``ExponentialUpdateLossScaleManager`` (rules as the adapter's source, see the module).
 
     Finite step: after ``incr_every_n_steps`` consecutive good steps the scale
     grows by ``incr_ratio`` unless it is not below ``3.4e38 / incr_ratio``; both

@@ -1,6 +1,13 @@
 """Plain optimizers on binary32 master weights, and the loss-scale optimizers
 that wrap them: TensorFlow 1.x's ``LossScaleOptimizer`` and the Ascend
-adapter's ``NPULossScaleOptimizer`` (DESIGN.md section 5).
+adapter's ``NPULossScaleOptimizer``.
+
+Sources: TensorFlow 1.x ``tensorflow/contrib/mixed_precision/python/loss_scale_optimizer.py``
+(gradients of the scaled loss times 1/S, applied only if all finite, the manager always
+updated); the Ascend adapter's ``tf_adapter/python/npu_bridge/estimator/npu/
+npu_loss_scale_optimizer.py`` and its ``NPULossScaleOptimizer`` documentation page (in
+saturation mode the float-status register is read after the gradients, then cleared, and
+summed over ranks with ``is_distributed``; the step is finite iff it is all zero).
 
 There is no autodiff here: a *gradient function* ``grad_fn(loss_scale)``
 returns the gradients of the scaled loss, one per variable (the training

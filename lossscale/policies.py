@@ -1,6 +1,18 @@
 """The other frameworks' dynamic loss scalers, with their argument names,
-defaults and arithmetic (DESIGN.md section 5). Each is a pure policy core and
-a stateful face with ``get_loss_scale()`` / ``update_loss_scale(finite)``.
+defaults and arithmetic. Each is a pure policy core and a stateful face with
+``get_loss_scale()`` / ``update_loss_scale(finite)``.
+
+Sources (each rule below is that file's): PyTorch ``torch/amp/grad_scaler.py`` and
+``aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`` (``_amp_update_scale``); Keras 2 /
+TF2 ``keras/mixed_precision/loss_scale_optimizer.py`` (``DynamicLossScale``); Keras 3
+``keras/src/optimizers/loss_scale_optimizer.py``; DeepSpeed
+``deepspeed/runtime/fp16/loss_scaler.py`` (``DynamicLossScaler``); Megatron-LM
+``megatron/core/optimizer/grad_scaler.py`` (``DynamicGradScaler``); MindSpore
+``mindspore/python/mindspore/nn/wrap/loss_scale.py`` (``DynamicLossScaleUpdateCell``) and
+``mindspore/python/mindspore/train/loss_scale_manager.py``; jmp ``jmp/_src/loss_scale.py``
+(``DynamicLossScale``); TF 1.x ``tensorflow/contrib/mixed_precision/python/
+loss_scale_manager.py``. The torch, Keras 3 and jmp ones are also compared bit for bit
+with the installed frameworks (``tests/test_against_frameworks.py``).
 
 Arithmetic follows the originals: PyTorch multiplies its binary32 scale by a
 binary64 factor and rounds once; TensorFlow, Keras, Megatron, MindSpore and

@@ -10,8 +10,9 @@ sequences (a gradient that is finite or Inf, then the framework's own update):
 Each is skipped cleanly when its framework is absent (``.ci/run`` installs
 them). Not compared, because they do not install here or need CUDA:
 TensorFlow 2 / Keras 2 and TF 1.x contrib, DeepSpeed, Megatron-LM, MindSpore;
-their rules are checked against hand-worked trajectories and the DESIGN.md
-models in tests/test_policies.py and tests/test_policy_models.py.
+their rules (as lossscale.policies cites them from each framework's source) are checked
+against hand-worked trajectories and independent models in tests/test_policies.py and
+tests/test_policy_models.py.
 """
 
 from __future__ import annotations

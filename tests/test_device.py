@@ -18,7 +18,7 @@ H = np.float16
 SAT, IEEE = OverflowMode.SATURATION, OverflowMode.INF_NAN
 
 # The seed's support table (NPULossScaleOptimizer constructor page), copied by hand,
-# with the overflow modes of DESIGN.md section 4: (name, product, supported, modes, default).
+# with the overflow modes sim.profiles states, with its sources: (name, product, supported, modes, default).
 SEED = [
     ("atlas-350", "Atlas 350 加速卡", True, {IEEE, SAT}, IEEE),
     ("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品", True, {IEEE, SAT}, IEEE),
@@ -114,7 +114,7 @@ def test_forward_overflow_survives_the_backward_pass() -> None:
 
 def test_transcendentals_and_their_events() -> None:
     sat, ieee = Device("atlas-training"), Device("atlas-a2")
-    assert float(sat.exp(np.array(12, H))) == 65504.0 and status(sat)  # DESIGN: exp(12) -> 65504
+    assert float(sat.exp(np.array(12, H))) == 65504.0 and status(sat)  # exp(12) = 162755 saturates to 65504
     assert np.isinf(ieee.exp(np.array(12, H))) and status(ieee)
     sat.clear_float_status()
     assert float(sat.exp(np.array(11, H))) == float(H(np.exp(11))) and not status(sat)

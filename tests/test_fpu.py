@@ -1,4 +1,4 @@
-"""Hand-worked cases for every edge DESIGN.md names, the API's contract, and bad input."""
+"""Hand-worked cases for every edge of the float semantics (README, sim.fpu), the API's contract, and bad input."""
 
 from __future__ import annotations
 

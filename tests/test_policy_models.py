@@ -1,6 +1,6 @@
-"""Stateful hypothesis tests: every manager against a model written from DESIGN.md section 5.
+"""Stateful hypothesis tests: every manager against a model written from the frameworks' rules.
 
-The models below are written afresh from the design text, in a different
+The models below are written afresh from those rules, in a different
 style from the implementation (mutable state, binary64 arithmetic rounded to
 binary32 afterwards, which is exact for the products and innocuous for the
 quotients involved). Each machine also drives a twin manager with the same

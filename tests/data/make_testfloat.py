@@ -1,7 +1,7 @@
 """Rebuild ``testfloat.npz`` from the Berkeley TestFloat vector files.
 
 Usage: ``python tests/data/make_testfloat.py DIR`` where DIR holds the
-``*.txt.gz`` files (in this project: ``../shared/testfloat``). The vectors were
+``*.txt.gz`` files that ``testfloat_gen`` writes (see tests/data/README.md). The vectors were
 generated with Berkeley TestFloat 3e (``testfloat_gen``, level 1, seed 1,
 tininess after rounding unless the name says ``tininessbefore``) against
 SoftFloat 3e; ``f16_mulAdd_*`` hold every 61st case of the level-1 set.
