@@ -252,12 +252,8 @@ class Device:
             a = a if a.shape == shape else _filled(a, shape)
             b = b if b.shape == shape else _filled(b, shape)
         uint, out = fpu._uint, np.empty(shape, a.dtype)
-        status = fpu._kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
-                                  np.empty(out.size, np.uint8), fpu._own)
-        with self._lock:
-            self._status |= status
-            if status & _EVENTS:
-                self._event(status)
+        self._record(fpu._kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
+                                      np.empty(out.size, np.uint8), fpu._own))
         return out if shape or a.__class__ is np.ndarray or b.__class__ is np.ndarray else out[()]
 
     # -- context ------------------------------------------------------------------
