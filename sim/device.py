@@ -20,7 +20,21 @@ reading does not clear, only :meth:`Device.clear_float_status` does. INEXACT
 and UNDERFLOW do not reach the register.
 
 Slot 3 counts device operations (one per call: a matmul or a sum is one
-operation). Beside the register the device keeps the sticky IEEE status of
+operation).
+
+Which operation raised an event: each operation runs under the device's
+current *label* (``with device.label("fc1"):``; ``sim.torch`` labels with the
+issuing module's path) and *phase* of the training step
+(:meth:`Device.begin_phase`: ``forward``, ``loss``, ``log``, ``scale``,
+``backward``, ``allreduce``, ``unscale``, ``apply``, as the step's driver
+says). With ``record_events=True`` the device keeps a log,
+:attr:`Device.events`: one :class:`Event` (step, phase, label, op, flags,
+elements) per operation that raised a register event. Whether or not it
+logs, it counts such operations per phase of the current step
+(:attr:`Device.phase_events`). Hooks on phase changes
+(:attr:`Device.phase_hooks`) let a framework's overflow check clear or read
+the register at the point of the step where that framework does.
+ Beside the register the device keeps the sticky IEEE status of
 everything it ran (:attr:`Device.status`, all five flags), cleared only by
 :meth:`Device.clear_status`.
 
@@ -50,8 +64,9 @@ import math
 import operator
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,7 +76,7 @@ from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import _ELEMENTARY, Fpu, _filled
 from .rounding import Flag, OverflowMode, Rounding, config
 
-__all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS"]
+__all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "PHASES"]
 
 #: The flags that reach the float-status register.
 EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
@@ -95,6 +110,22 @@ def _columns(x, axis: int | None, fmt: Format) -> tuple[np.ndarray, tuple[int, .
     return np.ascontiguousarray(v.reshape(v.shape[0], math.prod(rest))).view(fmt.uint), rest
 
 
+#: The phases of a training step, in order (names for :meth:`Device.begin_phase`; others are
+#: allowed too). ``log``: computations for logging only, which feed no gradient.
+PHASES = ("forward", "loss", "log", "scale", "backward", "allreduce", "unscale", "apply")
+
+
+class Event(NamedTuple):
+    """One device operation that raised a register event."""
+
+    step: int | None  #: the step the device was in (:meth:`Device.begin_phase`), or None
+    phase: str | None  #: the phase of the step, or None outside phases
+    label: str | None  #: the innermost :meth:`Device.label`, or None
+    op: str  #: the device operation (``matmul``, ``exp``, ``cast``, ...)
+    flags: Flag  #: every IEEE flag the operation raised
+    elements: int  #: the number of elements the operation produced
+
+
 class LegacyModeWarning(UserWarning):
     """Saturation mode chosen on a product where it is kept only for compatibility."""
 
@@ -112,7 +143,7 @@ class Device:
 
     def __init__(self, profile: str | profiles.Profile = "atlas-a2", overflow: OverflowMode | str | None = None,
                  *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool = True,
-                 name: str | None = None, threads: int = 1) -> None:
+                 name: str | None = None, threads: int = 1, record_events: bool = False) -> None:
         self.profile = profiles.get(profile)
         mode = self.profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
         if mode not in self.profile.overflow_modes:
@@ -138,6 +169,16 @@ class Device:
         self._register = np.zeros(8, np.int32)
         self._status = 0
         self._label: str | None = None
+        self._phase: str | None = None
+        #: The step the device is in (set by :meth:`begin_phase`); recorded in events.
+        self.step: int | None = None
+        #: Operations that raised a register event in each phase of the current step.
+        self.phase_events: dict[str | None, int] = {}
+        #: Called as ``hook(device, previous_phase, phase)`` by :meth:`begin_phase`.
+        self.phase_hooks: list[Callable[[Device, str | None, str], None]] = []
+        if not isinstance(record_events, (bool, np.bool_)):
+            raise ValueError(f"record_events must be a bool, got {record_events!r}")
+        self._log: list[Event] | None = [] if record_events else None
         self.group = None  # set by sim.Group: the collective this device is a rank of
         self.rank: int | None = None
         self._lock = threading.RLock()
@@ -163,6 +204,36 @@ class Device:
         """The label of the innermost :meth:`label` block, or None."""
         return self._label
 
+    # -- phases of a training step, and the event log ------------------------------
+    def begin_phase(self, phase: str, step: int | None = None) -> None:
+        """Mark the start of ``phase`` (one of :data:`PHASES`, or a name of yours) of the
+        training step; ``step`` starts a new step (its per-phase event counts start at zero).
+        Then every hook in :attr:`phase_hooks` runs, in order."""
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f"phase must be a non-empty string such as {', '.join(PHASES)}; got {phase!r}")
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+                raise ValueError(f"step must be a non-negative integer, got {step!r}")
+            self.step, self.phase_events = int(step), {}
+        previous, self._phase = self._phase, phase
+        for hook in list(self.phase_hooks):
+            hook(self, previous, phase)
+
+    @property
+    def current_phase(self) -> str | None:
+        """The phase last begun with :meth:`begin_phase`, or None."""
+        return self._phase
+
+    @property
+    def events(self) -> list[Event]:
+        """The event log, oldest first (empty unless made with ``record_events=True``)."""
+        return list(self._log) if self._log is not None else []
+
+    def clear_events(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.clear()
+
     # -- the float-status register and the IEEE status ------------------------------
     def get_float_status(self) -> np.ndarray:
         """The register, ``int32[8]``: all zero unless an event happened since the last clear."""
@@ -182,19 +253,24 @@ class Device:
         with self._lock:
             self._status = 0
 
-    def _record(self, status: int) -> None:
-        """One operation's flags: into the IEEE status, and its events into the register."""
+    def _record(self, status: int, op: str, elements: int) -> None:
+        """One operation's flags: into the IEEE status, and its events into the register
+        (and the phase counts and the log)."""
         with self._lock:
             self._status |= status
             if status & _EVENTS:
-                self._event(status)
+                self._event(status, op, elements)
 
-    def _event(self, status: int) -> None:
+    def _event(self, status: int, op: str, elements: int) -> None:
         reg = self._register
         reg[0] |= (status & _OVERFLOW) != 0
         reg[1] |= (status & _INVALID) != 0
         reg[2] |= (status & _DIVBYZERO) != 0
         reg[3] = min(int(reg[3]) + 1, _INT32_MAX)
+        phase = self._phase
+        self.phase_events[phase] = self.phase_events.get(phase, 0) + 1
+        if self._log is not None:
+            self._log.append(Event(self.step, phase, self._label, op, Flag(status), int(elements)))
 
     def _on(self, x) -> Fpu:
         try:
@@ -214,14 +290,14 @@ class Device:
     def _op(self, op: str, *args, **kw) -> np.ndarray:
         """Run one elementwise operation in the settings of its operands' format."""
         result, shape, scalar = self._on(args[0])._apply(op, args, False, **kw)
-        self._record(result.status)
+        self._record(result.status, op, math.prod(shape))
         return Fpu._finish(result, shape, scalar, False)
 
-    def _flat(self, call, n: int, dst: Format, shape: tuple[int, ...]) -> np.ndarray:
+    def _flat(self, op: str, call, n: int, dst: Format, shape: tuple[int, ...]) -> np.ndarray:
         """The short path: ``call(out, flags)`` runs one kernel on n elements into fresh arrays
         of ``dst`` bits; its events are recorded and the result shaped."""
         out = np.empty(n, dst.uint)
-        self._record(call(out, np.empty(n, np.uint8)))
+        self._record(call(out, np.empty(n, np.uint8)), op, n)
         return out.view(dst.dtype).reshape(shape)
 
     def _elementary(self, op: str, a) -> np.ndarray:
@@ -230,8 +306,8 @@ class Device:
         if fpu is None:
             return self._op(op, a)
         bits, code, cfg = a.reshape(-1).view(fpu.format.uint), _ELEMENTARY[op], fpu._own
-        return self._flat(lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size, fpu.format,
-                          a.shape)
+        return self._flat(op, lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size,
+                          fpu.format, a.shape)
 
     def _binary(self, op: str, a, b) -> np.ndarray:
         """A binary operation on arrays or scalars of one dtype (broadcast as numpy does): checks,
@@ -253,7 +329,7 @@ class Device:
             b = b if b.shape == shape else _filled(b, shape)
         uint, out = fpu._uint, np.empty(shape, a.dtype)
         self._record(fpu._kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
-                                      np.empty(out.size, np.uint8), fpu._own))
+                                      np.empty(out.size, np.uint8), fpu._own), op, out.size)
         return out if shape or a.__class__ is np.ndarray or b.__class__ is np.ndarray else out[()]
 
     # -- context ------------------------------------------------------------------
@@ -321,33 +397,34 @@ class Device:
     # -- comparisons: IEEE predicates, bool results --------------------------------
     def eq(self, a, b) -> np.ndarray:
         """a == b, quiet: INVALID only for a signaling NaN operand; NaN equals nothing."""
-        return self._compare(K.EQ, False, a, b)
+        return self._compare("eq", K.EQ, False, a, b)
 
     def ne(self, a, b) -> np.ndarray:
         """not (a == b), quiet."""
-        return ~self._compare(K.EQ, False, a, b)
+        return ~self._compare("ne", K.EQ, False, a, b)
 
     def lt(self, a, b) -> np.ndarray:
         """a < b, signaling: any NaN operand raises INVALID (IEEE 754 compareSignalingLess)."""
-        return self._compare(K.LT, True, a, b)
+        return self._compare("lt", K.LT, True, a, b)
 
     def le(self, a, b) -> np.ndarray:
         """a <= b, signaling."""
-        return self._compare(K.LE, True, a, b)
+        return self._compare("le", K.LE, True, a, b)
 
     def gt(self, a, b) -> np.ndarray:
         """a > b, signaling."""
-        return self._compare(K.LT, True, b, a)
+        return self._compare("gt", K.LT, True, b, a)
 
     def ge(self, a, b) -> np.ndarray:
         """a >= b, signaling."""
-        return self._compare(K.LE, True, b, a)
+        return self._compare("ge", K.LE, True, b, a)
 
-    def _compare(self, op: int, signaling: bool, a, b) -> np.ndarray:
+    def _compare(self, name: str, op: int, signaling: bool, a, b) -> np.ndarray:
         fpu = self._on(a)
         flat, shape, scalar = fpu._operands("compare", (a, b), fpu.format)
         out = np.empty(flat[0].size, bool)
-        self._record(K.compare(op, signaling, flat[0], flat[1], out, np.empty(out.size, np.uint8), fpu._own))
+        self._record(K.compare(op, signaling, flat[0], flat[1], out, np.empty(out.size, np.uint8), fpu._own), name,
+                     out.size)
         return out[0] if scalar else out.reshape(shape)
 
     def relu(self, a) -> np.ndarray:
@@ -362,7 +439,7 @@ class Device:
             fpu = self._unit(dtype, "cast's dtype")
             cfg = fpu._config(fpu.format, None if rounding is None else Rounding.parse(rounding))
             result, shape, scalar = fpu._apply("convert", (x,), False, src=BINARY64, dst=fpu.format, cfg=cfg)
-            self._record(result.status)
+            self._record(result.status, "cast", math.prod(shape))
             return Fpu._finish(result, shape, scalar, False)
         src_fpu = self._on(x)
         src = src_fpu.format
@@ -370,11 +447,11 @@ class Device:
         fpu = self._fpus.get(dst.dtype, src_fpu)
         if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:
             bits = x.reshape(-1).view(src.uint)
-            return self._flat(lambda out, flags: K.convert(bits, out, flags, src_fpu._own, fpu._own), x.size, dst,
-                              x.shape)
+            return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_fpu._own, fpu._own),
+                              x.size, dst, x.shape)
         cfg = fpu._config(dst, None if rounding is None else Rounding.parse(rounding))
         result, shape, scalar = fpu._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
-        self._record(result.status)
+        self._record(result.status, "cast", math.prod(shape))
         return Fpu._finish(result, shape, scalar, False)
 
     # -- reductions and matmul ----------------------------------------------------
@@ -389,6 +466,9 @@ class Device:
         mode at every step); the sum is rounded once to ``out_dtype`` in the
         device's settings for that format.
         """
+        return self._product("matmul", a, b, accumulate, out_dtype)
+
+    def _product(self, name: str, a, b, accumulate, out_dtype) -> np.ndarray:
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype != _F16 or b.dtype != _F16:
             raise TypeError(f"matmul takes binary16 operands, got {a.dtype} and {b.dtype}")
@@ -405,7 +485,7 @@ class Device:
         m, n = a.shape[-2], b.shape[-1]
         if a.ndim == 2 and b.ndim == 2:
             out, status = self._matmul(a, b, acc_fpu, out_fpu)
-            self._record(status)
+            self._record(status, name, m * n)
             return out.view(fmt.dtype).reshape(m, n)
         try:
             lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -418,7 +498,7 @@ class Device:
         for i in range(len(stack_a)):
             out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu)
             status |= s
-        self._record(status)
+        self._record(status, name, out.size)
         return out.view(fmt.dtype).reshape(*lead, m, n)
 
     def _matmul(self, a: np.ndarray, b: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu) -> tuple[np.ndarray, int]:
@@ -474,7 +554,7 @@ class Device:
         windows = windows[:, :, ::stride, ::stride, ::dilation, ::dilation]  # (N, C, OH, OW, KH, KW)
         n, _, oh, ow = windows.shape[:4]
         rows = windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
-        out = self.matmul(rows, np.ascontiguousarray(w.reshape(o, c * kh * kw).T), accumulate, out_dtype)
+        out = self._product("conv2d", rows, np.ascontiguousarray(w.reshape(o, c * kh * kw).T), accumulate, out_dtype)
         return np.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
@@ -492,13 +572,13 @@ class Device:
         """The IEEE 754-2019 maximum along ``axis`` (all if None): NaN if any element is NaN
         (INVALID for a signaling one), +0 above -0; exact, with the overflow mode applied to
         the result once (saturation: NaN -> 0, Inf -> MAX). Empty: ValueError."""
-        return self._extremum("maximum", x, axis)
+        return self._extremum("amax", "maximum", x, axis)
 
     def amin(self, x, axis: int | None = None) -> np.ndarray:
         """The IEEE 754-2019 minimum along ``axis``, as :meth:`amax`; -0 below +0."""
-        return self._extremum("minimum", x, axis)
+        return self._extremum("amin", "minimum", x, axis)
 
-    def _extremum(self, op: str, x, axis) -> np.ndarray:
+    def _extremum(self, name: str, op: str, x, axis) -> np.ndarray:
         fpu = self._on(x)
         fmt = fpu.format
         v, rest = _columns(x, axis, fmt)
@@ -515,7 +595,8 @@ class Device:
                              np.empty(pair.size, np.uint8), ieee)
             v = np.concatenate([pair, v[2 * half:]]) if v.shape[0] % 2 else pair
         out = np.empty(v.shape[1], fmt.uint)
-        self._record(status | K.convert(v.reshape(-1), out, np.empty(out.size, np.uint8), fpu._own, fpu._own))
+        self._record(status | K.convert(v.reshape(-1), out, np.empty(out.size, np.uint8), fpu._own, fpu._own), name,
+                     out.size)
         result = out.view(fmt.dtype)
         return result[0] if axis is None else result.reshape(rest)
 
@@ -531,6 +612,6 @@ class Device:
         v, rest = _columns(x, axis, src.format)
         out = np.empty(v.shape[1], dst.format.uint)
         status = K.tree_sum(v, out, src._own, acc._own, dst._own, mean)
-        self._record(status)
+        self._record(status, "mean" if mean else "sum", out.size)
         total = out.view(dst.format.dtype)
         return total[0] if axis is None else total.reshape(rest)

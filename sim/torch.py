@@ -29,9 +29,11 @@ natively unseen.
 
 Each routed operation is labelled with the module that issued it: its path
 in the outermost module called inside the mode (``encoder.layers.1.attn``;
-"" outside any module), found by forward hooks in the forward pass and, in
-the backward pass, from the autograd node being run (each node created in a
-module's forward is tagged with its path). The operation runs inside
+outside any module, the label of the enclosing ``device.label`` block, or
+""), found by forward hooks in the forward pass and, in the backward pass,
+from the autograd node being run (each node created in a module's forward is
+tagged with its path; an untagged node, made outside modules, takes the
+enclosing ``device.label``). The operation runs inside
 ``device.label(path)``, and ``mode.events`` counts, per label, the device
 operations whose events reached the register.
 
@@ -274,8 +276,8 @@ class DeviceMode(TorchDispatchMode):
     def _label(self) -> str:
         node = torch._C._current_autograd_node()
         if node is not None:  # backward: the module whose forward made this node
-            return node.metadata.get(_LABEL, "")
-        return self._modules[-1] if self._modules else ""
+            return node.metadata.get(_LABEL) or self.device.current_label or ""
+        return self._modules[-1] if self._modules else (self.device.current_label or "")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
