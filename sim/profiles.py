@@ -13,6 +13,18 @@ the same page and the runtime documentation:
 - Atlas 200I/500 A2 inference and Atlas inference series: saturation; they do
   not support the NPU loss-scale optimizer.
 
+SoC names (what ``aclrtGetSocName`` reports, as torch_npu's
+``torch_npu/csrc/core/npu/NpuVariables.cpp`` lists them): Ascend910A, 910ProA,
+910PremiumA, 910ProB and 910B (Atlas training series); Ascend910B1-B4 (with
+B2C and B4-1: Atlas A2); Ascend910_93xx (Atlas A3); Ascend950 and its variants
+(Atlas 350); Ascend310P1-P7 (Atlas inference series); Ascend310B1-B4 (Atlas
+200I/500 A2). :func:`for_soc` maps a name to its profile.
+
+:func:`overflow_mode_from_env` gives the mode a framework's runtime would
+pick from its environment variables (sources: torch_npu ``NpuVariables.cpp``
+``IsSupportInfNan`` and ``register/OptionsManager.cpp``; MindSpore's
+``MS_ASCEND_CHECK_OVERFLOW_MODE``, read by MindSpore 2.2 and earlier).
+
 Where the sources are silent the profile states the model's choice: tininess
 after rounding, the positive canonical quiet NaN (0x7E00), matmul accumulation
 in binary32 (the cube unit's; ``Device.matmul``'s default). Subnormals are
@@ -21,13 +33,16 @@ kept, never flushed to zero, on every profile.
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from .rounding import OverflowMode, Tininess
 
-__all__ = ["Profile", "get", "names", "PROFILES"]
+__all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from_env"]
 
 _BOTH = (OverflowMode.INF_NAN, OverflowMode.SATURATION)
 _SAT = (OverflowMode.SATURATION,)
@@ -48,6 +63,8 @@ class Profile:
     default_nan: int = 0x7E00
     matmul_accumulate: type = np.float32
     note: str = ""
+    #: SoC names of the product (a name ending in ``*`` stands for every name with that prefix).
+    socs: tuple[str, ...] = ()
 
     def describe_modes(self) -> str:
         modes = ", ".join(m.name for m in self.overflow_modes)
@@ -57,19 +74,25 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
-            note="one runtime document says INF/NaN only; the seed lists both modes and is followed"),
+            note="one runtime document says INF/NaN only; the seed lists both modes and is followed",
+            socs=("Ascend950*",)),
     Profile("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品",
             "Atlas A3 training series / Atlas A3 inference series",
-            True, _BOTH, OverflowMode.INF_NAN, True),
+            True, _BOTH, OverflowMode.INF_NAN, True,
+            socs=tuple(f"Ascend910_{n}" for n in (9391, 9392, 9381, 9382, 9372, 9362, 9363))),
     Profile("atlas-a2", "Atlas A2 训练系列产品 / Atlas A2 推理系列产品",
             "Atlas A2 training series / Atlas A2 inference series",
-            True, _BOTH, OverflowMode.INF_NAN, True),
+            True, _BOTH, OverflowMode.INF_NAN, True,
+            socs=("Ascend910B1", "Ascend910B2", "Ascend910B2C", "Ascend910B3", "Ascend910B4", "Ascend910B4-1")),
     Profile("atlas-200i-500-a2", "Atlas 200I/500 A2 推理产品", "Atlas 200I/500 A2 inference products",
-            False, _SAT, OverflowMode.SATURATION, False),
+            False, _SAT, OverflowMode.SATURATION, False,
+            socs=("Ascend310B1", "Ascend310B2", "Ascend310B3", "Ascend310B4")),
     Profile("atlas-inference", "Atlas 推理系列产品", "Atlas inference series",
-            False, _SAT, OverflowMode.SATURATION, False),
+            False, _SAT, OverflowMode.SATURATION, False,
+            socs=tuple(f"Ascend310P{n}" for n in (1, 2, 3, 4, 5, 7))),
     Profile("atlas-training", "Atlas 训练系列产品", "Atlas training series",
-            True, _SAT, OverflowMode.SATURATION, False),
+            True, _SAT, OverflowMode.SATURATION, False,
+            socs=("Ascend910A", "Ascend910ProA", "Ascend910PremiumA", "Ascend910ProB", "Ascend910B")),
 )}
 
 
@@ -86,3 +109,100 @@ def get(name: str | Profile) -> Profile:
         return PROFILES[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+def for_soc(soc: str) -> Profile:
+    """The profile of a SoC name (``Ascend910B3`` -> atlas-a2); ValueError listing the known names."""
+    for p in PROFILES.values():
+        for name in p.socs:
+            if soc == name or (name.endswith("*") and isinstance(soc, str) and soc.startswith(name[:-1])):
+                return p
+    known = ", ".join(n for p in PROFILES.values() for n in p.socs)
+    raise ValueError(f"unknown SoC name {soc!r}; known: {known}")
+
+
+_TORCH_NPU = ("INF_NAN_MODE_ENABLE", "INF_NAN_MODE_FORCE_DISABLE")
+_MINDSPORE = "MS_ASCEND_CHECK_OVERFLOW_MODE"
+_MS_MODES = {"SATURATION_MODE": OverflowMode.SATURATION, "INFNAN_MODE": OverflowMode.INF_NAN}
+
+
+def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    text = environ.get(name)
+    if text is None or text == "":
+        return default
+    if text.strip() not in ("0", "1"):
+        raise ValueError(f"{name} should be 0 or 1, got {text!r} (torch_npu refuses other values)")
+    return text.strip() == "1"
+
+
+def _torch_npu_mode(p: Profile, environ: Mapping[str, str]) -> OverflowMode | None:
+    """torch_npu's IsSupportInfNan: None when neither variable is set."""
+    if not any(environ.get(n) for n in _TORCH_NPU):
+        return None
+    enable, force_disable = _flag(environ, _TORCH_NPU[0], True), _flag(environ, _TORCH_NPU[1], False)
+    if p.name == "atlas-350":
+        # torch_npu treats Ascend950 as INF/NaN only and ignores both variables; the seed lists
+        # saturation for the Atlas 350 too, and the simulator follows the seed.
+        wanted = OverflowMode.INF_NAN if enable and not force_disable else OverflowMode.SATURATION
+        if wanted is OverflowMode.SATURATION:
+            warnings.warn("atlas-350: torch_npu ignores INF_NAN_MODE_ENABLE / INF_NAN_MODE_FORCE_DISABLE on "
+                          "Ascend950 and runs INF/NaN mode; the seed lists saturation mode for the Atlas 350, "
+                          "and this follows the seed: SATURATION", UserWarning, stacklevel=3)
+        return wanted
+    default_inf_nan = p.default_overflow_mode is OverflowMode.INF_NAN
+    if not enable:
+        if default_inf_nan and not force_disable:
+            raise ValueError(f"{p.name}: INF_NAN_MODE_ENABLE shouldn't be set to 0 on this device; to disable "
+                             f"INF/NaN mode, also set INF_NAN_MODE_FORCE_DISABLE=1 (torch_npu's rule)")
+        return OverflowMode.SATURATION
+    if force_disable:
+        return OverflowMode.SATURATION
+    return p.default_overflow_mode
+
+
+def _mindspore_mode(p: Profile, environ: Mapping[str, str]) -> OverflowMode | None:
+    text = environ.get(_MINDSPORE)
+    if not text:
+        return None
+    if text not in _MS_MODES:
+        raise ValueError(f"{_MINDSPORE} must be one of {', '.join(_MS_MODES)}, got {text!r}")
+    mode = _MS_MODES[text]
+    if mode not in p.overflow_modes:
+        raise ValueError(f"{_MINDSPORE}={text}: {p.name} ({p.product_en}) supports {p.describe_modes()} only")
+    return mode
+
+
+def overflow_mode_from_env(profile: str | Profile, environ: Mapping[str, str] | None = None, *,
+                           framework: str | None = None) -> OverflowMode:
+    """The overflow mode a framework's runtime picks on ``profile`` from ``environ``
+    (default: ``os.environ``).
+
+    torch_npu (``INF_NAN_MODE_ENABLE``, default 1, and ``INF_NAN_MODE_FORCE_DISABLE``,
+    default 0; each must be 0 or 1): saturation-only products stay in saturation; on
+    products that default to INF/NaN (atlas-a2, atlas-a3), ``INF_NAN_MODE_ENABLE=0`` is an
+    error unless ``INF_NAN_MODE_FORCE_DISABLE=1``, and ``INF_NAN_MODE_FORCE_DISABLE=1``
+    alone selects saturation. On atlas-350 torch_npu ignores both and runs INF/NaN; the
+    seed lists both modes there, so this follows the variables (and warns when they ask
+    for saturation). The CANN runtime attribute that torch_npu also consults is not
+    modelled: without the variables, the profile's default.
+
+    MindSpore (``MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE|INFNAN_MODE``): that mode,
+    if the product has it.
+
+    ``framework="torch_npu"`` or ``"mindspore"`` reads only that framework's variables;
+    None reads both, and refuses variables of the two that disagree.
+    """
+    p = get(profile)
+    env = os.environ if environ is None else environ
+    readers = {"torch_npu": _torch_npu_mode, "mindspore": _mindspore_mode}
+    if framework is not None and framework not in readers:
+        raise ValueError(f"unknown framework {framework!r}; valid: {', '.join(readers)}, or None for both")
+    picked = {}
+    for name, read in readers.items():
+        if framework in (None, name):
+            picked[name] = read(p, env)
+    modes = {m for m in picked.values() if m is not None}
+    if len(modes) > 1:
+        raise ValueError(f"{p.name}: torch_npu's variables select {picked['torch_npu'].name} but "
+                         f"{_MINDSPORE} selects {picked['mindspore'].name}")
+    return modes.pop() if modes else p.default_overflow_mode
