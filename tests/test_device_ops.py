@@ -70,7 +70,7 @@ def ieee_extremum(values: list[int], biggest: bool, saturate: bool) -> int:
     """IEEE 754-2019 maximum / minimum of binary16 bit patterns, then the overflow mode."""
     if any((v & 0x7FFF) > 0x7C00 for v in values):
         return 0 if saturate else BINARY16.default_nan
-    key = lambda v: (float(np.uint16(v).view(H)), (v < 0x8000) == biggest)  # noqa: E731 (+0 above -0)
+    key = lambda v: (float(np.uint16(v).view(H)), v < 0x8000)  # noqa: E731 (+0 above -0, for both)
     best = functools.reduce(lambda x, y: y if (key(y) > key(x)) == biggest and key(y) != key(x) else x, values)
     if saturate and (best & 0x7FFF) == 0x7C00:
         return best - 1
