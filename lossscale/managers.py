@@ -41,6 +41,9 @@ class FixedLossScale(Policy):
         check_at_least("loss_scale", self.loss_scale, 1)
         check_bool("enable_overflow_check", self.enable_overflow_check)
 
+    def checks_overflow(self) -> bool:
+        return bool(self.enable_overflow_check)
+
     def initial(self) -> State:
         return self.State(f32(self.loss_scale))
 

@@ -23,8 +23,7 @@ import numpy as np
 
 from sim import Device, OverflowMode, current_device
 
-from .managers import FixedLossScale
-from .policy import Manager, check_positive, check_ratio
+from .policy import Manager, Policy, check_positive, check_ratio
 
 __all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS"]
 
@@ -167,11 +166,15 @@ class LossScaleOptimizer:
 
     def apply_gradients(self, grads_and_vars: GradsAndVars) -> bool:
         grads_and_vars = list(grads_and_vars)
-        finite = self._decide(grads_and_vars)
+        return self.apply_decided(grads_and_vars, self._decide(grads_and_vars))
+
+    def apply_decided(self, grads_and_vars: GradsAndVars, finite: bool) -> bool:
+        """Apply the step if ``finite`` (a decision made elsewhere: another framework's
+        overflow check) and update the manager; returns ``finite``."""
         if finite:
             self._opt.apply_gradients(grads_and_vars)
-        self._loss_scale_manager.update_loss_scale(finite)
-        return finite
+        self._loss_scale_manager.update_loss_scale(bool(finite))
+        return bool(finite)
 
     def minimize(self, grad_fn: Callable[[float], Sequence[np.ndarray | None]], var_list: Sequence[np.ndarray]) -> bool:
         return self.apply_gradients(self.compute_gradients(grad_fn, var_list))
@@ -215,7 +218,7 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
 
     def _decide(self, grads_and_vars: GradsAndVars) -> bool:
         policy = getattr(self._loss_scale_manager, "policy", None)
-        if isinstance(policy, FixedLossScale) and not policy.enable_overflow_check:
+        if isinstance(policy, Policy) and not policy.checks_overflow():
             self.last_status = None
             return True
         dev = self.device

@@ -43,10 +43,10 @@ from .policy import (
 )
 
 __all__ = [
-    "TorchGradScaler", "KerasDynamicLossScale", "Keras3LossScale", "DeepSpeedLossScaler",
+    "TorchGradScaler", "TorchNpuGradScaler", "KerasDynamicLossScale", "Keras3LossScale", "DeepSpeedLossScaler",
     "MegatronGradScaler", "MindSporeDynamicLossScale", "JmpDynamicLossScale",
     "TF1ExponentialUpdateLossScaleManager",
-    "TorchPolicy", "KerasPolicy", "Keras3Policy", "DeepSpeedPolicy", "MegatronPolicy",
+    "TorchPolicy", "TorchNpuPolicy", "KerasPolicy", "Keras3Policy", "DeepSpeedPolicy", "MegatronPolicy",
     "MindSporePolicy", "JmpPolicy", "TF1ExponentialUpdate",
 ]
 
@@ -83,16 +83,53 @@ class TorchPolicy(Policy):
     def initial(self) -> _Counted:
         return _Counted(f32(self.init_scale))
 
-    def next(self, state: _Counted, finite: bool) -> _Counted:
+    def _times(self, scale: np.float32, factor: float) -> np.float32:
         # float * double in C++: the product in binary64, rounded once to binary32.
+        with np.errstate(over="ignore"):
+            return np.float32(float(scale) * factor)
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
         scale, tracker = state
         if not finite:
-            return _Counted(f32(float(scale) * self.backoff_factor), 0)
+            return _Counted(self._times(scale, self.backoff_factor), 0)
         if tracker + 1 == self.growth_interval:
-            with np.errstate(over="ignore"):
-                grown = np.float32(float(scale) * self.growth_factor)
-            return _Counted(grown if math.isfinite(grown) else scale, 0)
+            grown = self._times(scale, self.growth_factor)
+            return _Counted(grown if not math.isinf(grown) else scale, 0)
         return _Counted(scale, tracker + 1)
+
+
+@dataclass(frozen=True)
+class TorchNpuPolicy(TorchPolicy):
+    """torch_npu's ``GradScaler`` (``torch_npu/npu/amp/grad_scaler.py``, ``_npu_update_scale``):
+    the rules of torch's, run on the host with tensor arithmetic: the binary32 scale times
+    the factor as a binary32 scalar (``self._scale.mul_(backoff)``, ``self._scale *
+    growth``), growth kept unless ``torch.isinf``; no lower bound. ``dynamic=False``: a
+    constant scale, gradients times 1/scale, no check. ``enabled=False``: no scaling (the
+    scale reads 1.0, as ``get_scale`` says) and no check."""
+
+    enabled: bool = True
+    dynamic: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool("enabled", self.enabled)
+        check_bool("dynamic", self.dynamic)
+
+    @property
+    def grows(self) -> bool:  # type: ignore[override]
+        return self.enabled and self.dynamic
+
+    def checks_overflow(self) -> bool:
+        return bool(self.enabled and self.dynamic)
+
+    def _times(self, scale: np.float32, factor: float) -> np.float32:
+        return _times(scale, f32(factor))
+
+    def initial(self) -> _Counted:
+        return _Counted(f32(self.init_scale if self.enabled else 1.0))
+
+    def next(self, state: _Counted, finite: bool) -> _Counted:
+        return super().next(state, finite) if self.enabled and self.dynamic else state
 
 
 @dataclass(frozen=True)
@@ -275,7 +312,8 @@ class MindSporeState(NamedTuple):
 @dataclass(frozen=True)
 class MindSporePolicy(Policy):
     """MindSpore ``DynamicLossScaleUpdateCell`` with the ``DynamicLossScaleManager``
-    defaults: on overflow ``max(S / scale_factor, 1)``; growth when
+    defaults: on overflow ``max(S * reciprocal(scale_factor), 1)`` (binary32: the
+    reciprocal rounded, then the product); growth when
     ``scale_window <= cur_iter - last_overflow_iter`` (no cap)."""
 
     init_loss_scale: float = 2.0**24
@@ -297,8 +335,8 @@ class MindSporePolicy(Policy):
         scale, cur, last = state
         f = f32(self.scale_factor)
         overflow = not finite
-        if overflow:
-            scale = max(scale / f, f32(1))
+        if overflow:  # loss_scale * reciprocal(scale_factor): two roundings, not one division
+            scale = max(scale * (f32(1) / f), f32(1))
         inc = self.scale_window <= cur - last
         if overflow or inc:
             last = cur
@@ -358,6 +396,14 @@ class TorchGradScaler(Manager):
     """``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."""
 
     policy_type = TorchPolicy
+
+
+@register("torch-npu", init_scale=DEMO_SCALE, growth_interval=50)
+class TorchNpuGradScaler(Manager):
+    """torch_npu ``GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000,
+    dynamic=True, enabled=True)``; its overflow check is the ``torch-npu`` detector."""
+
+    policy_type = TorchNpuPolicy
 
 
 @register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)

@@ -48,6 +48,10 @@ class Policy:
     def next(self, state: Any, finite: bool) -> Any:
         raise NotImplementedError
 
+    def checks_overflow(self) -> bool:
+        """Whether a step's overflow check runs at all (False: every step is applied)."""
+        return True
+
     def floor_value(self) -> float:
         """The declared floor as a number in the scale's own type (a field name
         resolves to its value: 1.7e38 is 1.6999999e38 in binary32)."""

@@ -5,13 +5,19 @@ sequences (a gradient that is finite or Inf, then the framework's own update):
 
 - PyTorch's ``torch.amp.GradScaler`` (CPU build 2.13.0) against ``TorchGradScaler``;
 - Keras 3's ``LossScaleOptimizer`` (on the torch backend) against ``Keras3LossScale``;
-- jmp's ``DynamicLossScale`` (on JAX, CPU) against ``JmpDynamicLossScale``.
+- jmp's ``DynamicLossScale`` (on JAX, CPU) against ``JmpDynamicLossScale``;
+- DeepSpeed's ``DynamicLossScaler`` against ``DeepSpeedLossScaler``;
+- TF2's Keras 2 ``tf_keras.mixed_precision.LossScaleOptimizer`` (dynamic) against
+  ``KerasDynamicLossScale``;
+- MindSpore's ``nn.DynamicLossScaleUpdateCell`` against ``MindSporeDynamicLossScale``, and
+  its ``amp.DynamicLossScaler`` (jmp's rule with a floor of 1) against ``JmpDynamicLossScale``.
 
-Each is skipped cleanly when its framework is absent (``.ci/run`` installs
-them). Not compared, because they do not install here or need CUDA:
-TensorFlow 2 / Keras 2 and TF 1.x contrib, DeepSpeed, Megatron-LM, MindSpore;
-their rules (as lossscale.policies cites them from each framework's source) are checked
-against hand-worked trajectories and independent models in tests/test_policies.py and
+Each is skipped cleanly when its framework is absent (``.ci/run`` installs them).
+torch_npu does not install without an NPU: ``TorchNpuGradScaler`` is checked against the
+host-side update of torch_npu's ``grad_scaler.py`` (``_npu_update_scale``) as read, run
+here on CPU torch tensors, so that torch's own binary32 arithmetic decides every product.
+Megatron-LM (it needs CUDA) and TF 1.x contrib (no longer installs) are checked against
+hand-worked trajectories and independent models in tests/test_policies.py and
 tests/test_policy_models.py.
 """
 
@@ -25,7 +31,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lossscale.policies import JmpDynamicLossScale, Keras3LossScale, TorchGradScaler
+from lossscale.policies import (
+    DeepSpeedLossScaler,
+    JmpDynamicLossScale,
+    Keras3LossScale,
+    KerasDynamicLossScale,
+    MindSporeDynamicLossScale,
+    MinimumScaleError,
+    TorchGradScaler,
+    TorchNpuGradScaler,
+)
 
 torch = pytest.importorskip("torch")
 os.environ.setdefault("KERAS_BACKEND", "torch")
@@ -118,3 +133,143 @@ def test_jmp_dynamic_loss_scale_bit_for_bit(steps, loss_scale, period, factor, m
         mine.update_loss_scale(finite)
         assert float(theirs.loss_scale) == mine.get_loss_scale()
         assert int(theirs.counter) == mine.state.counter
+
+
+def trajectory_of(manager, steps) -> list[float]:
+    out = [manager.get_loss_scale()]
+    for finite in steps:
+        manager.update_loss_scale(finite)
+        out.append(manager.get_loss_scale())
+    return out
+
+
+def npu_update_scale(steps, init_scale, growth_factor, backoff_factor, growth_interval) -> list[float]:
+    """torch_npu's ``GradScaler._npu_update_scale`` (torch_npu/npu/amp/grad_scaler.py), line for
+    line, on CPU tensors: the scale a float32 tensor, the tracker an int32 one."""
+    scale = torch.full((), init_scale, dtype=torch.float32)
+    tracker = torch.full((), 0, dtype=torch.int32)
+    out = [float(scale)]
+    for finite in steps:
+        if not finite:  # self._has_overflow
+            scale.mul_(backoff_factor)
+            tracker.zero_()
+        else:
+            tracker.add_(1)
+            if tracker.item() == growth_interval:
+                new_scale = scale * growth_factor
+                if not torch.isinf(new_scale):
+                    scale = new_scale
+                tracker.zero_()
+        out.append(float(scale))
+    return out
+
+
+@given(steps=st.lists(st.booleans(), min_size=1, max_size=80),
+       init_scale=st.sampled_from([2.0**16, 0.75, 3.0, 2.0**126, 1e-30, 12345.678, 2.0**-140]),
+       growth_factor=st.sampled_from([2.0, 1.5, 1.0001, 3.7]),
+       backoff_factor=st.sampled_from([0.5, 0.3, 0.999, 0.125]),
+       growth_interval=st.integers(1, 5))
+@settings(max_examples=150, deadline=None)
+def test_torch_npu_grad_scaler_as_its_host_update(steps, init_scale, growth_factor, backoff_factor,
+                                                  growth_interval) -> None:
+    kw = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+              growth_interval=growth_interval)
+    assert trajectory_of(TorchNpuGradScaler(**kw), steps) == npu_update_scale(steps, **kw)
+
+
+def test_torch_npu_arithmetic_differs_from_torch() -> None:
+    # torch's CPU kernel rounds the binary64 product once; torch_npu's tensor.mul_(0.3)
+    # multiplies by 0.3 rounded to binary32 first: 0.75 * 0.3 differs in the last bit.
+    ours = TorchNpuGradScaler(init_scale=0.75, backoff_factor=0.3)
+    ours.update_loss_scale(False)
+    plain = TorchGradScaler(init_scale=0.75, backoff_factor=0.3)
+    plain.update_loss_scale(False)
+    assert ours.get_loss_scale() == float(np.float32(0.75) * np.float32(0.3)) == npu_update_scale(
+        [False], 0.75, 2.0, 0.3, 2000)[1]
+    assert plain.get_loss_scale() == 0.22499999403953552 != ours.get_loss_scale()
+
+
+@pytest.fixture(scope="module")
+def deepspeed_scaler():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.fp16 import loss_scaler
+    # Its overflow branch logs with the rank, which needs an initialised process group.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loss_scaler.dist, "get_rank", lambda: 0)
+        yield loss_scaler
+
+
+@given(steps=st.lists(st.booleans(), min_size=1, max_size=60),
+       init_scale=st.sampled_from([2.0**16, 3.0, 2.0**-3, 1e300]),
+       scale_window=st.integers(1, 4), min_scale=st.sampled_from([1.0, 0.25, 2.0**-10]),
+       delayed_shift=st.integers(1, 3), consecutive_hysteresis=st.booleans(), raising=st.booleans())
+@settings(max_examples=100, deadline=None)
+def test_deepspeed_dynamic_loss_scaler(deepspeed_scaler, steps, init_scale, scale_window, min_scale, delayed_shift,
+                                       consecutive_hysteresis, raising) -> None:
+    theirs = deepspeed_scaler.DynamicLossScaler(init_scale, scale_window, min_scale, delayed_shift,
+                                                consecutive_hysteresis, raise_error_at_min_scale=raising)
+    mine = DeepSpeedLossScaler(init_scale=init_scale, scale_window=scale_window, min_scale=min_scale,
+                               delayed_shift=delayed_shift, consecutive_hysteresis=consecutive_hysteresis,
+                               raise_error_at_min_scale=raising)
+    for finite in steps:
+        try:
+            theirs.update_scale(not finite)
+        except Exception as err:  # noqa: BLE001 - DeepSpeed raises a bare Exception at the floor
+            assert "minimum" in str(err)
+            with pytest.raises(MinimumScaleError):
+                mine.update_loss_scale(finite)
+            return
+        mine.update_loss_scale(finite)
+        assert mine.get_loss_scale() == theirs.loss_scale and mine.state.cur_hysteresis == theirs.cur_hysteresis
+
+
+@pytest.fixture(scope="module")
+def tf_keras():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return pytest.importorskip("tf_keras")
+
+
+@given(steps=st.lists(st.booleans(), min_size=1, max_size=30),
+       initial_scale=st.sampled_from([2.0**15, 3.0, 1.0, 2.0**127, 1.5]),
+       dynamic_growth_steps=st.integers(1, 4))
+@settings(max_examples=40, deadline=None)
+def test_keras2_loss_scale_optimizer(tf_keras, steps, initial_scale, dynamic_growth_steps) -> None:
+    import tensorflow as tf
+    var = tf.Variable(np.zeros(1, np.float32))
+    opt = tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD(0.0), dynamic=True,
+                                                      initial_scale=initial_scale,
+                                                      dynamic_growth_steps=dynamic_growth_steps)
+    theirs = [float(opt.loss_scale)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for finite in steps:
+            opt.apply_gradients([(tf.constant([1.0 if finite else np.inf], tf.float32), var)])
+            theirs.append(float(opt.loss_scale))
+    assert trajectory_of(KerasDynamicLossScale(initial_scale, dynamic_growth_steps), steps) == theirs
+
+
+@pytest.fixture(scope="module")
+def mindspore():
+    ms = pytest.importorskip("mindspore")
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    return ms
+
+
+@given(steps=st.lists(st.booleans(), min_size=1, max_size=30),
+       init=st.sampled_from([2.0**24, 3.0, 1.0, 2.0**127, 1.5, 12345.678]),
+       factor=st.sampled_from([2, 3, 5, 10]), window=st.integers(1, 4))
+@settings(max_examples=40, deadline=None)
+def test_mindspore_update_cell_and_amp_scaler(mindspore, steps, init, factor, window) -> None:
+    from mindspore import Parameter, Tensor, amp, nn
+    cell = nn.DynamicLossScaleUpdateCell(loss_scale_value=init, scale_factor=factor, scale_window=window)
+    scale = Parameter(Tensor(np.float32(init)), name="loss_scale")
+    scaler = amp.DynamicLossScaler(init, factor, window)
+    cell_out, amp_out = [float(scale.asnumpy())], [float(scaler.scale_value.asnumpy())]
+    for finite in steps:
+        cell(scale, Tensor(not finite))
+        scaler.adjust(Tensor(finite))
+        cell_out.append(float(scale.asnumpy()))
+        amp_out.append(float(scaler.scale_value.asnumpy()))
+    assert trajectory_of(MindSporeDynamicLossScale(init, factor, window), steps) == cell_out
+    assert trajectory_of(JmpDynamicLossScale(init, period=window, factor=factor, min_loss_scale=1.0), steps) == \
+        amp_out

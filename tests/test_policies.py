@@ -16,6 +16,7 @@ from lossscale.policies import (
     MinimumScaleError,
     TF1ExponentialUpdateLossScaleManager,
     TorchGradScaler,
+    TorchNpuGradScaler,
 )
 
 T, F = True, False
@@ -91,6 +92,27 @@ def test_torch_rounds_a_binary64_product_once() -> None:
     assert run(TorchGradScaler(1.0, growth_factor=1.5, growth_interval=2), [T, T, T, F]) == [1, 1, 1.5, 1.5, 0.75]
 
 
+def test_torch_npu_rules() -> None:
+    # torch_npu's _npu_update_scale: the defaults are PyTorch's; overflow halves, tracker 0.
+    t = TorchNpuGradScaler()
+    assert (t.policy.init_scale, t.policy.growth_factor, t.policy.backoff_factor, t.policy.growth_interval,
+            t.policy.enabled, t.policy.dynamic) == (2.0**16, 2.0, 0.5, 2000, True, True)
+    assert run(TorchNpuGradScaler(8, growth_interval=2), [T, F, T, T, T]) == [8, 8, 4, 4, 8, 8]
+    # Growth to Inf is refused (torch.isinf) and the tracker resets all the same.
+    big = TorchNpuGradScaler(2.0**127, growth_interval=1)
+    assert run(big, [T, T]) == [2.0**127] * 3 and big.state.counter == 0
+    # No lower bound: halving the smallest subnormal gives 0.
+    assert run(TorchNpuGradScaler(2.0**-148), [F, F, F]) == [2.0**-148, 2.0**-149, 0.0, 0.0]
+    # The factor is a binary32 scalar: 0.75 * f32(0.3), not the binary64 product rounded once.
+    assert run(TorchNpuGradScaler(0.75, backoff_factor=0.3), [F])[-1] == float(np.float32(0.75) * np.float32(0.3))
+    # dynamic=False: a constant scale and no check; enabled=False: no scaling (scale 1.0), no check.
+    static = TorchNpuGradScaler(2.0**10, dynamic=False)
+    assert run(static, [F, T, F]) == [1024.0] * 4 and not static.policy.checks_overflow()
+    off = TorchNpuGradScaler(2.0**10, enabled=False)
+    assert run(off, [F, T]) == [1.0] * 3 and not off.policy.checks_overflow()
+    assert TorchNpuGradScaler().policy.checks_overflow()
+
+
 def test_keras_and_jmp_periods() -> None:
     assert run(KerasDynamicLossScale(4, dynamic_growth_steps=2), [T, T, T, F, T, T]) == [4, 4, 8, 8, 4, 4, 8]
     assert run(Keras3LossScale(4, dynamic_growth_steps=2), [T, T, T, F, T, T]) == [4, 4, 8, 8, 4, 4, 8]
@@ -130,6 +152,11 @@ def test_mindspore_window() -> None:
     # cur starts at 1, last at 0; growth when 2 <= cur - last.
     ms = MindSporeDynamicLossScale(init_loss_scale=4, scale_window=2)
     assert run(ms, [T, T, T, T, F, T, T]) == [4, 4, 8, 8, 16, 8, 8, 16]
+    # On overflow the scale is multiplied by reciprocal(factor) in binary32, as the cell does:
+    # 100 * f32(1/3) = 100 * 0.3333333432674408 rounds to 33.333335876464844, while the
+    # quotient 100 / 3 rounds to 33.33333206176758.
+    assert run(MindSporeDynamicLossScale(100, 3), [F])[-1] == 33.333335876464844
+    assert float(np.float32(100) / np.float32(3)) == 33.33333206176758
 
 
 def test_fixed_manager() -> None:
@@ -152,6 +179,9 @@ def test_fixed_manager() -> None:
     (lambda: MegatronGradScaler(1, 2, 2, 0.5, 10, 1), "min_scale must not exceed initial_scale"),
     (lambda: JmpDynamicLossScale(float("nan")), "loss_scale must be finite"),
     (lambda: FixedLossScaleManager(8, enable_overflow_check="yes"), "enable_overflow_check must be a bool"),
+    (lambda: TorchNpuGradScaler(growth_factor=1.0), "growth_factor must be greater than 1"),
+    (lambda: TorchNpuGradScaler(dynamic=1), "dynamic must be a bool"),
+    (lambda: TorchNpuGradScaler(enabled="no"), "enabled must be a bool"),
 ])
 def test_invalid_arguments_name_the_argument(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):

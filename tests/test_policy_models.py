@@ -188,7 +188,7 @@ class MindSporeModel(Model):
 
     def step(self, finite):
         overflow = not finite
-        s = max(r32(self.S / self.f), 1.0) if overflow else self.S
+        s = max(r32(self.S * r32(1 / self.f)), 1.0) if overflow else self.S  # times reciprocal(factor)
         inc = self.w <= self.cur - self.last
         if overflow or inc:
             self.last = self.cur
