@@ -16,6 +16,7 @@ from typing import Any
 
 from sim import profiles
 
+from .detectors import ALIASES, DETECTORS
 from .simulate import MANAGERS, Run, simulate
 from .workloads import WORKLOADS
 
@@ -65,8 +66,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow-mode", choices=["saturation", "inf_nan"], default=None,
                    help="default: the profile's")
     p.add_argument("--manager-arg", action="append", metavar="KEY=VALUE", default=[])
-    p.add_argument("--detector", choices=["status", "isfinite"], default=None,
-                   help="default: the register in saturation mode, isfinite in INF/NaN mode")
+    p.add_argument("--detector", choices=[*DETECTORS, *ALIASES], default=None,
+                   help="whose overflow check decides: tf-npu (status), torch-npu, mindspore, "
+                        "mindspore-all-finite or isfinite; default: tf-npu in saturation mode, isfinite in "
+                        "INF/NaN mode")
+    p.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the devices' event log (events.csv, events.png; default: on)")
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
@@ -133,7 +138,7 @@ def _simulate(args: argparse.Namespace, manager: str) -> Run:
     return simulate(workload=args.workload, profile=args.profile, overflow_mode=args.overflow_mode,
                     manager=manager, manager_args=_pairs(args.manager_arg, "--manager-arg"),
                     detector=args.detector, ranks=args.ranks, steps=args.steps, seed=args.seed,
-                    underflow_every=args.underflow_every,
+                    underflow_every=args.underflow_every, record_events=args.events,
                     workload_args=_pairs(args.workload_arg, "--workload-arg"), progress=_progress(args.quiet))
 
 
@@ -144,12 +149,13 @@ def _fmt(x: Any) -> str:
 def _row(name: str, run: Run) -> list[str]:
     s = run.summary
     return [name, str(s["steps_run"]), str(s["overflow_steps"]), str(s["skipped_steps"]),
-            str(s["undetected_overflow_steps"]), _fmt(s["final_loss_scale"]), _fmt(s["mean_underflow_fraction"]),
+            str(s["undetected_overflow_steps"]), str(s["false_positive_steps"]), _fmt(s["final_loss_scale"]),
+            _fmt(s["mean_underflow_fraction"]),
             f"{s['final']['loss']:.4f} / {s['baseline_float32']['loss']:.4f}",
             f"{s['final']['accuracy']:.3f} / {s['baseline_float32']['accuracy']:.3f}"]
 
 
-HEADER = ["manager", "steps", "overflow", "skipped", "undetected", "final scale", "underflow",
+HEADER = ["manager", "steps", "overflow", "skipped", "undetected", "false pos.", "final scale", "underflow",
           "loss / fp32", "accuracy / fp32"]
 
 
@@ -166,9 +172,15 @@ def _describe(run: Run) -> str:
     notes = [f"note: {w}" for w in s["profile"]["warnings"]]
     if s["stopped_early"]:
         notes.append(f"stopped early at {s['stopped_early']}")
-    if s.get("event_modules"):
-        named = ", ".join(f"{m or '(outside modules)'} {n}" for m, n in s["event_modules"].items())
-        notes.append(f"device operations with register events, by module: {named}")
+    first = s.get("first_overflow")
+    if first:
+        notes.append(f"first overflow: step {first['step']}, {first['op']} in {first['label'] or '(unlabelled)'} "
+                     f"({first['phase']} phase, rank {first['rank']}, {first['flags']})")
+    if s.get("top_labels"):
+        named = ", ".join(f"{label} {n}" for label, n in s["top_labels"].items())
+        notes.append(f"operations with register events, by label: {named}")
+    if s["rank_disagreement_steps"]:
+        notes.append(f"ranks decided differently in {s['rank_disagreement_steps']} steps")
     return "\n".join([head, *notes])
 
 
@@ -198,11 +210,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
-    from .files import read_run, write_atomic
-    from .plots import plot_run
-    run = read_run(args.folder)
-    write_atomic(args.folder / "scale.png", plot_run(run))
-    print(f"wrote {args.folder / 'scale.png'}")
+    from .files import read_run, write_plots
+    paths = write_plots(read_run(args.folder), args.folder)
+    print("wrote " + ", ".join(str(p) for p in paths))
 
 
 def cmd_profiles(args: argparse.Namespace) -> None:
@@ -212,9 +222,12 @@ def cmd_profiles(args: argparse.Namespace) -> None:
         legacy = " (saturation legacy)" if p.saturation_is_legacy else ""
         rows.append([p.name, p.product_en, "yes" if p.supports_npu_loss_scale_optimizer else "no",
                      p.describe_modes() + legacy])
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\nSoC names (as the runtime reports them; * is any suffix):")
+    for name in profiles.names():
+        print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).socs)}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:

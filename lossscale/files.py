@@ -1,4 +1,5 @@
-"""Run files: ``trajectory.csv``, ``summary.json`` and ``scale.png``, written whole.
+"""Run files: ``trajectory.csv``, ``summary.json``, ``events.csv`` (the devices' event log,
+when kept), ``scale.png`` and ``events.png``, written whole.
 
 Every file is written to a temporary name in the same folder and renamed into
 place, so an interrupted run never leaves a half-written file that looks
@@ -16,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .simulate import COLUMNS, SCHEMA, Run
+from .simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
-__all__ = ["write_atomic", "write_run", "read_run", "check_out"]
+__all__ = ["write_atomic", "write_run", "read_run", "check_out", "write_plots"]
 
 
 
@@ -64,22 +65,38 @@ def _csv_value(value: Any) -> str:
     return str(value)
 
 
+def _csv(columns, rows) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for rec in rows:
+        writer.writerow([_csv_value("" if rec[c] is None else rec[c]) for c in columns])
+    return buf.getvalue().encode()
+
+
 def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
     """Write the run's files into ``out`` (created if need be); returns their paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    for rec in run.records:
-        writer.writerow([_csv_value(rec[c]) for c in COLUMNS])
     paths = [out / "trajectory.csv", out / "summary.json"]
-    write_atomic(paths[0], buf.getvalue().encode())
+    write_atomic(paths[0], _csv(COLUMNS, run.records))
     write_atomic(paths[1], (json.dumps(_json_safe(run.summary), indent=2, sort_keys=True) + "\n").encode())
+    if run.summary.get("events_recorded") is not None:
+        paths.append(out / "events.csv")
+        write_atomic(paths[-1], _csv(EVENT_COLUMNS, run.events))
     if plot:
-        from .plots import plot_run
-        paths.append(out / "scale.png")
-        write_atomic(paths[2], plot_run(run))
+        paths += write_plots(run, out)
+    return paths
+
+
+def write_plots(run: Run, out: Path) -> list[Path]:
+    """``scale.png``, and ``events.png`` when the run has events; returns their paths."""
+    from .plots import plot_events, plot_run
+    paths = [Path(out) / "scale.png"]
+    write_atomic(paths[0], plot_run(run))
+    if run.events:
+        paths.append(Path(out) / "events.png")
+        write_atomic(paths[1], plot_events(run))
     return paths
 
 
@@ -101,4 +118,10 @@ def read_run(folder: Path) -> Run:
             kind = SCHEMA[k]
             rec[k] = v == "1" if kind is bool else kind(v)
         records.append(rec)
-    return Run(records, summary, summary.get("arguments", {}))
+    events = []
+    if (folder / "events.csv").exists():
+        for row in csv.DictReader(io.StringIO((folder / "events.csv").read_text())):
+            events.append({**row, "rank": int(row["rank"]), "elements": int(row["elements"]),
+                           "step": int(row["step"]) if row["step"] else None, "phase": row["phase"] or None,
+                           "label": row["label"] or None})
+    return Run(records, summary, summary.get("arguments", {}), events)

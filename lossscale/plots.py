@@ -8,6 +8,7 @@ import io
 from collections.abc import Sequence
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -15,7 +16,7 @@ import numpy as np  # noqa: E402
 
 from .simulate import Run  # noqa: E402
 
-__all__ = ["plot_run", "figure_run", "plot_compare", "heatmaps"]
+__all__ = ["plot_run", "figure_run", "plot_compare", "heatmaps", "plot_events", "figure_events"]
 
 _META = {"Software": None}
 
@@ -40,8 +41,12 @@ def draw_scale(ax, run: Run, label: str | None = None, marks: bool = True) -> No
     if marks:
         over = run.column("overflow").astype(bool)
         skipped = ~run.column("applied").astype(bool)
-        ax.plot(steps[over], np.log2(scale[over]), "x", color="tab:red", label="overflow (register)")
+        false = run.column("false_positive").astype(bool)
+        ax.plot(steps[over], np.log2(scale[over]), "x", color="tab:red", label="register event")
         ax.plot(steps[skipped], np.log2(scale[skipped]), "o", mfc="none", color="tab:orange", label="skipped step")
+        if false.any():
+            ax.plot(steps[false], np.log2(scale[false]), "s", mfc="none", ms=8, color="tab:purple",
+                    label="false positive (skipped, no event that feeds the update)")
 
 
 def plot_run(run: Run) -> bytes:
@@ -100,3 +105,39 @@ def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.tight_layout()
     return _png(fig)
+
+
+def plot_events(run: Run, top: int = 12) -> bytes:
+    """The event log as PNG bytes: see :func:`figure_events`."""
+    return _png(figure_events(run, top))
+
+
+def figure_events(run: Run, top: int = 12):
+    """Operations with register events per label (rows, the ``top`` labels by events) and
+    step (columns), summed over ranks; the first overflow named in the title."""
+    events = run.events
+    counts: dict[str, int] = {}
+    for e in events:
+        key = e["label"] or "(unlabelled)"
+        counts[key] = counts.get(key, 0) + 1
+    labels = sorted(counts, key=lambda k: -counts[k])[:top]
+    steps = max(run.summary.get("steps_run", 0), 1 + max((e["step"] or 0 for e in events), default=0))
+    grid = np.zeros((len(labels), steps))
+    for e in events:
+        key = e["label"] or "(unlabelled)"
+        if key in labels and e["step"] is not None:
+            grid[labels.index(key), e["step"]] += 1
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.8))
+    im = ax.imshow(np.ma.masked_equal(grid, 0), aspect="auto", interpolation="nearest", cmap="viridis",
+                   extent=(-0.5, steps - 0.5, len(labels) - 0.5, -0.5))
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("step")
+    first = run.summary.get("first_overflow")
+    where = (f"first: step {first['step']}, {first['op']} in {first['label'] or '(unlabelled)'} ({first['phase']})"
+             if first else "no events")
+    ax.set_title(f"operations with register events, per label and step; {where}", fontsize=9)
+    bar = fig.colorbar(im, ax=ax, shrink=0.8, label="operations")
+    bar.locator = matplotlib.ticker.MaxNLocator(integer=True)
+    bar.update_ticks()
+    fig.tight_layout()
+    return fig

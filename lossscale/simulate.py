@@ -1,19 +1,30 @@
 """Mixed-precision training on simulated Atlas devices, one loss-scale policy at a time.
 
-Each step, on every rank: clear the float-status register, run forward and
-backward in binary16 on the device with the loss scaled by the manager's S,
-all-reduce (sum) the binary16 gradients across ranks on the devices, then let
-``NPULossScaleOptimizer`` unscale, decide (register or isfinite) and apply to
-the binary32 master weights. Beside it, the same model is trained in plain
-binary32 with the same batches (the baseline), and every ``underflow_every``
-steps rank 0's binary16 gradients are compared with binary32 ones from the
-same weights: the fraction that became zero though the binary32 value is not.
-Same arguments and seed give the same bits.
+Each step, on every rank, in phases that the devices see (``Device.begin_phase``):
+``forward``, ``loss``, ``log``, ``scale`` and ``backward`` inside the workload's
+``forward_backward`` (the built-in workloads mark them; an unmarked workload's whole call
+is one phase, ``forward_backward``), then ``allreduce`` (the binary16 gradients summed
+across ranks on the devices), ``unscale`` (the detector, a framework's overflow check,
+decides: see ``lossscale.detectors``) and ``apply`` (the gradients times 1/S in binary32,
+applied to the binary32 master weights if the step was finite; the manager updated).
+Beside it, the same model is trained in plain binary32 with the same batches (the
+baseline), and every ``underflow_every`` steps rank 0's binary16 gradients are compared
+with binary32 ones from the same weights: the fraction that became zero though the
+binary32 value is not. Same arguments and seed give the same bits.
+
+Which steps went wrong, from the events each phase raised (a register event: an
+operation raised OVERFLOW, INVALID or DIVBYZERO): an *undetected overflow* is a step
+applied though an operation that feeds the update raised an event (every phase but
+``log``); a *false positive* is a step skipped though none did (its events came only from
+logging, or from an earlier step, still in the register). With ``record_events`` every
+device keeps its event log, and the summary names the first overflow and the labels (the
+module paths, for torch workloads) whose operations raised the most events.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable
@@ -22,25 +33,30 @@ from typing import Any
 
 import numpy as np
 
-from sim import Device, Group, profiles
+from sim import PHASES, Device, Group, profiles
 
 from . import policies
-from .optimizers import DETECTORS, NPULossScaleOptimizer
+from .detectors import FEEDS_NOTHING, UNMARKED, Detector, make_detector
+from .optimizers import LossScaleOptimizer
 from .policy import MANAGERS, Manager, Policy, PolicyManager, describe
 from .workloads import Workload, check_workload, make_workload
 
-__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA"]
+__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS"]
 
 #: The trajectory's one schema: its columns, in file order, and their types (files.py
-#: writes and reads by it). ``overflow``: an event reached any rank's register this step;
-#: ``detector_finite``: the optimizer's detector saw a finite step, and so ``applied``
-#: (always true with an unchecked FixedLossScaleManager); ``register``: the summed
-#: register, as text.
+#: writes and reads by it). ``overflow``: some device operation of the step raised a register
+#: event, on any rank; ``event_phases``: the phases those operations ran in;
+#: ``detector_finite``: the detector saw a finite step (rank 0); ``applied``: rank 0 applied
+#: it (every step, with a manager that checks nothing); ``undetected_overflow`` and
+#: ``false_positive`` as the module says; ``ranks_agree``: every rank decided alike;
+#: ``register``: the registers summed over ranks as the check found them, as text.
 SCHEMA: dict[str, type] = {
-    "step": int, "loss_scale": float, "overflow": bool, "detector_finite": bool, "applied": bool,
-    "undetected_overflow": bool, "register": str, "loss": float, "baseline_loss": float, "grad_max": float,
-    "underflow_fraction": float,
+    "step": int, "loss_scale": float, "overflow": bool, "event_phases": str, "detector_finite": bool,
+    "applied": bool, "undetected_overflow": bool, "false_positive": bool, "ranks_agree": bool, "register": str,
+    "loss": float, "baseline_loss": float, "grad_max": float, "underflow_fraction": float,
 }
+#: The event log's columns (``events.csv``): the rank, then :class:`sim.Event`'s fields.
+EVENT_COLUMNS = ("rank", "step", "phase", "label", "op", "flags", "elements")
 COLUMNS = tuple(SCHEMA)
 
 
@@ -94,11 +110,13 @@ def make_manager(name: str, args: dict[str, Any] | None = None) -> Manager:
 
 @dataclass
 class Run:
-    """A finished simulation: one record per step, and the summary."""
+    """A finished simulation: one record per step, the summary, and (with ``record_events``)
+    the devices' event logs, one dict per event with :data:`EVENT_COLUMNS`."""
 
     records: list[dict[str, Any]]
     summary: dict[str, Any]
     args: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.records])
@@ -114,11 +132,39 @@ def _versions() -> dict[str, str]:
             "lossscale": __version__}
 
 
+def _checks(manager: Any) -> bool:
+    policy = getattr(manager, "policy", None)
+    return not isinstance(policy, Policy) or policy.checks_overflow()
+
+
+def _event_log(devices: list[Device]) -> list[dict[str, Any]]:
+    """Every rank's events, in step order, then phase order, then rank (ranks run side by
+    side: within a phase no rank's events come before another's)."""
+    order = {p: i for i, p in enumerate(PHASES)}
+    rows = [{"rank": r, **e._asdict(), "flags": e.flags.name or ""} for r, dev in enumerate(devices)
+            for e in dev.events]
+    rows.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, order.get(e["phase"], len(order)),
+                             e["rank"]))
+    for e in rows:
+        e["flags"] = "|".join(sorted(e["flags"].split("|")))
+    return rows
+
+
+def _event_summary(events: list[dict[str, Any]], top: int = 10) -> dict[str, Any]:
+    labels = collections.Counter(e["label"] or "(unlabelled)" for e in events)
+    first = events[0] if events else None
+    return {
+        "first_overflow": None if first is None else
+        {k: first[k] for k in ("step", "op", "label", "phase", "rank", "flags")},
+        "top_labels": dict(labels.most_common(top)),
+    }
+
+
 def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overflow_mode: str | None = None,
              manager: Any = "exponential", manager_args: dict[str, Any] | None = None,
-             detector: str | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
+             detector: str | Detector | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
              underflow_every: int = 10, workload_args: dict[str, Any] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> Run:
+             progress: Callable[[int, int], None] | None = None, record_events: bool = True) -> Run:
     """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``.
 
     ``workload``: a name (``workload_args`` and ``seed`` configure it) or any object
@@ -127,6 +173,10 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     :class:`Policy` value, a class or factory making a manager, or a manager object (any
     object with ``get_loss_scale`` and ``update_loss_scale``, as ``check_policy`` takes;
     with several ranks each other rank trains a deep copy of it).
+    ``detector``: whose overflow check decides (a name of ``lossscale.detectors.DETECTORS``
+    or a Detector; None: ``tf-npu`` in saturation mode, ``isfinite`` in INF/NaN mode).
+    ``record_events``: keep every device's event log (``Run.events``; the summary's
+    ``first_overflow`` and ``top_labels`` come from it).
     """
     if isinstance(workload, str):
         wl = make_workload(workload, seed, **(workload_args or {}))
@@ -139,55 +189,64 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     label = workload if isinstance(workload, str) else str(getattr(wl, "name", type(wl).__name__))
     args = {"workload": label, "profile": profile, "overflow_mode": overflow_mode,
             "manager": manager if isinstance(manager, str) else None,
-            "manager_args": dict(manager_args or {}), "detector": detector, "ranks": ranks, "steps": steps,
-            "seed": seed, "underflow_every": underflow_every, "workload_args": dict(workload_args or {})}
+            "manager_args": dict(manager_args or {}), "detector": detector if isinstance(detector, str) else None,
+            "ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every,
+            "workload_args": dict(workload_args or {})}
     for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
-    if detector is not None and detector not in DETECTORS:
-        raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(DETECTORS)}")
     prof = profiles.get(profile)
     managers, manager_name = _managers(manager, manager_args, ranks)  # refuse bad ones before any work
     args["manager"] = manager_name
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        devices = [Device(prof, overflow_mode, name=f"rank{r}") for r in range(ranks)]
+        devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events) for r in range(ranks)]
+    det = make_detector(detector, devices[0].overflow)
+    det.attach(devices)
     if ranks > 1:
         Group(devices)
+    marks = bool(getattr(wl, "marks_phases", False))
+    checks = [_checks(m) for m in managers]
     params = [wl.init_params() for _ in devices]
-    opts = [NPULossScaleOptimizer(wl.optimizer(), m, is_distributed=ranks > 1, detector=detector, device=dev)
-            for m, dev in zip(managers, devices, strict=True)]
+    opts = [LossScaleOptimizer(wl.optimizer(), m) for m in managers]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(steps)
     records: list[dict[str, Any]] = []
-    event_modules: collections.Counter[str] = collections.Counter()
     stopped = None
     for t in range(steps):
-        scale = opts[0].get_loss_scale()
+        scales = [opt.get_loss_scale() for opt in opts]
         shards = wl.shards(batches[t], ranks)
-        for dev in devices:
-            dev.clear_float_status()
         losses, grads = [], []
-        for dev, p, (part, share) in zip(devices, params, shards, strict=True):
+        for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
+            dev.begin_phase("forward" if marks else UNMARKED, step=t)
             with dev:
-                loss, g = wl.forward_backward(dev, p, scale, part, share)
-            for module, count in (getattr(wl, "events", None) or {}).items():
-                event_modules[module] += count
+                loss, g = wl.forward_backward(dev, p, s, part, share)
             losses.append(loss)
             grads.append(g)
         local0 = grads[0]
+        for dev in devices:
+            dev.begin_phase("allreduce")
         if ranks > 1:
-            summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
+            with contextlib.ExitStack() as stack:
+                for dev in devices:
+                    stack.enter_context(dev.label("allreduce"))
+                summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
             grads = [[s[r] for s in summed] for r in range(ranks)]
         register = np.sum([dev.get_float_status() for dev in devices], axis=0)
+        for dev in devices:
+            dev.begin_phase("unscale")
+        finite = det.check(devices, grads) if any(checks) else [True] * ranks
+        decisions = [bool(f) or not c for f, c in zip(finite, checks, strict=True)]
+        for dev in devices:
+            dev.begin_phase("apply")
         try:
-            applied = [opt.apply_gradients(opt.compute_gradients(lambda _s, g=g: g, p))
-                       for opt, g, p in zip(opts, grads, params, strict=True)]
+            for opt, g, p, ok in zip(opts, grads, params, decisions, strict=True):
+                opt.apply_decided(opt.compute_gradients(lambda _s, g=g: g, p), ok)
         except policies.MinimumScaleError as err:
             stopped = f"step {t}: {err}"
             break
         with np.errstate(all="ignore"):
-            grad_max = max(float(np.max(np.abs(g.astype(np.float32)))) for g in grads[0]) / scale
+            grad_max = max(float(np.max(np.abs(g.astype(np.float32)))) for g in grads[0]) / scales[0]
         underflow = float("nan")
         if t % underflow_every == 0:
             _, ref = wl.grads32(params[0], *shards[0])
@@ -196,12 +255,15 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
             underflow = lost / nonzero if nonzero else 0.0
         base_loss, base_grads = wl.grads32(base_params, batches[t])
         base_opt.apply_gradients(list(zip(base_grads, base_params, strict=True)))
-        overflow = bool(register.any())
+        phases = [p for p in dict.fromkeys(p for dev in devices for p in dev.phase_events)]
+        feeds = any(p not in FEEDS_NOTHING for p in phases)
+        applied = decisions[0]
         records.append({
-            "step": t, "loss_scale": scale, "overflow": overflow, "detector_finite": bool(applied[0]),
-            "applied": bool(applied[0]), "undetected_overflow": overflow and bool(applied[0]),
-            "register": " ".join(str(int(v)) for v in register), "loss": sum(losses),
-            "baseline_loss": base_loss, "grad_max": grad_max, "underflow_fraction": underflow,
+            "step": t, "loss_scale": scales[0], "overflow": bool(phases),
+            "event_phases": " ".join(str(p) for p in phases), "detector_finite": bool(finite[0]),
+            "applied": applied, "undetected_overflow": feeds and applied, "false_positive": not applied and not feeds,
+            "ranks_agree": len(set(decisions)) == 1, "register": " ".join(str(int(v)) for v in register),
+            "loss": sum(losses), "baseline_loss": base_loss, "grad_max": grad_max, "underflow_fraction": underflow,
         })
         if progress is not None:
             progress(t + 1, steps)
@@ -209,13 +271,15 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     policy = getattr(managers[0], "policy", None)
     col = lambda k: [r[k] for r in records]  # noqa: E731
     fractions = [f for f in col("underflow_fraction") if f == f]
+    events = _event_log(devices) if record_events else []
     summary = {
         "arguments": args,
         "manager": {"name": manager_name, "class": type(managers[0]).__name__,
                     "arguments": describe(policy) if isinstance(policy, Policy) else {}},
         "profile": {"name": prof.name, "product": prof.product_en, "overflow_mode": devices[0].overflow.name,
                     "warnings": [str(w.message) for w in caught]},
-        "detector": opts[0].detector_for(devices[0]),
+        "detector": det.name,
+        "phases": "marked" if marks else f"unmarked (the workload's whole step is one phase, {UNMARKED})",
         "versions": _versions(),
         "steps_run": len(records), "stopped_early": stopped,
         "final": final, "baseline_float32": baseline,
@@ -223,11 +287,12 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
         "skipped_steps": sum(not a for a in col("applied")),
         "overflow_steps": sum(col("overflow")),
         "undetected_overflow_steps": sum(col("undetected_overflow")),
+        "false_positive_steps": sum(col("false_positive")),
+        "rank_disagreement_steps": sum(not a for a in col("ranks_agree")),
         "mean_underflow_fraction": float(np.mean(fractions)) if fractions else float("nan"),
         "underflow_every": underflow_every,
         "matmul_accumulation": np.dtype(prof.matmul_accumulate).name,
-        # Workloads that label their device operations (the torch ones): per module ("" for
-        # none), how many operations raised a register event, over all steps and ranks.
-        "event_modules": dict(event_modules.most_common()),
+        "events_recorded": len(events) if record_events else None,
+        **(_event_summary(events) if record_events else {"first_overflow": None, "top_labels": {}}),
     }
-    return Run(records, summary, args)
+    return Run(records, summary, args, events)

@@ -52,8 +52,9 @@ __all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS"]
 
 AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "detector", "ranks", "steps", "seed",
         "underflow_every", "workload_args")
-METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "mean_underflow_fraction",
-           "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss", "baseline_accuracy")
+METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "false_positive_steps",
+           "mean_underflow_fraction", "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss",
+           "baseline_accuracy")
 RESULT_COLUMNS = ("index", "key", *AXES, "status", "error", *METRICS)
 
 
@@ -99,7 +100,7 @@ def run_point(args: dict[str, Any]) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            s = simulate(**args).summary
+            s = simulate(**args, record_events=False).summary  # a sweep keeps summaries, not event logs
         row.update({k: s[k] for k in METRICS if k in s})
         row.update(final_loss=s["final"]["loss"], final_accuracy=s["final"]["accuracy"],
                    baseline_loss=s["baseline_float32"]["loss"], baseline_accuracy=s["baseline_float32"]["accuracy"])

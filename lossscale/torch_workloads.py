@@ -30,6 +30,7 @@ import torch
 from sim import Device
 from sim.torch import DeviceMode
 
+from .policy import check_bool
 from .workloads import SampledWorkload, _digits
 
 __all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
@@ -45,12 +46,19 @@ class TorchWorkload(SampledWorkload):
     target)`` gives the mean loss over the batch; it receives the model's output in the
     compute dtype (cast to float32 inside it, as mixed-precision code does, to compute the
     loss in binary32). ``accuracy=True`` reports the argmax accuracy of integer targets.
+    ``log_perplexity=True`` also computes, for logging, exp of the sum of the batch's losses
+    (the mean times the number of targets) in the compute dtype on the device.
+
+    The step's phases are marked on the device: ``forward`` (the model), ``loss``, ``log``,
+    ``scale`` (the loss times S) and ``backward``.
     """
+
+    marks_phases = True
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, data: Sequence, *, test: Sequence | None = None,
                  batch: int = 64, learning_rate: float = 0.1, momentum: float = 0.9, dtype: str = "float16",
                  seed: int = 0, name: str | None = None, accuracy: bool | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, log_perplexity: bool = False) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if dtype not in _DTYPES:
@@ -64,6 +72,8 @@ class TorchWorkload(SampledWorkload):
         self.dtype, self._np = _DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype)
         self.loss_fn, self.strict = loss_fn, strict
+        check_bool("log_perplexity", log_perplexity)
+        self.log_perplexity = log_perplexity
         self.name = name or type(model).__name__
         self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
         self._calls = 0
@@ -83,8 +93,19 @@ class TorchWorkload(SampledWorkload):
         # random state is left as it was.
         with torch.random.fork_rng(), DeviceMode(dev, strict=self.strict) as mode:
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
-            loss = self.loss_fn(self.model(x.to(self.dtype) if x.is_floating_point() else x), y)
-            (loss * (scale * share)).backward()
+            out = self.model(x.to(self.dtype) if x.is_floating_point() else x)
+            dev.begin_phase("loss")
+            with dev.label("loss"):  # operations outside the model's modules, both ways
+                loss = self.loss_fn(out, y)
+            if self.log_perplexity:
+                dev.begin_phase("log")
+                with dev.label("perplexity"), torch.no_grad():
+                    torch.exp((loss * y.numel()).to(self.dtype))
+            dev.begin_phase("scale")
+            scaled = loss * (scale * share)
+            dev.begin_phase("backward")
+            with dev.label("loss"):
+                scaled.backward()
         self.routes, self.events = dict(mode.routes), dict(mode.events)
         grads = [p.grad.view(torch.int16).numpy().view(self._np) for p in self.model.parameters()]
         return float(loss.detach()) * share, grads
@@ -138,6 +159,7 @@ class TorchMlp(TorchWorkload):
     learning_rate: float = 0.1
     momentum: float = 0.9
     dtype: str = "float16"
+    log_perplexity: bool = False
 
     def __post_init__(self) -> None:
         with torch.random.fork_rng():  # the caller's random state is left as it was
@@ -147,7 +169,7 @@ class TorchMlp(TorchWorkload):
         train, test = _digit_data((64,))
         TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
                                learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
-                               seed=self.seed, name="torch-mlp")
+                               seed=self.seed, name="torch-mlp", log_perplexity=self.log_perplexity)
 
 
 class _Cnn(torch.nn.Module):
@@ -171,6 +193,7 @@ class TorchCnn(TorchWorkload):
     learning_rate: float = 0.1
     momentum: float = 0.9
     dtype: str = "float16"
+    log_perplexity: bool = False
 
     def __post_init__(self) -> None:
         with torch.random.fork_rng():
@@ -179,7 +202,7 @@ class TorchCnn(TorchWorkload):
         train, test = _digit_data((1, 8, 8))
         TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
                                learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
-                               seed=self.seed, name="torch-cnn")
+                               seed=self.seed, name="torch-cnn", log_perplexity=self.log_perplexity)
 
 
 class _Block(torch.nn.Module):
@@ -234,6 +257,7 @@ class TorchTransformer(TorchWorkload):
     learning_rate: float = 0.05
     momentum: float = 0.9
     dtype: str = "float16"
+    log_perplexity: bool = False
 
     def __post_init__(self) -> None:
         from importlib import resources
@@ -249,4 +273,5 @@ class TorchTransformer(TorchWorkload):
             model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
         TorchWorkload.__init__(self, model, _next_char_loss, (x[~test], y[~test]), test=(x[test], y[test]),
                                batch=self.batch, learning_rate=self.learning_rate, momentum=self.momentum,
-                               dtype=self.dtype, seed=self.seed, name="torch-transformer", accuracy=True)
+                               dtype=self.dtype, seed=self.seed, name="torch-transformer", accuracy=True,
+                               log_perplexity=self.log_perplexity)

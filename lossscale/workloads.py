@@ -10,7 +10,15 @@ gradients unscaled (the reference for underflow) and a binary32 training step
   Matmuls take binary16 operands and accumulate as the profile says; the
   softmax and loss are computed in binary32 on the device; the loss gradient
   is scaled by S in binary32 and cast to binary16, which is where a too-high
-  scale overflows.
+  scale overflows. Its operations are labelled ``fc1``, ``relu``, ``fc2``,
+  ``softmax``, ``loss``, ``perplexity`` (the phase tells forward from backward).
+
+The built-in workloads mark the phases of the step on the device (``forward``, ``loss``,
+``log``, ``scale``, ``backward``). ``mlp`` and the torch ones take
+``log_perplexity=True``: every step they also compute, for logging, exp of the sum of the
+batch's losses in binary16 on the device (in the ``log`` phase, after the loss). With a
+summed loss above about 11 it overflows, harmlessly: nothing of it feeds a gradient. A
+framework whose register window holds the forward pass skips such steps (false positives).
 - ``trace``: a synthetic quadratic model whose gradient magnitudes drift and
   spike (log-normal walk plus rare jumps of 2**6..2**12) with a wide spread of
   exponents across elements, trained with Adam; cheap enough for sweeps.
@@ -29,6 +37,7 @@ import numpy as np
 from sim import Device
 
 from .optimizers import Adam, Momentum
+from .policy import check_bool
 
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload"]
 
@@ -54,9 +63,11 @@ class Workload(Protocol):
     - ``grads32(params, part, share)``: the loss and the unscaled gradients in plain
       binary32 (the reference for underflow; with the whole batch, the baseline's step).
     - ``evaluate(params)``: ``{"loss": ..., "accuracy": ...}`` of binary32 parameters.
-    - optionally ``events``: after ``forward_backward``, a dict from a label (a module path)
-      to how many of its device operations raised register events; the run's summary adds
-      them up as ``event_modules``.
+    - optionally ``marks_phases`` (bool, default False): whether ``forward_backward``
+      marks the phases of the step with ``dev.begin_phase("loss")``, ``"log"``, ``"scale"``
+      and ``"backward"`` (the simulator begins ``"forward"``). Unmarked, the whole call is
+      one phase, ``forward_backward``, that every detector's window holds. Labels
+      (``with dev.label("fc1"):``) name the operations in the event log.
     """
 
     name: str
@@ -135,18 +146,22 @@ def _softmax32(z: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Mlp:
-    """A 64-``hidden``-10 perceptron on the digits; ``batch`` images per step."""
+    """A 64-``hidden``-10 perceptron on the digits; ``batch`` images per step.
+    ``log_perplexity``: also exp(sum of the batch's losses) in binary16, for logging."""
 
     seed: int = 0
     hidden: int = 32
     batch: int = 64
     learning_rate: float = 0.1
     momentum: float = 0.9
+    log_perplexity: bool = False
     name: str = "mlp"
     has_accuracy: bool = True
+    marks_phases: bool = True
     _data: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_bool("log_perplexity", self.log_perplexity)
         x, y = _digits()
         order = np.random.default_rng(1234).permutation(len(y))  # a fixed split, whatever the seed
         x, y = x[order], y[order]
@@ -175,26 +190,43 @@ class Mlp:
         a ``share`` of the global batch (the mean is over the global batch)."""
         total = round(len(idx) / share)
         x, y = self.train[0][idx], self.train[1][idx]
-        w1, b1, w2, b2 = (dev.cast(p, H) for p in params)
-        x16 = dev.cast(x, H)
-        z1 = dev.add(dev.matmul(x16, w1), b1)
-        h = dev.relu(z1)
-        logits = dev.cast(dev.add(dev.matmul(h, w2), b2), F32)
-        shifted = dev.sub(logits, logits.max(axis=1, keepdims=True))  # the max itself is exact
-        e = dev.exp(shifted)
-        p = dev.div(e, dev.sum(e, axis=1)[:, None])
-        picked = p[np.arange(len(y)), y]
-        loss = -float(dev.sum(dev.log(picked), accumulate=F32)) / total
-        onehot = np.zeros_like(p)
-        onehot[np.arange(len(y)), y] = 1
-        coef = dev.div(F32(scale), F32(total))
-        dlogits = dev.cast(dev.mul(dev.sub(p, onehot), coef), H)  # where a too-high scale overflows
-        dw2 = dev.matmul(np.ascontiguousarray(h.T), dlogits)
-        db2 = dev.sum(dlogits, axis=0, accumulate=F32, out_dtype=H)
-        dh = dev.matmul(dlogits, np.ascontiguousarray(w2.T))
+        with dev.label("fc1"):
+            w1, b1, w2, b2 = (dev.cast(p, H) for p in params)
+            x16 = dev.cast(x, H)
+            z1 = dev.add(dev.matmul(x16, w1), b1)
+        with dev.label("relu"):
+            h = dev.relu(z1)
+        with dev.label("fc2"):
+            logits = dev.cast(dev.add(dev.matmul(h, w2), b2), F32)
+        dev.begin_phase("loss")
+        with dev.label("softmax"):
+            shifted = dev.sub(logits, logits.max(axis=1, keepdims=True))  # the max itself is exact
+            e = dev.exp(shifted)
+            p = dev.div(e, dev.sum(e, axis=1)[:, None])
+        with dev.label("loss"):
+            picked = p[np.arange(len(y)), y]
+            losses = dev.log(picked)
+            loss = -float(dev.sum(losses, accumulate=F32)) / total
+        if self.log_perplexity:
+            dev.begin_phase("log")
+            with dev.label("perplexity"):
+                dev.exp(dev.neg(dev.sum(dev.cast(losses, H))))
+        dev.begin_phase("scale")
+        with dev.label("loss"):
+            coef = dev.div(F32(scale), F32(total))
+        dev.begin_phase("backward")
+        with dev.label("softmax"):
+            onehot = np.zeros_like(p)
+            onehot[np.arange(len(y)), y] = 1
+            dlogits = dev.cast(dev.mul(dev.sub(p, onehot), coef), H)  # where a too-high scale overflows
+        with dev.label("fc2"):
+            dw2 = dev.matmul(np.ascontiguousarray(h.T), dlogits)
+            db2 = dev.sum(dlogits, axis=0, accumulate=F32, out_dtype=H)
+            dh = dev.matmul(dlogits, np.ascontiguousarray(w2.T))
         dz1 = np.where(z1 > 0, dh, H(0))  # ReLU's gradient selects, it does not multiply
-        dw1 = dev.matmul(np.ascontiguousarray(x16.T), dz1)
-        db1 = dev.sum(dz1, axis=0, accumulate=F32, out_dtype=H)
+        with dev.label("fc1"):
+            dw1 = dev.matmul(np.ascontiguousarray(x16.T), dz1)
+            db1 = dev.sum(dz1, axis=0, accumulate=F32, out_dtype=H)
         return loss, [dw1, db1, dw2, db2]
 
     def grads32(self, params: list[np.ndarray], idx: np.ndarray, share: float = 1.0) -> tuple[float, list[np.ndarray]]:
@@ -234,6 +266,7 @@ class Trace:
     spread: float = 3.0
     name: str = "trace"
     has_accuracy: bool = False
+    marks_phases: bool = True
 
     def __post_init__(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -262,7 +295,10 @@ class Trace:
 
     def forward_backward(self, dev: Device, params, scale: float, log2m: np.ndarray, share: float = 1.0):
         g32 = self._grad(params, log2m, share)
-        return self._loss(params), [dev.cast(dev.mul(g32, F32(scale)), H)]
+        dev.begin_phase("scale")
+        scaled = dev.mul(g32, F32(scale))
+        dev.begin_phase("backward")
+        return self._loss(params), [dev.cast(scaled, H)]
 
     def _grad(self, params, log2m, share: float = 1.0) -> np.ndarray:
         m = F32(2.0 ** float(log2m[0]) * share)
@@ -306,7 +342,7 @@ def make_workload(name: str, seed: int = 0, **kwargs: Any):
     if isinstance(cls, str):
         from . import torch_workloads
         cls = getattr(torch_workloads, cls)
-    fixed = ("name", "has_accuracy", "seed")
+    fixed = ("name", "has_accuracy", "seed", "marks_phases")
     valid = [f.name for f in fields(cls) if not f.name.startswith("_") and f.name not in fixed]
     for key in kwargs:
         if key not in valid:

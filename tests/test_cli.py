@@ -87,10 +87,10 @@ def test_plot_shows_scale_markers_and_loss(tmp_path) -> None:
     assert top.get_ylabel() == "log2 loss scale" and bottom.get_xlabel() == "step" and bottom.get_ylabel() == "loss"
     lines = {line.get_label(): line for line in top.get_lines()}
     overflow_steps = run.column("step")[run.column("overflow").astype(bool)]
-    assert np.array_equal(lines["overflow (register)"].get_xdata(), overflow_steps) and overflow_steps.size > 0
+    assert np.array_equal(lines["register event"].get_xdata(), overflow_steps) and overflow_steps.size > 0
     skipped = run.column("step")[~run.column("applied").astype(bool)]
     assert np.array_equal(lines["skipped step"].get_xdata(), skipped)
-    assert lines["overflow (register)"].get_marker() == "x"
+    assert lines["register event"].get_marker() == "x"
     scale = lines["log2 loss scale"].get_ydata()
     assert scale[0] == 32 and scale.min() < 32 and scale[-1] > scale.min()  # backoff, then growth
     assert {line.get_label() for line in bottom.get_lines()} == {"binary16 on the device", "binary32 baseline"}

@@ -13,9 +13,10 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_four() -> None:
+def test_there_are_five() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01-overflow-modes.ipynb", "02-scale-policies.ipynb",
-                                           "03-training-on-atlas.ipynb", "04-your-own-model.ipynb"]
+                                           "03-training-on-atlas.ipynb", "04-your-own-model.ipynb",
+                                           "05-who-sees-the-overflow.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -32,7 +32,7 @@ def test_readme_python_examples_run(capsys) -> None:
         if "TorchWorkload(model" in block:  # your model, your policy: the register misses nothing
             s = ns["run"].summary
             assert s["steps_run"] == 100 and s["undetected_overflow_steps"] == 0 and s["skipped_steps"] > 0
-            assert out.split(" ", 2)[:2] == [str(s["skipped_steps"]), "0"] and s["event_modules"]
+            assert out.split(" ", 2)[:2] == [str(s["skipped_steps"]), "0"] and s["top_labels"]
         if "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())

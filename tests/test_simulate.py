@@ -165,6 +165,6 @@ def test_one_registry_holds_every_manager_once() -> None:
     from lossscale.policy import Manager, register
     faces = {cls for module in (managers, policies) for cls in vars(module).values()
              if isinstance(cls, type) and issubclass(cls, Manager) and cls.__module__ == module.__name__}
-    assert {cls for cls, _ in MANAGERS.values()} == faces and len(MANAGERS) == len(faces) == 10
+    assert {cls for cls, _ in MANAGERS.values()} == faces and len(MANAGERS) == len(faces) == 11
     with pytest.raises(ValueError, match="manager name 'torch' is taken by TorchGradScaler"):
         register("torch")(ExponentialUpdateLossScaleManager)

@@ -25,10 +25,13 @@ def test_builtin_torch_workloads_register_catches_what_isfinite_misses(name: str
         assert caught.summary["final"]["loss"] < missed.summary["final"]["loss"]
     else:
         assert caught.summary["final"]["accuracy"] > missed.summary["final"]["accuracy"] + 0.3
-    modules = caught.summary["event_modules"]  # which modules' operations overflowed
+    labels = caught.summary["top_labels"]  # which modules' operations overflowed ("loss": the loss function's)
     wl = make_workload(name)
-    assert modules and set(modules) <= {path for path, _ in wl.model.named_modules()} and "head" in [
-        m.rsplit(".", 1)[-1] for m in modules] + (["head"] if name == "torch-mlp" else [])
+    paths = {path for path, _ in wl.model.named_modules()} - {""}
+    assert labels and set(labels) <= paths | {"loss"} and set(labels) & paths
+    assert "head" in [m.rsplit(".", 1)[-1] for m in labels] + (["head"] if name == "torch-mlp" else [])
+    first = caught.summary["first_overflow"]
+    assert first["step"] == 0 and first["phase"] == "backward" and first["label"] in paths | {"loss"}
     wl.forward_backward(__import__("sim").Device("atlas-training"), wl.init_params(), 2.0**32, wl.batches(1)[0])
     assert {route for _, route in wl.routes} <= {"device", "exact", "float32"} and wl.events
 
@@ -81,8 +84,9 @@ def test_lossscale_run_names_the_modules_whose_operations_overflowed(capsys, tmp
                  "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert code in (0, None)
-    line = next(s for s in out.splitlines() if s.startswith("device operations with register events"))
-    assert "head" in line and "(outside modules)" in line
+    line = next(s for s in out.splitlines() if s.startswith("operations with register events, by label: "))
+    assert "head" in line and "loss" in line and "conv" in line
+    assert "first overflow: step 0, cast in loss (backward phase, rank 0" in out
 
 
 # Each built-in model's routes for one step, reviewed against sim.torch's documented routes:

@@ -1,0 +1,191 @@
+"""Who sees the overflow: each framework's overflow check, as the points of the training
+step where it clears and reads the device's float-status register.
+
+The register is sticky: every device operation since the last clear sets it, the forward
+pass and logging included. So what a framework catches, and which harmless events make it
+skip a good step, depends on where in the step it clears and reads. A detector is that
+framework's piece of the step: what it does when a phase of the step begins (the simulator
+and the workloads mark phases with ``Device.begin_phase``) and its check at the unscale
+step, for all ranks at once (ranks run one after another in the simulator, so a detector
+sees every rank's register before it reduces them).
+
+- ``tf-npu`` (``status`` is an alias): the Ascend TensorFlow adapter's
+  ``NPULossScaleOptimizer.apply_gradients`` (``tf_adapter/python/npu_bridge/estimator/npu/
+  npu_loss_scale_optimizer.py``): after the gradients, ``npu_get_float_status_v2`` then
+  ``npu_clear_float_status_v2``; with ``is_distributed`` the status is all-reduced (sum);
+  finite iff it is all zero. It clears only after a read, so the window runs from the
+  previous step's read and holds this step's forward pass, loss and logging. It reads the
+  register in either overflow mode.
+- ``torch-npu``: torch_npu's ``GradScaler`` (``torch_npu/npu/amp/grad_scaler.py``, the
+  op-plugin kernel of ``_amp_foreach_non_finite_check_and_unscale_``). In saturation mode
+  ``scale(loss)`` clears the register (once per step, after the forward pass); the unscale
+  kernel reads it and, if it is set, clears it and reports found_inf (without unscaling);
+  with several ranks the 0/1 overflow count is all-reduced (SUM). In INF/NaN mode nothing
+  touches the register: a non-finite check of the gradients.
+- ``mindspore``: MindSpore's ``TrainOneStepWithLossScaleCell`` (``mindspore/nn/wrap/
+  loss_scale.py``): ``start_overflow_check`` clears the status after the loss, before the
+  sens (scale) and the backward pass; ``get_overflow_status`` reads it after the gradients
+  are unscaled and reduced: overflow iff the sum of its 8 values (all-reduced over ranks
+  when distributed) is at least 1. Graph mode is modelled: the forward pass runs once,
+  before the clear. INF/NaN mode: a non-finite check of the gradients.
+- ``mindspore-all-finite``: MindSpore's ``amp.all_finite`` (``mindspore/amp.py``) on
+  Ascend: after the gradients, ``NPUGetFloatStatusV2`` then ``NPUClearFloatStatusV2``,
+  finite iff all zero, per rank: nothing reduces it, so ranks can disagree. INF/NaN mode:
+  a non-finite check.
+- ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
+  defeats: saturated gradients are finite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from sim import PHASES, Device, OverflowMode
+
+__all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
+           "MindSpore", "MindSporeAllFinite", "IsFinite"]
+
+#: The phase of a workload that does not mark its phases: its whole forward and backward.
+#: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
+#: and its events cannot be told apart as harmless).
+UNMARKED = "forward_backward"
+#: Phases whose operations feed no gradient and no update (events there are harmless).
+FEEDS_NOTHING = frozenset({"log"})
+_ORDER = {**{p: i for i, p in enumerate(PHASES)}, UNMARKED: PHASES.index("scale")}
+
+
+def _finite(grads: Sequence[np.ndarray]) -> bool:
+    with np.errstate(all="ignore"):
+        return all(bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in grads if g is not None)
+
+
+class Detector:
+    """One framework's overflow check. ``distributed``: whether it reduces over ranks as
+    that framework does with several ranks (False: each rank decides alone)."""
+
+    name: ClassVar[str]
+    #: The phase at whose beginning the framework clears the register (None: it does not).
+    clears_at: ClassVar[str | None] = None
+
+    def __init__(self, distributed: bool = True) -> None:
+        if not isinstance(distributed, (bool, np.bool_)):
+            raise ValueError(f"distributed must be a bool, got {distributed!r}")
+        self.distributed = bool(distributed)
+        self._cleared: dict[int, int | None] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(distributed={self.distributed})"
+
+    def reads_register(self, device: Device) -> bool:
+        """Whether the check reads the register on ``device`` (else it checks the gradients)."""
+        return device.overflow is OverflowMode.SATURATION
+
+    def attach(self, devices: Sequence[Device]) -> None:
+        """Hook into each rank's phases (once per device)."""
+        for dev in devices:
+            if self._begin not in dev.phase_hooks:
+                dev.phase_hooks.append(self._begin)
+
+    def _begin(self, device: Device, previous: str | None, phase: str) -> None:
+        """At a phase's beginning: clear once per step at ``clears_at`` (or the first phase after
+        it that the step reaches), if this framework does."""
+        if self.clears_at is None or phase not in _ORDER or _ORDER[phase] < _ORDER[self.clears_at]:
+            return
+        if self._cleared.get(id(device), -1) != device.step and self.reads_register(device):
+            device.clear_float_status()
+        self._cleared[id(device)] = device.step
+
+    def check(self, devices: Sequence[Device], grads: Sequence[Sequence[np.ndarray]]) -> list[bool]:
+        """Each rank's decision (True: finite, apply the step), at the unscale step: from the
+        registers (:meth:`_read`) where this framework reads them, else from the gradients
+        (already all-reduced, so no further reduction)."""
+        if not self.reads_register(devices[0]):
+            return [_finite(g) for g in grads]
+        return self._read(devices)
+
+    def _read(self, devices: Sequence[Device]) -> list[bool]:
+        raise NotImplementedError
+
+    def _reduce(self, values: list[np.ndarray]) -> list[np.ndarray]:
+        """Each rank's value, or (distributed) every rank's sum, as an all-reduce gives."""
+        if not self.distributed or len(values) == 1:
+            return values
+        total = np.sum([v.astype(np.int64) for v in values], axis=0)
+        return [total] * len(values)
+
+
+class TfNpu(Detector):
+    name = "tf-npu"
+
+    def reads_register(self, device: Device) -> bool:
+        return True
+
+    def _read(self, devices):
+        status = [dev.get_float_status() for dev in devices]
+        for dev in devices:
+            dev.clear_float_status()
+        return [not s.any() for s in self._reduce(status)]
+
+
+class TorchNpu(Detector):
+    name = "torch-npu"
+    clears_at = "scale"
+
+    def _read(self, devices):
+        found = []
+        for dev in devices:
+            hit = bool(dev.get_float_status().any())
+            if hit:
+                dev.clear_float_status()
+            found.append(np.array([int(hit)]))
+        return [not int(c[0]) for c in self._reduce(found)]
+
+
+class MindSpore(Detector):
+    name = "mindspore"
+    clears_at = "scale"
+
+    def _read(self, devices):
+        sums = [np.array([dev.get_float_status().astype(np.int64).sum()]) for dev in devices]
+        return [int(s[0]) < 1 for s in self._reduce(sums)]
+
+
+class MindSporeAllFinite(TfNpu):
+    """The TF adapter's read-then-clear, per rank unless ``distributed``, and only in saturation mode."""
+
+    name = "mindspore-all-finite"
+    reads_register = Detector.reads_register
+
+    def __init__(self, distributed: bool = False) -> None:
+        super().__init__(distributed)
+
+
+class IsFinite(Detector):
+    name = "isfinite"
+
+    def reads_register(self, device: Device) -> bool:
+        return False
+
+
+#: Every detector by name, in the order ``lossscale run --detector`` lists them.
+DETECTORS: dict[str, type[Detector]] = {d.name: d for d in (TfNpu, TorchNpu, MindSpore, MindSporeAllFinite,
+                                                               IsFinite)}
+#: Earlier names: ``status`` is today's ``tf-npu``.
+ALIASES = {"status": "tf-npu"}
+
+
+def make_detector(name: str | Detector | None, overflow: OverflowMode) -> Detector:
+    """A detector by name (None: ``tf-npu`` in saturation mode, ``isfinite`` in INF/NaN mode,
+    as the Ascend adapter's NPULossScaleOptimizer is meant for saturation mode and TF's own
+    LossScaleOptimizer checks the gradients), or a Detector object as it is."""
+    if isinstance(name, Detector):
+        return name
+    if name is None:
+        name = "tf-npu" if overflow is OverflowMode.SATURATION else "isfinite"
+    name = ALIASES.get(name, name)
+    if name not in DETECTORS:
+        raise ValueError(f"unknown detector {name!r}; valid: {', '.join([*DETECTORS, *ALIASES])}")
+    return DETECTORS[name]()
