@@ -57,14 +57,13 @@ given; then large matmuls split their output rows over N threads.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import math
 import operator
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -124,6 +123,21 @@ class Event(NamedTuple):
     op: str  #: the device operation (``matmul``, ``exp``, ``cast``, ...)
     flags: Flag  #: every IEEE flag the operation raised
     elements: int  #: the number of elements the operation produced
+
+
+class _Label:
+    """The context manager of :meth:`Device.label` (a class: it runs around every module call)."""
+
+    __slots__ = ("device", "name", "previous")
+
+    def __init__(self, device: Device, name: str | None) -> None:
+        self.device, self.name = device, name
+
+    def __enter__(self) -> None:
+        self.previous, self.device._label = self.device._label, self.name
+
+    def __exit__(self, *exc) -> None:
+        self.device._label = self.previous
 
 
 class LegacyModeWarning(UserWarning):
@@ -188,16 +202,11 @@ class Device:
         return f"Device({self.profile.name!r}, overflow={self.overflow.name})"
 
     # -- labels: what the running operations belong to --------------------------------
-    @contextlib.contextmanager
-    def label(self, name: str | None) -> Iterator[None]:
-        """Label the operations run inside the block (sim.torch labels them with the issuing
-        module's path; hand-written code can name its parts), for the record of which
+    def label(self, name: str | None) -> _Label:
+        """Label the operations run inside the ``with`` block (sim.torch labels them with the
+        issuing module's path; hand-written code can name its parts), for the record of which
         operation raised an event. Blocks nest; the innermost label holds."""
-        previous, self._label = self._label, name
-        try:
-            yield
-        finally:
-            self._label = previous
+        return _Label(self, name)
 
     @property
     def current_label(self) -> str | None:
