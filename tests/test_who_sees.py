@@ -77,7 +77,7 @@ def test_all_finite_lets_ranks_disagree() -> None:
 
 
 def test_unmarked_workload_is_one_phase_every_window_holds() -> None:
-    from tests.test_simulate import Linear
+    from test_simulate import Linear  # tests/ is on the path (pytest prepends it)
     runs = {d: simulate(workload=Linear(), manager="torch", detector=d, profile="atlas-training", steps=30)
             for d in ("tf-npu", "torch-npu", "mindspore")}
     for run in runs.values():
