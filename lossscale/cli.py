@@ -7,6 +7,10 @@ exit code 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
+import math
 import os
 import re
 import sys
@@ -17,7 +21,7 @@ from typing import Any
 from sim import profiles
 
 from .detectors import ALIASES, DETECTORS
-from .simulate import MANAGERS, Run, simulate
+from .simulate import DEFAULTS, MANAGERS, Interrupted, Run, manager_arguments, simulate
 from .workloads import WORKLOADS
 
 __all__ = ["main"]
@@ -59,51 +63,114 @@ def _pairs(items: list[str], what: str) -> dict[str, Any]:
     return out
 
 
+def _integer(low: int):
+    """An argparse type: an integer of at least ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}, got {text!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="mlp", choices=list(WORKLOADS))
-    p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", default=[])
-    p.add_argument("--profile", default="atlas-a2", choices=profiles.names())
+    p.add_argument("--workload", default="mlp", choices=list(WORKLOADS), help="the model and data")
+    p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", default=[],
+                   help="a workload argument (repeatable), such as log_perplexity=true")
+    p.add_argument("--profile", default="atlas-a2", choices=profiles.names(), help="the Atlas product")
     p.add_argument("--overflow-mode", choices=["saturation", "inf_nan"], default=None,
-                   help="default: the profile's")
-    p.add_argument("--manager-arg", action="append", metavar="KEY=VALUE", default=[])
+                   help="the device's float16 overflow mode (default: the profile's)")
+    p.add_argument("--manager-arg", action="append", metavar="[MANAGER:]KEY=VALUE", default=[],
+                   help="a manager argument (repeatable; 2**16 and true/false are fine); with MANAGER: it goes "
+                        "to that manager only")
+    p.add_argument("--defaults", choices=list(DEFAULTS), default="demo",
+                   help="the managers' unset arguments: demo (the seed's 2**32 and growth after 50 steps, so that "
+                        "a short run shows backoff and growth) or framework (each framework's own defaults)")
     p.add_argument("--detector", choices=[*DETECTORS, *ALIASES], default=None,
-                   help="whose overflow check decides: tf-npu (status), torch-npu, mindspore, "
-                        "mindspore-all-finite or isfinite; default: tf-npu in saturation mode, isfinite in "
-                        "INF/NaN mode")
+                   help="whose overflow check decides (status is tf-npu; default: tf-npu in saturation mode, "
+                        "isfinite in INF/NaN mode)")
+    p.add_argument("--allow-unsupported", action="store_true",
+                   help="run the tf-npu detector on a product that does not support NPULossScaleOptimizer")
     p.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the devices' event log (events.csv, events.png; default: on)")
-    p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--underflow-every", type=int, default=10)
-    p.add_argument("--out", type=Path, default=None, help="default: a new folder under runs/")
+                   help="keep the devices' event log (events.csv, events.png)")
+    p.add_argument("--ranks", type=_integer(1), default=1, help="data-parallel ranks (devices)")
+    p.add_argument("--steps", type=_integer(1), default=300, help="training steps")
+    p.add_argument("--seed", type=_integer(0), default=0, help="the workload's seed")
+    p.add_argument("--underflow-every", type=_integer(1), default=10,
+                   help="measure the gradients' underflow every N steps")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (its parent must exist; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lossscale", description="Loss scaling on simulated Ascend NPUs.")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    run = sub.add_parser("run", help="train one workload under one loss-scale manager")
+    from . import __version__
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="lossscale", description="Loss scaling on simulated Ascend NPUs: train a workload in "
+                     "binary16 on a simulated Atlas device under a framework's loss scaler and overflow check.",
+                     formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"lossscale {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=description, formatter_class=fmt)
+
+    run = command("run", "train one workload under one loss-scale manager",
+                  "Train a workload on simulated devices under one manager, beside a binary32 baseline; write "
+                  "trajectory.csv, summary.json, events.csv and the plots to a run folder.")
     _common(run)
-    run.add_argument("--manager", default="exponential", choices=list(MANAGERS))
-    cmp = sub.add_parser("compare", help="the same run under several managers: one plot, one table")
+    run.add_argument("--manager", default="exponential", choices=list(MANAGERS), help="the loss-scale manager")
+    cmp = command("compare", "the same run under several managers: one plot, one table",
+                  "The same workload, data and seed under several managers; one folder per manager and "
+                  "compare.png.")
     _common(cmp)
-    cmp.add_argument("--manager", action="append", choices=list(MANAGERS), required=True)
-    plot = sub.add_parser("plot", help="redraw scale.png from a run folder")
-    plot.add_argument("folder", type=Path)
-    sub.add_parser("profiles", help="the Atlas products and their overflow modes")
-    sweep = sub.add_parser("sweep", help="a grid of runs (TOML), in worker processes or on a Dask cluster")
-    sweep.add_argument("grid", type=Path)
+    cmp.add_argument("--manager", action="append", choices=list(MANAGERS), required=True,
+                     help="a manager to compare (give two or more)")
+    plot = command("plot", "redraw the plots of a run, compare or sweep folder",
+                   "Redraw the plots of a folder that lossscale run, compare or sweep wrote.")
+    plot.add_argument("folder", type=Path, help="the output folder")
+    plot.add_argument("--format", choices=["png", "svg", "pdf"], default="png", help="the image format")
+    command("profiles", "the Atlas products, their overflow modes and SoC names",
+            "The Atlas products of the NPULossScaleOptimizer support table, their overflow modes and SoC names.")
+    command("managers", "every manager: the framework it reproduces, its arguments and defaults",
+            "Every manager by name: its class, the framework scaler it reproduces, and each argument with "
+            "the framework's default and the demo value (--defaults).")
+    sweep = command("sweep", "a grid of runs (TOML), in worker processes or on a Dask cluster",
+                    "Every combination of a grid file's axes, each point one run; finished points are kept, so "
+                    "the same command resumes an interrupted sweep.")
+    sweep.add_argument("grid", type=Path, help="the grid file (TOML: [sweep] fixed arguments, [grid] axes)")
     sweep.add_argument("--out", type=Path, required=True, help="results folder; an existing one is resumed")
-    sweep.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    sweep.add_argument("--workers", type=_integer(1), default=os.cpu_count() or 1, help="worker processes")
     sweep.add_argument("--scheduler", default=None, help="address of a dask.distributed scheduler")
-    sweep.add_argument("--force", action="store_true", help="start over: forget the points already done")
-    sweep.add_argument("--quiet", action="store_true")
+    sweep.add_argument("--force", action="store_true",
+                       help="start over: forget the points already done, or use a folder holding something else")
+    sweep.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
 
-def _progress(quiet: bool):
+def _manager_args(args: argparse.Namespace, manager: str) -> dict[str, Any]:
+    """The --manager-arg values for ``manager``: unprefixed ones, and those prefixed with its name."""
+    managers = args.manager if isinstance(args.manager, list) else [args.manager]
+    mine = []
+    for item in args.manager_arg:
+        head, colon, rest = item.partition(":")
+        if colon and "=" not in head:
+            if head not in managers:
+                raise UsageError(f"--manager-arg {item!r} names manager {head!r}, which this run does not use; "
+                                 f"managers here: {', '.join(managers)}")
+            if head == manager:
+                mine.append(rest)
+        else:
+            mine.append(item)
+    return _pairs(mine, "--manager-arg")
+
+
+def _progress(quiet: bool, name: str):
     if quiet:
         return None
     tty = sys.stderr.isatty()
@@ -115,42 +182,59 @@ def _progress(quiet: bool):
         if tty:
             rate = done / max(time.perf_counter() - started, 1e-9)
             end = "\n" if done == total else ""
-            print(f"\r  step {done}/{total}  ({rate:.0f} steps/s)", end=end, file=sys.stderr, flush=True)
+            print(f"\r  {name}: step {done}/{total}  ({rate:.0f} steps/s)", end=end, file=sys.stderr, flush=True)
         elif done % max(total // 4, 1) == 0:
-            print(f"  step {done}/{total}", file=sys.stderr, flush=True)
+            print(f"  {name}: step {done}/{total}", file=sys.stderr, flush=True)
     return show
 
 
 def _out_folder(args: argparse.Namespace, name: str) -> Path:
-    """--out (checked, not yet created), or a new folder under runs/ that nothing else uses."""
+    """--out (checked, not yet created), or a new folder under runs/ that nothing else uses, named
+    by what tells runs apart (manager, profile, mode, detector, ranks, seed) and a short hash of
+    every argument, so that two different runs never look alike."""
     from .files import check_out
     if args.out is not None:
         return check_out(args.out, args.force)
-    stem = Path("runs") / f"{name}-{args.profile}-{args.overflow_mode or 'default'}-seed{args.seed}"
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force", "quiet", "command")}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    stem = Path("runs") / (f"{name}-{args.profile}-{args.overflow_mode or 'default'}-{args.detector or 'auto'}-"
+                           f"r{args.ranks}-seed{args.seed}-{digest}")
     candidate, n = stem, 1
     while candidate.exists() and any(candidate.iterdir()):
         n += 1
         candidate = stem.with_name(f"{stem.name}-{n}")
-    return check_out(candidate, True)
+    return candidate  # created, with runs/, only when the run has something to write
 
 
 def _simulate(args: argparse.Namespace, manager: str) -> Run:
     return simulate(workload=args.workload, profile=args.profile, overflow_mode=args.overflow_mode,
-                    manager=manager, manager_args=_pairs(args.manager_arg, "--manager-arg"),
+                    manager=manager, manager_args=_manager_args(args, manager), manager_defaults=args.defaults,
                     detector=args.detector, ranks=args.ranks, steps=args.steps, seed=args.seed,
                     underflow_every=args.underflow_every, record_events=args.events,
-                    workload_args=_pairs(args.workload_arg, "--workload-arg"), progress=_progress(args.quiet))
+                    allow_unsupported=args.allow_unsupported,
+                    workload_args=_pairs(args.workload_arg, "--workload-arg"), progress=_progress(args.quiet, manager))
 
 
 def _fmt(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, float) else str(x)
+    """Numbers in full: whole numbers as integers (powers of two from 2**20 as 2**k), others as
+    their shortest exact text."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if x == int(x) and abs(x) < 2**64:
+        n = int(x)
+        if n >= 2**20 and n & (n - 1) == 0:
+            return f"2**{n.bit_length() - 1}"
+        return str(n)
+    return repr(float(x))
 
 
 def _row(name: str, run: Run) -> list[str]:
     s = run.summary
     return [name, str(s["steps_run"]), str(s["overflow_steps"]), str(s["skipped_steps"]),
             str(s["undetected_overflow_steps"]), str(s["false_positive_steps"]), _fmt(s["final_loss_scale"]),
-            _fmt(s["mean_underflow_fraction"]),
+            f"{s['mean_underflow_fraction']:.4g}",
             f"{s['final']['loss']:.4f} / {s['baseline_float32']['loss']:.4f}",
             f"{s['final']['accuracy']:.3f} / {s['baseline_float32']['accuracy']:.3f}"]
 
@@ -165,13 +249,25 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _arguments(summary: dict[str, Any]) -> str:
+    """The manager's effective arguments, the ones that came from the demo set marked."""
+    m = summary["manager"]
+    demo = set(m.get("demo_arguments") or [])
+    shown = ", ".join(f"{k}={_fmt(v)}{' (demo)' if k in demo else ''}" for k, v in m["arguments"].items())
+    where = {"demo": "demo settings; --defaults framework for the framework's own",
+             "framework": "the framework's defaults"}.get(m.get("defaults"), "as given")
+    return f"manager {m['name']} ({m['class']}, {where}): {shown or 'no arguments'}"
+
+
 def _describe(run: Run) -> str:
     s = run.summary
     head = (f"{s['profile']['product']} ({s['profile']['name']}), {s['profile']['overflow_mode']} mode, "
             f"detector {s['detector']}, {s['arguments']['ranks']} rank(s), workload {s['arguments']['workload']}")
-    notes = [f"note: {w}" for w in s["profile"]["warnings"]]
+    notes = [_arguments(s)] + [f"note: {w}" for w in s["profile"]["warnings"]]
     if s["stopped_early"]:
         notes.append(f"stopped early at {s['stopped_early']}")
+    if s.get("interrupted"):
+        notes.append(f"interrupted: {s['steps_run']} of {s['arguments']['steps']} steps ran")
     first = s.get("first_overflow")
     if first:
         notes.append(f"first overflow: step {first['step']}, {first['op']} in {first['label'] or '(unlabelled)'} "
@@ -184,35 +280,70 @@ def _describe(run: Run) -> str:
     return "\n".join([head, *notes])
 
 
-def cmd_run(args: argparse.Namespace) -> None:
+def _runs(args: argparse.Namespace, names: list[str], out: Path, nested: bool) -> list[tuple[str, Run]]:
+    """Each manager's run, written as it finishes; on Ctrl-C the one in progress is written
+    with the steps it finished (marked interrupted), and the interruption goes on."""
     from .files import write_run
+    runs = []
+    for name in names:
+        try:
+            run = _simulate(args, name)
+        except Interrupted as stop:
+            write_run(stop.run, out / name if nested else out)
+            print(_describe(stop.run))
+            print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {out / name if nested else out}",
+                  file=sys.stderr)
+            raise
+        write_run(run, out / name if nested else out)
+        runs.append((name, run))
+    return runs
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    _manager_args(args, args.manager)  # refuse a bad --manager-arg before any work
     out = _out_folder(args, args.manager)
-    run = _simulate(args, args.manager)
-    paths = write_run(run, out)
+    [(_, run)] = _runs(args, [args.manager], out, nested=False)
     print(_describe(run))
     print(_table([_row(args.manager, run)]))
-    print("wrote " + ", ".join(str(p) for p in paths))
+    print(f"wrote {out}: " + ", ".join(p.name for p in sorted(out.iterdir()) if not p.name.startswith(".")))
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .files import write_atomic, write_run
+    from .files import write_atomic
     from .plots import plot_compare
-    if len(set(args.manager)) < 2:
+    names = list(dict.fromkeys(args.manager))
+    if len(names) < 2:
         raise UsageError("compare needs at least two different --manager values")
+    for name in names:  # every manager's arguments checked before any run
+        manager_arguments(name, _manager_args(args, name), args.defaults)
     out = _out_folder(args, "compare")
-    runs = [(name, _simulate(args, name)) for name in dict.fromkeys(args.manager)]
-    for name, run in runs:
-        write_run(run, out / name)
+    runs = _runs(args, names, out, nested=True)
+    write_atomic(out / "compare.json", (json.dumps({"managers": names}) + "\n").encode())
     write_atomic(out / "compare.png", plot_compare(runs))
-    print(_describe(runs[0][1]))
+    print(_describe(runs[0][1]).split("\n")[0])
+    for _, run in runs:
+        print(_arguments(run.summary))
     print(_table([_row(name, run) for name, run in runs]))
     print(f"wrote {out / 'compare.png'} and one folder per manager under {out}")
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
-    from .files import read_run, write_plots
-    paths = write_plots(read_run(args.folder), args.folder)
+    from .files import redraw
+    paths = redraw(args.folder, args.format)
     print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def cmd_managers(args: argparse.Namespace) -> None:
+    from .policy import REQUIRED
+    for name, (cls, demo) in MANAGERS.items():
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        print(f"{name}: {cls.__name__}, {doc}")
+        required = REQUIRED.get(name)
+        for f in dataclasses.fields(cls.policy_type):
+            framework = (f"{_fmt(required[0][f.name])} (required; {required[1]})" if f.default is dataclasses.MISSING
+                         else _fmt(f.default))
+            extra = f"   demo {_fmt(demo[f.name])}" if f.name in demo else ""
+            print(f"    {f.name:26} framework {framework}{extra}")
 
 
 def cmd_profiles(args: argparse.Namespace) -> None:
@@ -230,7 +361,7 @@ def cmd_profiles(args: argparse.Namespace) -> None:
         print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).socs)}")
 
 
-def cmd_sweep(args: argparse.Namespace) -> None:
+def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import run_sweep
 
     tty = sys.stderr.isatty()
@@ -246,12 +377,21 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     rows = run_sweep(args.grid, args.out, workers=args.workers, scheduler=args.scheduler, force=args.force,
                      progress=progress)
-    failed = sum(r["status"] != "ok" for r in rows)
-    print(f"{len(rows)} points ({failed} failed) in {time.perf_counter() - started:.1f} s; "
+    failed = [r for r in rows if r["status"] != "ok"]
+    print(f"{len(rows)} points ({len(failed)} failed) in {time.perf_counter() - started:.1f} s; "
           f"wrote {args.out / 'results.csv'} and {args.out / 'sweep.png'}")
+    if failed:
+        errors: dict[str, int] = {}
+        for r in failed:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+        for error, n in errors.items():
+            print(f"lossscale: {n} point(s) failed: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles, "sweep": cmd_sweep}
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles,
+            "managers": cmd_managers, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,15 +399,19 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise UsageError(f"a command is needed; valid: {', '.join(COMMANDS)}")
-        COMMANDS[args.command](args)
-    except (UsageError, ValueError, TypeError) as err:
-        print(f"lossscale: error: {err}", file=sys.stderr)
+        code = COMMANDS[args.command](args)
+    except (UsageError, ValueError, TypeError, OverflowError) as err:
+        for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
+            print(f"lossscale: error: {line}", file=sys.stderr)
         return 2
+    except OSError as err:  # the file system refused: not a traceback either
+        print(f"lossscale: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("lossscale: interrupted; files already written are complete, the rest were not written",
               file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

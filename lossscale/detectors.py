@@ -34,6 +34,8 @@ sees every rank's register before it reduces them).
   a non-finite check.
 - ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
   defeats: saturated gradients are finite.
+
+The windows, with their sources: ``docs/semantics.md``.
 """
 
 from __future__ import annotations

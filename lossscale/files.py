@@ -19,8 +19,10 @@ from typing import Any
 
 from .simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
-__all__ = ["write_atomic", "write_run", "read_run", "check_out", "write_plots"]
+__all__ = ["write_atomic", "write_run", "read_run", "check_out", "write_plots", "json_text", "redraw"]
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -29,6 +31,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # an ordinary file's mode, not mkstemp's private 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -40,9 +43,16 @@ def check_out(out: Path, force: bool) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output path {str(out)!r} exists and is not a folder")
+    if not out.exists() and not out.parent.is_dir():
+        raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"output folder {str(out)!r} exists and is not empty; use --force to overwrite")
     return out
+
+
+def json_text(value: Any, indent: int | None = 2) -> str:
+    """Strict JSON (no bare NaN or Infinity): NaN as null, infinities as "inf" / "-inf"."""
+    return json.dumps(_json_safe(value), indent=indent, sort_keys=True, allow_nan=False)
 
 
 def _json_safe(value: Any) -> Any:
@@ -80,7 +90,7 @@ def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "trajectory.csv", out / "summary.json"]
     write_atomic(paths[0], _csv(COLUMNS, run.records))
-    write_atomic(paths[1], (json.dumps(_json_safe(run.summary), indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(paths[1], (json_text(run.summary) + "\n").encode())
     if run.summary.get("events_recorded") is not None:
         paths.append(out / "events.csv")
         write_atomic(paths[-1], _csv(EVENT_COLUMNS, run.events))
@@ -89,39 +99,84 @@ def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
     return paths
 
 
-def write_plots(run: Run, out: Path) -> list[Path]:
-    """``scale.png``, and ``events.png`` when the run has events; returns their paths."""
+def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
+    """``scale.png``, and ``events.png`` when the run has events (or .svg, .pdf); their paths."""
     from .plots import plot_events, plot_run
-    paths = [Path(out) / "scale.png"]
-    write_atomic(paths[0], plot_run(run))
+    paths = [Path(out) / f"scale.{fmt}"]
+    write_atomic(paths[0], plot_run(run, fmt=fmt))
     if run.events:
-        paths.append(Path(out) / "events.png")
-        write_atomic(paths[1], plot_events(run))
+        paths.append(Path(out) / f"events.{fmt}")
+        write_atomic(paths[1], plot_events(run, fmt=fmt))
     return paths
 
 
-def read_run(folder: Path) -> Run:
-    """A run back from its files (for ``lossscale plot``)."""
+def redraw(folder: Path, fmt: str = "png") -> list[Path]:
+    """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
+    paths written. ValueError naming what the folder lacks."""
+    from .plots import FORMATS, plot_compare
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
     folder = Path(folder)
+    if not folder.exists():
+        raise ValueError(f"{str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is not a folder; give the folder that lossscale run, compare or sweep "
+                         f"wrote")
+    if (folder / "trajectory.csv").exists():
+        return write_plots(read_run(folder), folder, fmt)
+    if (folder / "results.csv").exists():
+        from .sweep import redraw_sweep
+        return [redraw_sweep(folder, fmt)]
+    members = sorted(p for p in folder.iterdir() if (p / "trajectory.csv").exists())
+    if (folder / "compare.json").exists():  # the managers in the order compare ran them
+        order = json.loads((folder / "compare.json").read_text())["managers"]
+        members = [folder / name for name in order if (folder / name / "trajectory.csv").exists()]
+    if members:
+        path = folder / f"compare.{fmt}"
+        write_atomic(path, plot_compare([(p.name, read_run(p)) for p in members], fmt=fmt))
+        return [path]
+    raise ValueError(f"{str(folder)!r} holds no run, compare or sweep output (no trajectory.csv, no results.csv, "
+                     f"no run folders)")
+
+
+def read_run(folder: Path) -> Run:
+    """A run back from its files (for ``lossscale plot``); ValueError naming a missing or
+    malformed file."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise ValueError(f"{str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is not a folder; give the run's folder (it holds trajectory.csv)")
     try:
         text = (folder / "trajectory.csv").read_text()
-        summary = json.loads((folder / "summary.json").read_text())
+        summary_text = (folder / "summary.json").read_text()
     except FileNotFoundError as err:
         raise ValueError(f"{str(folder)!r} holds no run: {Path(err.filename).name} is missing") from None
-    rows = list(csv.DictReader(io.StringIO(text)))
-    if rows and set(rows[0]) != set(COLUMNS):
-        raise ValueError(f"{str(folder / 'trajectory.csv')!r} does not have the columns {', '.join(COLUMNS)}")
-    records = []
-    for row in rows:
-        rec: dict[str, Any] = {}
-        for k, v in row.items():
-            kind = SCHEMA[k]
-            rec[k] = v == "1" if kind is bool else kind(v)
-        records.append(rec)
+    try:
+        summary = json.loads(summary_text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{str(folder / 'summary.json')!r} is not valid JSON ({err})") from None
+    records = _rows(folder / "trajectory.csv", text, COLUMNS, {k: SCHEMA[k] for k in COLUMNS})
     events = []
     if (folder / "events.csv").exists():
-        for row in csv.DictReader(io.StringIO((folder / "events.csv").read_text())):
-            events.append({**row, "rank": int(row["rank"]), "elements": int(row["elements"]),
-                           "step": int(row["step"]) if row["step"] else None, "phase": row["phase"] or None,
-                           "label": row["label"] or None})
+        kinds = {"rank": int, "step": int, "phase": str, "label": str, "op": str, "flags": str, "elements": int}
+        events = [{**e, "phase": e["phase"] or None, "label": e["label"] or None}
+                  for e in _rows(folder / "events.csv", (folder / "events.csv").read_text(), EVENT_COLUMNS, kinds)]
     return Run(records, summary, summary.get("arguments", {}), events)
+
+
+def _rows(path: Path, text: str, columns: tuple[str, ...], kinds: dict[str, type]) -> list[dict[str, Any]]:
+    """A CSV file's rows by ``kinds`` (empty cells: None); ValueError naming the file and line."""
+    reader = csv.DictReader(io.StringIO(text))
+    if tuple(reader.fieldnames or ()) != columns:
+        raise ValueError(f"{str(path)!r} does not have the columns {', '.join(columns)}")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            if None in row or None in row.values():
+                raise ValueError("wrong number of cells")
+            rows.append({k: v if kinds[k] is str else None if v == "" else v == "1" if kinds[k] is bool
+                         else kinds[k](v) for k, v in row.items()})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{str(path)!r} line {line} is malformed ({err}); the file may be truncated") from None
+    return rows

@@ -10,6 +10,8 @@ of ``NPULossScaleOptimizer`` (the constructor and the managers it takes); the gr
 guard ``S < 3.4e38 / incr_ratio`` is that code's; TensorFlow 1.x's
 ``tensorflow/contrib/mixed_precision/python/loss_scale_manager.py`` is the original it
 adapts (it grows whenever the product is finite).
+
+The rules, with their sources: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class FixedLossScale(Policy):
     enable_overflow_check: bool = True
     floor = "loss_scale"
     grows = False
+    lowers = False
 
     class State(NamedTuple):
         scale: np.float32
@@ -102,7 +105,8 @@ class ExponentialUpdate(Policy):
             return self.State(scale, 0, bad + 1)
 
 
-@register("fixed", loss_scale=2.0**10)
+@register("fixed", loss_scale=2.0**10,
+          required=({"loss_scale": 2.0**10}, "the user must give loss_scale; the demo's 2**10"))
 class FixedLossScaleManager(Manager):
     """``FixedLossScaleManager(loss_scale, enable_overflow_check=True)``."""
 
@@ -110,7 +114,8 @@ class FixedLossScaleManager(Manager):
 
 
 @register("exponential", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2,
-          decr_ratio=0.5)
+          decr_ratio=0.5, required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
+                                    "the seed's example: 2**32 and 1000"))
 class ExponentialUpdateLossScaleManager(Manager):
     """``ExponentialUpdateLossScaleManager(init_loss_scale, incr_every_n_steps,
     decr_every_n_nan_or_inf=2, incr_ratio=2, decr_ratio=0.8)``."""

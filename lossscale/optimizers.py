@@ -17,6 +17,8 @@ arrays updated in place; a gradient may be ``None`` (no update, no check).
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,7 +27,8 @@ from sim import Device, OverflowMode, current_device
 
 from .policy import Manager, Policy, check_positive, check_ratio
 
-__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS"]
+__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS",
+           "UnsupportedProductWarning"]
 
 GradsAndVars = Sequence[tuple[np.ndarray | None, np.ndarray]]
 F32 = np.float32
@@ -37,13 +40,24 @@ def _check_var(v: np.ndarray) -> None:
 
 
 class _Plain:
-    """Shared: per-variable slots keyed by identity, binary32 arithmetic."""
+    """Shared: per-variable slots, binary32 arithmetic.
+
+    Slots belong to the variable object itself: they are held beside a weak reference to
+    it, so a new array that happens to reuse a dead array's ``id`` starts from zero instead
+    of inheriting the dead one's momentum, and a dead variable's slots are dropped."""
 
     def __init__(self) -> None:
-        self._slots: dict[int, dict[str, np.ndarray]] = {}
+        self._slots: dict[int, tuple[weakref.ref, dict[str, np.ndarray]]] = {}
 
     def slot(self, var: np.ndarray, name: str) -> np.ndarray:
-        return self._slots.setdefault(id(var), {}).setdefault(name, np.zeros_like(var))
+        slots, key = self._slots, id(var)
+        entry = slots.get(key)
+        if entry is None or entry[0]() is not var:
+            def forget(ref: weakref.ref) -> None:
+                if slots.get(key, (None,))[0] is ref:
+                    del slots[key]
+            entry = slots[key] = (weakref.ref(var, forget), {})
+        return entry[1].setdefault(name, np.zeros_like(var))
 
     def apply_gradients(self, grads_and_vars: GradsAndVars) -> None:
         pairs = [(np.asarray(g, F32), v) for g, v in grads_and_vars if g is not None]
@@ -113,6 +127,10 @@ class Adam(_Plain):
         s *= self.beta2
         s += (F32(1) - self.beta2) * g * g
         v -= self._lr_t * m / (np.sqrt(s) + self.epsilon)
+
+
+class UnsupportedProductWarning(UserWarning):
+    """NPULossScaleOptimizer run, as asked, on a product the seed marks as not supporting it."""
 
 
 #: Overflow detectors: the float-status register, or isfinite on the gradients.
@@ -191,10 +209,14 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
     ``"isfinite"`` is the naive check that saturation mode defeats,
     ``"status"`` reads the register in either mode. A ``FixedLossScaleManager``
     with ``enable_overflow_check=False`` applies every step.
+
+    The seed's support table lists the Atlas 200I/500 A2 and the Atlas inference series
+    as not supporting this optimizer: on their devices it raises ValueError, unless
+    ``allow_unsupported=True`` (then a :class:`UnsupportedProductWarning`).
     """
 
     def __init__(self, opt: _Plain, loss_scale_manager: Manager, is_distributed: bool = False, *,
-                 detector: str | None = None, device: Device | None = None) -> None:
+                 detector: str | None = None, device: Device | None = None, allow_unsupported: bool = False) -> None:
         super().__init__(opt, loss_scale_manager)
         if not isinstance(is_distributed, (bool, np.bool_)):
             raise ValueError(f"is_distributed must be a bool, got {is_distributed!r}")
@@ -204,12 +226,28 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
         self._is_distributed = bool(is_distributed)
         self.detector = detector
         self._device = device
+        self.allow_unsupported = bool(allow_unsupported)
+        self._checked: set[int] = set()
+        if device is not None:
+            self._check_product(device)
         #: The float-status value the last decision read (after any all-reduce), or None.
         self.last_status: np.ndarray | None = None
 
     @property
     def device(self) -> Device:
-        return self._device if self._device is not None else current_device()
+        dev = self._device if self._device is not None else current_device()
+        if id(dev) not in self._checked:
+            self._check_product(dev)
+        return dev
+
+    def _check_product(self, dev: Device) -> None:
+        p = dev.profile
+        if not p.supports_npu_loss_scale_optimizer:
+            text = f"{p.name} ({p.product_en}) does not support NPULossScaleOptimizer (the seed's support table)"
+            if not self.allow_unsupported:
+                raise ValueError(f"{text}; pass allow_unsupported=True to run it anyway")
+            warnings.warn(f"{text}; running anyway (allow_unsupported=True)", UnsupportedProductWarning, stacklevel=3)
+        self._checked.add(id(dev))
 
     def detector_for(self, device: Device) -> str:
         if self.detector is not None:

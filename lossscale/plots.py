@@ -18,12 +18,21 @@ from .simulate import Run  # noqa: E402
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "heatmaps", "plot_events", "figure_events"]
 
-_META = {"Software": None}
 
 
-def _png(fig) -> bytes:
+#: Image formats the plots are written in.
+FORMATS = ("png", "svg", "pdf")
+_METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
+             "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}
+
+
+def _png(fig, fmt: str = "png") -> bytes:
+    """The figure's bytes in ``fmt``, with fixed metadata so that the same run gives the same file."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata=_META)
+    with matplotlib.rc_context({"svg.hashsalt": "lossscale"}):
+        fig.savefig(buf, format=fmt, dpi=110, metadata=_METADATA[fmt])
     plt.close(fig)
     return buf.getvalue()
 
@@ -49,9 +58,9 @@ def draw_scale(ax, run: Run, label: str | None = None, marks: bool = True) -> No
                     label="false positive (skipped, no event that feeds the update)")
 
 
-def plot_run(run: Run) -> bytes:
-    """The figure of one run, as PNG bytes."""
-    return _png(figure_run(run))
+def plot_run(run: Run, fmt: str = "png") -> bytes:
+    """The figure of one run, as image bytes."""
+    return _png(figure_run(run), fmt)
 
 
 def figure_run(run: Run):
@@ -74,7 +83,7 @@ def figure_run(run: Run):
     return fig
 
 
-def plot_compare(runs: Sequence[tuple[str, Run]]) -> bytes:
+def plot_compare(runs: Sequence[tuple[str, Run]], fmt: str = "png") -> bytes:
     """Several managers on one figure: their scales above, their losses below."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
     for name, run in runs:
@@ -88,10 +97,10 @@ def plot_compare(runs: Sequence[tuple[str, Run]]) -> bytes:
     bottom.set_yscale("log")
     bottom.grid(alpha=0.3)
     fig.tight_layout()
-    return _png(fig)
+    return _png(fig, fmt)
 
 
-def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str]) -> bytes:
+def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], fmt: str = "png") -> bytes:
     """One heat map per metric (rows x cols), values written in the cells; NaN cells blank."""
     fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 0.45 * len(rows) + 2.2), squeeze=False)
     for ax, (metric, grid) in zip(axes[0], tables.items(), strict=True):
@@ -104,12 +113,12 @@ def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[
                 ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="w")
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.tight_layout()
-    return _png(fig)
+    return _png(fig, fmt)
 
 
-def plot_events(run: Run, top: int = 12) -> bytes:
-    """The event log as PNG bytes: see :func:`figure_events`."""
-    return _png(figure_events(run, top))
+def plot_events(run: Run, top: int = 12, fmt: str = "png") -> bytes:
+    """The event log as image bytes: see :func:`figure_events`."""
+    return _png(figure_events(run, top), fmt)
 
 
 def figure_events(run: Run, top: int = 12):

@@ -18,6 +18,8 @@ Arithmetic follows the originals: PyTorch multiplies its binary32 scale by a
 binary64 factor and rounds once; TensorFlow, Keras, Megatron, MindSpore and
 jmp compute in binary32 with the factor rounded to binary32; DeepSpeed keeps
 a Python float (binary64).
+
+Every scaler's rules, with their sources: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ class TorchNpuPolicy(TorchPolicy):
 
     @property
     def grows(self) -> bool:  # type: ignore[override]
+        return self.enabled and self.dynamic
+
+    @property
+    def lowers(self) -> bool:  # type: ignore[override]
         return self.enabled and self.dynamic
 
     def checks_overflow(self) -> bool:
@@ -428,7 +434,11 @@ class DeepSpeedLossScaler(Manager):
 
 
 @register("megatron", initial_scale=DEMO_SCALE, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
-          growth_interval=50, hysteresis=2)
+          growth_interval=50, hysteresis=2,
+          required=({"initial_scale": 2.0**32, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                     "growth_interval": 1000, "hysteresis": 2},
+                    "Megatron-LM's command-line defaults (--initial-loss-scale 2**32, --min-loss-scale 1, "
+                    "--loss-scale-window 1000, --hysteresis 2; factors 2 and 0.5)"))
 class MegatronGradScaler(Manager):
     """Megatron-LM ``DynamicGradScaler(initial_scale, min_scale, growth_factor, backoff_factor,
     growth_interval, hysteresis)``."""
@@ -443,7 +453,8 @@ class MindSporeDynamicLossScale(Manager):
     policy_type = MindSporePolicy
 
 
-@register("jmp", loss_scale=DEMO_SCALE, period=50)
+@register("jmp", loss_scale=DEMO_SCALE, period=50,
+          required=({"loss_scale": 2.0**15}, "jmp's README example: 2**15"))
 class JmpDynamicLossScale(Manager):
     """jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."""
 
@@ -451,7 +462,9 @@ class JmpDynamicLossScale(Manager):
     policy_type = JmpPolicy
 
 
-@register("tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5)
+@register("tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5,
+          required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
+                    "as Ascend's (the seed's example: 2**32 and 1000)"))
 class TF1ExponentialUpdateLossScaleManager(Manager):
     """TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."""
 

@@ -12,12 +12,12 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "register", "DEMO_SCALE"]
+__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register", "DEMO_SCALE"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -38,6 +38,8 @@ class Policy:
     capped: ClassVar[bool] = True
     #: Whether a long enough run of finite steps grows the scale.
     grows: ClassVar[bool] = True
+    #: Whether a run of overflows lowers the scale (down to its floor).
+    lowers: ClassVar[bool] = True
 
     class State(NamedTuple):
         scale: Any
@@ -115,12 +117,27 @@ DEMO_SCALE = 2.0**32
 MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {}
 
 
-def register(name: str, **demo: Any) -> Callable[[type[Manager]], type[Manager]]:
-    """Class decorator: enter a manager in :data:`MANAGERS` under ``name`` with its demo arguments."""
+#: For managers whose framework requires arguments (no default in its constructor): the values
+#: ``--defaults framework`` gives them, and where they come from.
+REQUIRED: dict[str, tuple[dict[str, Any], str]] = {}
+
+
+def register(name: str, *, required: tuple[dict[str, Any], str] | None = None,
+             **demo: Any) -> Callable[[type[Manager]], type[Manager]]:
+    """Class decorator: enter a manager in :data:`MANAGERS` under ``name`` with its demo
+    arguments, and in :data:`REQUIRED` the values (and their source) of the arguments its
+    framework requires."""
     def add(cls: type[Manager]) -> type[Manager]:
         if name in MANAGERS:
             raise ValueError(f"manager name {name!r} is taken by {MANAGERS[name][0].__name__}")
+        need = [f.name for f in fields(cls.policy_type) if f.default is MISSING and f.name not in
+                (required or ({}, ""))[0]]
+        if need:
+            raise ValueError(f"manager {name!r}: its framework requires {', '.join(need)}; register it with "
+                             f"required=({{...}}, source)")
         MANAGERS[name] = (cls, demo)
+        if required is not None:
+            REQUIRED[name] = required
         return cls
     return add
 
@@ -138,9 +155,15 @@ class PolicyManager(Manager):
 def _number(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond binary64, such as 2**2000
+        number = math.inf
+    if not math.isfinite(number):
+        big = isinstance(value, int) and abs(value) >= 10**20
+        shown = f"an integer of {value.bit_length()} bits" if big else repr(value)
+        raise ValueError(f"{name} must be finite (below {float(np.finfo(np.float64).max):.4g}), got {shown}")
+    return number
 
 
 def check_at_least(name: str, value: Any, low: float) -> None:

@@ -26,9 +26,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
+import json
+import signal
+import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -36,12 +40,12 @@ import numpy as np
 from sim import PHASES, Device, Group, profiles
 
 from . import policies
-from .detectors import FEEDS_NOTHING, UNMARKED, Detector, make_detector
+from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
 from .optimizers import LossScaleOptimizer
-from .policy import MANAGERS, Manager, Policy, PolicyManager, describe
+from .policy import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe
 from .workloads import Workload, check_workload, make_workload
 
-__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS"]
+__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted"]
 
 #: The trajectory's one schema: its columns, in file order, and their types (files.py
 #: writes and reads by it). ``overflow``: some device operation of the step raised a register
@@ -60,13 +64,13 @@ EVENT_COLUMNS = ("rank", "step", "phase", "label", "op", "flags", "elements")
 COLUMNS = tuple(SCHEMA)
 
 
-def _managers(manager: Any, args: dict[str, Any] | None, ranks: int) -> tuple[list[Any], str]:
+def _managers(manager: Any, args: dict[str, Any] | None, ranks: int, defaults: str = "demo") -> tuple[list[Any], str]:
     """One manager per rank and the name the summary gives them. ``manager`` is a name; a
     class or zero-argument factory (called once per rank); a :class:`Policy` value (each
     rank gets a :class:`PolicyManager` on it); or an object with ``get_loss_scale`` and
     ``update_loss_scale`` (rank 0 trains it; other ranks get deep copies of it)."""
     if isinstance(manager, str):
-        made = [make_manager(manager, args) for _ in range(ranks)]
+        made = [make_manager(manager, args, defaults) for _ in range(ranks)]
         return made, manager
     if args:
         raise ValueError("manager_args go with a manager name; give a manager object its arguments "
@@ -96,16 +100,99 @@ def _is_scaler(obj: Any) -> bool:
                                              for a in ("get_loss_scale", "update_loss_scale"))
 
 
-def make_manager(name: str, args: dict[str, Any] | None = None) -> Manager:
-    """A manager by name, with the simulator's defaults overridden by ``args``."""
+#: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
+#: ``MANAGERS``: the seed's 2**32 and growth after 50 steps, so that a short run shows both
+#: backoff and growth) or ``framework`` (the framework's own defaults; arguments it requires
+#: take the values in ``lossscale.policy.REQUIRED``, with their source).
+DEFAULTS = ("demo", "framework")
+
+
+def manager_arguments(name: str, args: dict[str, Any] | None = None, defaults: str = "demo") -> dict[str, Any]:
+    """The constructor arguments a named manager gets: every field of its policy, from ``args``,
+    else the ``defaults`` set. ValueError naming an unknown manager, argument or set."""
     if name not in MANAGERS:
         raise ValueError(f"unknown manager {name!r}; valid: {', '.join(MANAGERS)}")
-    cls, defaults = MANAGERS[name]
-    valid = [f.name for f in fields(cls.policy_type)]
+    if defaults not in DEFAULTS:
+        raise ValueError(f"unknown defaults {defaults!r}; valid: {', '.join(DEFAULTS)}")
+    cls, demo = MANAGERS[name]
+    names = [f.name for f in fields(cls.policy_type)]
     for key in args or {}:
-        if key not in valid:
-            raise ValueError(f"manager {name!r} takes no argument {key!r}; valid: {', '.join(valid)}")
-    return cls(**{**defaults, **(args or {})})
+        if key not in names:
+            raise ValueError(f"manager {name!r} takes no argument {key!r}; valid: {', '.join(names)}")
+    out = {}
+    for f in fields(cls.policy_type):
+        has_default = f.default is not MISSING
+        if f.name in (args or {}):
+            out[f.name] = args[f.name]
+        elif defaults == "demo" and f.name in demo:
+            out[f.name] = demo[f.name]
+        elif not has_default:
+            out[f.name] = REQUIRED[name][0][f.name]
+        else:
+            out[f.name] = f.default
+    return out
+
+
+def make_manager(name: str, args: dict[str, Any] | None = None, defaults: str = "demo") -> Manager:
+    """A manager by name: ``args`` over the ``defaults`` set (see :data:`DEFAULTS`)."""
+    cls, _ = MANAGERS.get(name, (None, None))
+    arguments = manager_arguments(name, args, defaults)
+    return cls(**arguments)
+
+
+def check_arguments(args: dict[str, Any]) -> list[str]:
+    """What is wrong with ``simulate(**args)``'s names, types and manager or workload arguments,
+    found without running it (one sentence per problem; empty if none). Combinations that only
+    a run can refuse (a mode the profile lacks) are not checked."""
+    import inspect
+
+    from sim import OverflowMode
+
+    from .detectors import ALIASES
+    from .workloads import WORKLOADS
+    params = inspect.signature(simulate).parameters
+    problems = [f"unknown argument {k!r}; valid: {', '.join(params)}" for k in args if k not in params]
+    get = lambda k: args.get(k, params[k].default if k in params else None)  # noqa: E731
+    for name, low in (("ranks", 1), ("steps", 1), ("seed", 0), ("underflow_every", 1)):
+        value = get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{name} must be an integer of at least {low}, got {value!r}")
+    for name in ("manager_args", "workload_args"):
+        if get(name) is not None and not isinstance(get(name), dict):
+            problems.append(f"{name} must be a table of arguments, got {get(name)!r}")
+    defaults = get("manager_defaults")
+    if defaults not in DEFAULTS:
+        problems.append(f"unknown manager_defaults {defaults!r}; valid: {', '.join(DEFAULTS)}")
+    checks = [
+        lambda: profiles.get(get("profile")),
+        lambda: get("overflow_mode") is None or OverflowMode.parse(get("overflow_mode")),
+        lambda: get("detector") is None or make_detector(ALIASES.get(get("detector"), get("detector")),
+                                                         OverflowMode.INF_NAN),
+    ]
+    if not isinstance(get("manager"), str):
+        problems.append(f"manager must be a name; valid: {', '.join(MANAGERS)}")
+    elif isinstance(get("manager_args"), (dict, type(None))):
+        checks.append(lambda: make_manager(get("manager"), get("manager_args"),
+                                           defaults if defaults in DEFAULTS else "demo"))
+    for check in checks:
+        try:
+            check()
+        except (ValueError, TypeError) as err:
+            problems.append(str(err))
+    workload, wargs = get("workload"), get("workload_args")
+    if not isinstance(workload, str) or workload not in WORKLOADS:
+        problems.append(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+    elif isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
+        try:
+            _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+        except (ValueError, TypeError) as err:
+            problems.append(str(err))
+    return problems
+
+
+@functools.lru_cache(maxsize=64)
+def _workload_check(name: str, wargs: str, seed: int) -> None:
+    make_workload(name, seed, **json.loads(wargs))
 
 
 @dataclass
@@ -164,12 +251,14 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
              manager: Any = "exponential", manager_args: dict[str, Any] | None = None,
              detector: str | Detector | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
              underflow_every: int = 10, workload_args: dict[str, Any] | None = None,
-             progress: Callable[[int, int], None] | None = None, record_events: bool = True) -> Run:
+             progress: Callable[[int, int], None] | None = None, record_events: bool = True,
+             allow_unsupported: bool = False, manager_defaults: str = "demo") -> Run:
     """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``.
 
     ``workload``: a name (``workload_args`` and ``seed`` configure it) or any object
     following :class:`lossscale.workloads.Workload` (it brings its own seed).
-    ``manager``: a name (``manager_args`` override the simulator's defaults), a
+    ``manager``: a name (``manager_args`` over ``manager_defaults``: ``demo``, the
+    simulator's demo set, or ``framework``, the framework's own; see :data:`DEFAULTS`), a
     :class:`Policy` value, a class or factory making a manager, or a manager object (any
     object with ``get_loss_scale`` and ``update_loss_scale``, as ``check_policy`` takes;
     with several ranks each other rank trains a deep copy of it).
@@ -177,7 +266,18 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     or a Detector; None: ``tf-npu`` in saturation mode, ``isfinite`` in INF/NaN mode).
     ``record_events``: keep every device's event log (``Run.events``; the summary's
     ``first_overflow`` and ``top_labels`` come from it).
+    ``allow_unsupported``: run the ``tf-npu`` detector (``NPULossScaleOptimizer``'s check) on
+    a product the seed marks as not supporting it, with a warning in the summary; without
+    it, that is a ValueError.
+
+    Ctrl-C (SIGINT, when called from the main thread) stops the run after the step in
+    progress: :class:`Interrupted` is raised with the finished steps' :class:`Run`
+    (``summary["interrupted"]`` true). A second Ctrl-C interrupts at once.
     """
+    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1),
+                             ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
     if isinstance(workload, str):
         wl = make_workload(workload, seed, **(workload_args or {}))
     elif workload_args:
@@ -189,19 +289,24 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     label = workload if isinstance(workload, str) else str(getattr(wl, "name", type(wl).__name__))
     args = {"workload": label, "profile": profile, "overflow_mode": overflow_mode,
             "manager": manager if isinstance(manager, str) else None,
-            "manager_args": dict(manager_args or {}), "detector": detector if isinstance(detector, str) else None,
+            "manager_args": dict(manager_args or {}), "manager_defaults": manager_defaults,
+            "detector": detector if isinstance(detector, str) else None,
             "ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every,
             "workload_args": dict(workload_args or {})}
-    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
     prof = profiles.get(profile)
-    managers, manager_name = _managers(manager, manager_args, ranks)  # refuse bad ones before any work
+    managers, manager_name = _managers(manager, manager_args, ranks, manager_defaults)  # refuse bad ones first
     args["manager"] = manager_name
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events) for r in range(ranks)]
     det = make_detector(detector, devices[0].overflow)
+    if det.name == "tf-npu" and not prof.supports_npu_loss_scale_optimizer:
+        refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the seed's support "
+                   f"table), whose check the tf-npu detector is")
+        if not allow_unsupported:
+            raise ValueError(f"{refusal}; choose another detector ({', '.join(n for n in DETECTORS if n != 'tf-npu')})"
+                             f" or allow it explicitly (allow_unsupported=True, --allow-unsupported)")
+        caught.append(warnings.WarningMessage(f"{refusal}; run anyway (allow_unsupported)", UserWarning, __file__, 0))
     det.attach(devices)
     if ranks > 1:
         Group(devices)
@@ -211,62 +316,67 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     opts = [LossScaleOptimizer(wl.optimizer(), m) for m in managers]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(steps)
+    _check_shards(wl.shards(batches[0], ranks), ranks)
     records: list[dict[str, Any]] = []
     stopped = None
-    for t in range(steps):
-        scales = [opt.get_loss_scale() for opt in opts]
-        shards = wl.shards(batches[t], ranks)
-        losses, grads = [], []
-        for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
-            dev.begin_phase("forward" if marks else UNMARKED, step=t)
-            with dev:
-                loss, g = wl.forward_backward(dev, p, s, part, share)
-            losses.append(loss)
-            grads.append(g)
-        local0 = grads[0]
-        for dev in devices:
-            dev.begin_phase("allreduce")
-        if ranks > 1:
-            with contextlib.ExitStack() as stack:
-                for dev in devices:
-                    stack.enter_context(dev.label("allreduce"))
-                summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
-            grads = [[s[r] for s in summed] for r in range(ranks)]
-        register = np.sum([dev.get_float_status() for dev in devices], axis=0)
-        for dev in devices:
-            dev.begin_phase("unscale")
-        finite = det.check(devices, grads) if any(checks) else [True] * ranks
-        decisions = [bool(f) or not c for f, c in zip(finite, checks, strict=True)]
-        for dev in devices:
-            dev.begin_phase("apply")
-        try:
-            for opt, g, p, ok in zip(opts, grads, params, decisions, strict=True):
-                opt.apply_decided(opt.compute_gradients(lambda _s, g=g: g, p), ok)
-        except policies.MinimumScaleError as err:
-            stopped = f"step {t}: {err}"
-            break
-        with np.errstate(all="ignore"):
-            grad_max = max(float(np.max(np.abs(g.astype(np.float32)))) for g in grads[0]) / scales[0]
-        underflow = float("nan")
-        if t % underflow_every == 0:
-            _, ref = wl.grads32(params[0], *shards[0])
-            nonzero = sum(int(np.count_nonzero(r)) for r in ref)
-            lost = sum(int(np.count_nonzero((g == 0) & (r != 0))) for g, r in zip(local0, ref, strict=True))
-            underflow = lost / nonzero if nonzero else 0.0
-        base_loss, base_grads = wl.grads32(base_params, batches[t])
-        base_opt.apply_gradients(list(zip(base_grads, base_params, strict=True)))
-        phases = [p for p in dict.fromkeys(p for dev in devices for p in dev.phase_events)]
-        feeds = any(p not in FEEDS_NOTHING for p in phases)
-        applied = decisions[0]
-        records.append({
-            "step": t, "loss_scale": scales[0], "overflow": bool(phases),
-            "event_phases": " ".join(str(p) for p in phases), "detector_finite": bool(finite[0]),
-            "applied": applied, "undetected_overflow": feeds and applied, "false_positive": not applied and not feeds,
-            "ranks_agree": len(set(decisions)) == 1, "register": " ".join(str(int(v)) for v in register),
-            "loss": sum(losses), "baseline_loss": base_loss, "grad_max": grad_max, "underflow_fraction": underflow,
-        })
-        if progress is not None:
-            progress(t + 1, steps)
+    with _stop_on_interrupt() as interrupt:
+        for t in range(steps):
+            if interrupt.requested:
+                break
+            scales = [opt.get_loss_scale() for opt in opts]
+            shards = wl.shards(batches[t], ranks)
+            losses, grads = [], []
+            for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
+                dev.begin_phase("forward" if marks else UNMARKED, step=t)
+                with dev:
+                    loss, g = wl.forward_backward(dev, p, s, part, share)
+                losses.append(loss)
+                grads.append(g)
+            local0 = grads[0]
+            for dev in devices:
+                dev.begin_phase("allreduce")
+            if ranks > 1:
+                with contextlib.ExitStack() as stack:
+                    for dev in devices:
+                        stack.enter_context(dev.label("allreduce"))
+                    summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
+                grads = [[s[r] for s in summed] for r in range(ranks)]
+            register = np.sum([dev.get_float_status() for dev in devices], axis=0)
+            for dev in devices:
+                dev.begin_phase("unscale")
+            finite = det.check(devices, grads) if any(checks) else [True] * ranks
+            decisions = [bool(f) or not c for f, c in zip(finite, checks, strict=True)]
+            for dev in devices:
+                dev.begin_phase("apply")
+            try:
+                for opt, g, p, ok in zip(opts, grads, params, decisions, strict=True):
+                    opt.apply_decided(opt.compute_gradients(lambda _s, g=g: g, p), ok)
+            except policies.MinimumScaleError as err:
+                stopped = f"step {t}: {err}"
+                break
+            with np.errstate(all="ignore"):
+                grad_max = max(float(np.max(np.abs(g.astype(np.float32)))) for g in grads[0]) / scales[0]
+            underflow = float("nan")
+            if t % underflow_every == 0:
+                _, ref = wl.grads32(params[0], *shards[0])
+                nonzero = sum(int(np.count_nonzero(r)) for r in ref)
+                lost = sum(int(np.count_nonzero((g == 0) & (r != 0))) for g, r in zip(local0, ref, strict=True))
+                underflow = lost / nonzero if nonzero else 0.0
+            base_loss, base_grads = wl.grads32(base_params, batches[t])
+            base_opt.apply_gradients(list(zip(base_grads, base_params, strict=True)))
+            phases = [p for p in dict.fromkeys(p for dev in devices for p in dev.phase_events)]
+            feeds = any(p not in FEEDS_NOTHING for p in phases)
+            applied = decisions[0]
+            records.append({
+                "step": t, "loss_scale": scales[0], "overflow": bool(phases),
+                "event_phases": " ".join(str(p) for p in phases), "detector_finite": bool(finite[0]),
+                "applied": applied, "undetected_overflow": feeds and applied,
+                "false_positive": not applied and not feeds, "ranks_agree": len(set(decisions)) == 1,
+                "register": " ".join(str(int(v)) for v in register), "loss": sum(losses), "baseline_loss": base_loss,
+                "grad_max": grad_max, "underflow_fraction": underflow,
+            })
+            if progress is not None:
+                progress(t + 1, steps)
     final, baseline = wl.evaluate(params[0]), wl.evaluate(base_params)
     policy = getattr(managers[0], "policy", None)
     col = lambda k: [r[k] for r in records]  # noqa: E731
@@ -275,13 +385,16 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     summary = {
         "arguments": args,
         "manager": {"name": manager_name, "class": type(managers[0]).__name__,
-                    "arguments": describe(policy) if isinstance(policy, Policy) else {}},
+                    "arguments": describe(policy) if isinstance(policy, Policy) else {},
+                    "defaults": manager_defaults if isinstance(manager, str) else None,
+                    "demo_arguments": sorted(set(MANAGERS[manager][1]) - set(manager_args or {}))
+                    if isinstance(manager, str) and manager_defaults == "demo" else []},
         "profile": {"name": prof.name, "product": prof.product_en, "overflow_mode": devices[0].overflow.name,
                     "warnings": [str(w.message) for w in caught]},
         "detector": det.name,
         "phases": "marked" if marks else f"unmarked (the workload's whole step is one phase, {UNMARKED})",
         "versions": _versions(),
-        "steps_run": len(records), "stopped_early": stopped,
+        "steps_run": len(records), "stopped_early": stopped, "interrupted": interrupt.requested,
         "final": final, "baseline_float32": baseline,
         "final_loss_scale": opts[0].get_loss_scale(),
         "skipped_steps": sum(not a for a in col("applied")),
@@ -295,4 +408,49 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
         "events_recorded": len(events) if record_events else None,
         **(_event_summary(events) if record_events else {"first_overflow": None, "top_labels": {}}),
     }
-    return Run(records, summary, args, events)
+    run = Run(records, summary, args, events)
+    if interrupt.requested:
+        raise Interrupted(run)
+    return run
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a simulation between steps; ``run`` holds the steps it finished."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(f"interrupted after {len(run.records)} steps")
+        self.run = run
+
+
+class _Interrupt:
+    requested = False
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt():
+    """While the block runs, a first SIGINT asks it to stop (``requested``) and a second one
+    interrupts as usual. Outside the main thread signals cannot be caught: nothing changes."""
+    flag = _Interrupt()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def ask(signum, frame) -> None:
+        flag.requested = True
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _check_shards(shards, ranks: int) -> None:
+    """Every rank needs a share of the batch: ValueError before any step otherwise."""
+    sized = all(hasattr(part, "__len__") for part, _ in shards)
+    empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
+    if len(shards) != ranks or empty:
+        batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
+        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
+                         f"ranks or a larger batch")

@@ -14,8 +14,13 @@ call of :func:`lossscale.simulate.simulate`::
     seed = [0, 1]
     manager_args = [{}, {growth_interval = 20}]   # tables are values too
 
-Each point is keyed by a hash of its arguments. Finished points are appended
-to ``points.jsonl`` one line at a time (flushed and synced), so a sweep that is
+A manager can carry its own arguments, paired with it rather than crossed with every
+manager: ``manager = ["exponential", {name = "torch", growth_interval = 20}]``.
+
+Before any point runs, every point's names, types and manager and workload arguments are
+checked, and all problems are reported at once. Each point is keyed by a hash of its
+arguments. Finished points are appended to ``points.jsonl`` one line at a time (flushed and
+synced, strict JSON), so a sweep that is
 stopped and started again with the same folder runs only the points it does
 not have; a torn last line is ignored and its point run again. A point that
 raises is recorded with its error. ``results.csv`` (one row per point, in grid
@@ -41,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from .files import write_atomic
+from .files import json_text, write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS"]
+__all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "check_points", "redraw_sweep"]
 
 AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "detector", "ranks", "steps", "seed",
         "underflow_every", "workload_args")
@@ -72,6 +77,8 @@ def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     for name in [*fixed, *axes]:
         if name not in AXES:
             raise ValueError(f"unknown sweep argument {name!r}; valid: {', '.join(AXES)}")
+    if not axes:
+        raise ValueError(f"grid file {str(path)!r} has no axes: its [grid] table needs at least one list of values")
     for name, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"grid axis {name!r} must be a non-empty list, got {values!r}")
@@ -86,9 +93,37 @@ def key_of(args: dict[str, Any]) -> str:
 
 
 def points(fixed: dict[str, Any], axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the axes (in file order, last axis fastest), with the fixed arguments."""
+    """Every combination of the axes (in file order, last axis fastest), with the fixed arguments;
+    a manager given as a table ``{name = ..., ARG = ...}`` brings its own arguments."""
     names = list(axes)
-    return [{**fixed, **dict(zip(names, combo, strict=True))} for combo in itertools.product(*axes.values())]
+    return [_paired({**fixed, **dict(zip(names, combo, strict=True))}) for combo in itertools.product(*axes.values())]
+
+
+def _paired(point: dict[str, Any]) -> dict[str, Any]:
+    manager = point.get("manager")
+    if not isinstance(manager, dict):
+        return point
+    own = dict(manager)
+    name = own.pop("name", None)
+    if not isinstance(name, str):
+        raise ValueError(f"a manager given as a table needs name = \"...\", got {manager!r}")
+    shared = point.get("manager_args") or {}
+    if not isinstance(shared, dict):
+        return {**point, "manager": name}  # reported by the checks
+    both = sorted(set(own) & set(shared))
+    if both:
+        raise ValueError(f"manager {name!r} sets {', '.join(both)} both in its table and in manager_args")
+    return {**point, "manager": name, "manager_args": {**shared, **own}}
+
+
+def check_points(grid_points: list[dict[str, Any]]) -> list[str]:
+    """Every distinct problem of the points' arguments, with how many points have it."""
+    from .simulate import check_arguments
+    seen: dict[str, int] = {}
+    for p in grid_points:
+        for problem in check_arguments(p):
+            seen[problem] = seen.get(problem, 0) + 1
+    return [f"{problem} ({n} of {len(grid_points)} points)" for problem, n in seen.items()]
 
 
 def run_point(args: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +158,7 @@ def _read_done(path: Path) -> dict[str, dict[str, Any]]:
 
 def _append(path: Path, row: dict[str, Any]) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(row, sort_keys=True, allow_nan=True) + "\n")
+        f.write(json_text(row, indent=None) + "\n")  # strict JSON: NaN as null
         f.flush()
         os.fsync(f.fileno())
 
@@ -137,13 +172,22 @@ def _local(todo: list[dict[str, Any]], workers: int) -> Iterator[dict[str, Any]]
             yield fut.result()
 
 
-def _dask(todo: list[dict[str, Any]], scheduler: str) -> Iterator[dict[str, Any]]:
+def _connect(scheduler: str, timeout: float = 10):
+    """A dask.distributed client of ``scheduler``; ValueError if it cannot be reached."""
     try:
         from distributed import Client
-        from distributed import as_completed as dask_completed
     except ImportError:
         raise ValueError("--scheduler needs dask.distributed: pip install 'lossscale-npu[distributed]'") from None
-    with Client(scheduler) as client:
+    try:
+        return Client(scheduler, timeout=timeout)
+    except (OSError, TimeoutError, ValueError) as err:
+        raise ValueError(f"could not reach the Dask scheduler at {scheduler!r} within {timeout:g} s "
+                         f"({type(err).__name__}: {err}); is it running?") from None
+
+
+def _dask(todo: list[dict[str, Any]], client) -> Iterator[dict[str, Any]]:
+    from distributed import as_completed as dask_completed
+    with client:
         futures = client.map(run_point, todo, pure=False)
         for fut in dask_completed(futures):
             yield fut.result()
@@ -155,10 +199,14 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     fixed, axes = load_grid(grid)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer of at least 1, got {workers!r}")
+    grid_points = points(fixed, axes)
+    problems = check_points(grid_points)
+    if problems:
+        raise ValueError("\n".join(problems))
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output path {str(out)!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    _check_folder(out, (fixed, axes), force)
+    client = _connect(scheduler) if scheduler else None  # before anything is written
+    out.mkdir(exist_ok=True)
     log = out / "points.jsonl"
     if force:
         log.unlink(missing_ok=True)
@@ -166,11 +214,10 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
         with open(log, "a") as f:  # isolate a line torn by an interruption
             f.write("\n")
     write_atomic(out / "grid.toml", Path(grid).read_bytes())
-    grid_points = points(fixed, axes)
     done = _read_done(log)
     todo = [p for p in dict((key_of(p), p) for p in grid_points).values() if key_of(p) not in done]
     started, finished, failed = time.perf_counter(), 0, 0
-    source: Iterable[dict[str, Any]] = _dask(todo, scheduler) if scheduler else _local(todo, workers)
+    source: Iterable[dict[str, Any]] = _dask(todo, client) if client is not None else _local(todo, workers)
     for row in source:
         _append(log, row)
         done[row["key"]] = row
@@ -183,6 +230,40 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     write_atomic(out / "results.csv", _csv(rows))
     write_atomic(out / "sweep.png", _heatmaps(rows))
     return rows
+
+
+def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> None:
+    """Refuse, unless ``force``, a folder that holds a different grid's sweep or anything else
+    (a run's files, say); a missing parent is refused always."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output path {str(out)!r} exists and is not a folder")
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
+        return
+    if force or not any(out.iterdir()):
+        return
+    if not (out / "grid.toml").exists():
+        raise ValueError(f"{str(out)!r} is not empty and holds no sweep (no grid.toml); choose another --out or "
+                         f"use --force")
+    try:
+        previous = load_grid(out / "grid.toml")
+    except ValueError:
+        previous = None
+    if previous != grid:
+        raise ValueError(f"{str(out)!r} holds the sweep of a different grid; use another --out, or --force to "
+                         f"start it over with this grid")
+
+
+def redraw_sweep(folder: Path, fmt: str = "png") -> Path:
+    """``sweep.FMT`` redrawn from ``results.csv``."""
+    text = (Path(folder) / "results.csv").read_text()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows or tuple(rows[0]) != RESULT_COLUMNS:
+        raise ValueError(f"{str(Path(folder) / 'results.csv')!r} does not have the columns {', '.join(RESULT_COLUMNS)}")
+    path = Path(folder) / f"sweep.{fmt}"
+    write_atomic(path, _heatmaps(rows, fmt))
+    return path
 
 
 def _flatten(index: int, args: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +285,7 @@ def _csv(rows: list[dict[str, Any]]) -> bytes:
     return buf.getvalue().encode()
 
 
-def _heatmaps(rows: list[dict[str, Any]]) -> bytes:
+def _heatmaps(rows: list[dict[str, Any]], fmt: str = "png") -> bytes:
     """Mean skipped steps and mean final loss per manager and profile (failed points left out)."""
     from .plots import heatmaps
     ok = [r for r in rows if r["status"] == "ok"]
@@ -219,4 +300,4 @@ def _heatmaps(rows: list[dict[str, Any]]) -> bytes:
                         and r[metric] not in ("", None) and not math.isnan(float(r[metric]))]
                 grid[i, j] = np.mean(vals) if vals else np.nan
         tables[metric] = grid
-    return heatmaps(tables, managers, profiles)
+    return heatmaps(tables, managers, profiles, fmt=fmt)

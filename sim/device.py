@@ -53,6 +53,8 @@ on the machine, its BLAS or the number of threads.
 Each operation is argument checks, one compiled kernel call and one
 register update. The device runs single-threaded unless ``threads=N`` is
 given; then large matmuls split their output rows over N threads.
+
+The overflow modes and the register, with their sources: ``docs/semantics.md``.
 """
 
 from __future__ import annotations

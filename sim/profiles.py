@@ -1,8 +1,9 @@
 """Atlas product profiles: which overflow modes a product has, and its default.
 
 The rows are the support table of the ``NPULossScaleOptimizer`` constructor
-page of the Ascend TensorFlow adapter (the seed), with the overflow modes from
-the same page and the runtime documentation:
+page of the Ascend TensorFlow adapter (the seed, <https://www.hiascend.com/document/detail/zh/
+TensorFlowCommercial/latest/migration/tfmigr1/tfmigr1_tfadapi_0064.html>), with the overflow modes
+from the same page and the runtime documentation (``docs/semantics.md`` gathers them, with sources):
 
 - Atlas 350, A3 and A2: INF/NaN mode (default) and saturation mode, which
   "exists only for compatibility with older versions, is no longer developed,

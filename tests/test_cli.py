@@ -32,8 +32,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     (["run", "--manager-arg", "init_loss_scale=big"], "bad value for init_loss_scale"),
     (["run", "--workload-arg", "width=3"], "workload 'mlp' takes no argument 'width'; valid: hidden"),
     (["run", "--profile", "atlas-training", "--overflow-mode", "inf_nan"], "supports SATURATION"),
-    (["run", "--steps", "0"], "steps must be an integer of at least 1"),
-    (["run", "--steps", "many"], "invalid int value: 'many'"),
+    (["run", "--steps", "0"], "argument --steps: must be an integer of at least 1, got '0'"),
+    (["run", "--steps", "many"], "argument --steps: must be an integer of at least 1, got 'many'"),
     (["compare", "--manager", "torch"], "at least two different --manager"),
     ([], "a command is needed; valid: run, compare, plot, profiles"),
 ])
@@ -104,7 +104,10 @@ def test_plot_command_redraws(capsys, tmp_path) -> None:
     assert run_cli(capsys, "plot", str(out))[0] == 0
     assert (out / "scale.png").read_bytes() == first
     code, _, err = run_cli(capsys, "plot", str(tmp_path / "nothing"))
-    assert code == 2 and "holds no run" in err
+    assert code == 2 and "nothing' does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "plot", str(tmp_path / "empty"))
+    assert code == 2 and "holds no run, compare or sweep output" in err
 
 
 def test_compare_and_profiles(capsys, tmp_path) -> None:

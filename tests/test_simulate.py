@@ -122,7 +122,8 @@ def test_own_workload_and_scaler_train_and_the_register_catches_overflow() -> No
     assert not run.column("undetected_overflow").any()  # the register saw every one
     assert run.summary["final"]["loss"] < 0.05 * run.records[0]["loss"]  # and it trains
     assert scaler.get_loss_scale() == run.summary["final_loss_scale"]  # rank 0 trained the object itself
-    assert run.summary["manager"] == {"name": "Halving", "class": "Halving", "arguments": {}}
+    assert run.summary["manager"] == {"name": "Halving", "class": "Halving", "arguments": {}, "defaults": None,
+                                      "demo_arguments": []}
 
 
 def test_ranks_get_copies_of_a_scaler_object_and_skip_together() -> None:
