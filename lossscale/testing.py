@@ -145,23 +145,27 @@ def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[B
 
 
 def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped: bool | None = None,
-                 grows: bool | None = None, growth_within: int = 5000, raises: tuple[type[BaseException], ...] = (),
+                 grows: bool | None = None, lowers: bool | None = None, growth_within: int = 5000,
+                 backoff_within: int = 16, raises: tuple[type[BaseException], ...] = (),
                  max_examples: int = 150, max_steps: int = 400) -> None:
     """Property-test the policy that ``make()`` builds; raise :class:`PolicyError`
     naming the property and the (shrunk) finite/overflow sequence that breaks it.
 
-    Properties, for every sequence: the scale stays positive (or at least
-    ``floor``; ``floor=0`` allows reaching zero) and, if ``capped``, finite and
-    at most binary32's MAX; an overflow step never increases it; ``growth_within``
-    finite steps in a row grow it unless it is within 2**8 of binary32's MAX
-    (or zero, where ``floor=0`` allows that; or ``grows=False``, a fixed scale);
-    two instances fed the same steps agree, also when other instances are
-    updated in between (no hidden shared state). ``floor`` and ``capped``
-    default to what the policy declares (its ``policy.floor_value()`` and
-    ``policy.capped``, ``policy.grows``), else 0 < scale, capped and growing. ``raises`` lists exceptions
-    the policy may raise by design (they end the sequence).
+    Properties, for every sequence, tested in this order (the first that fails is
+    reported, so that a policy which raises the scale on overflow is not reported as one
+    that never grows): the scale stays positive (or at least ``floor``; ``floor=0`` allows
+    reaching zero) and, if ``capped``, finite and at most binary32's MAX; an overflow step
+    never increases it; ``backoff_within`` overflows in a row lower it unless it is at its
+    floor (``lowers=False``: a fixed scale); two instances fed the same steps agree, also
+    when other instances are updated in between (no hidden shared state);
+    ``growth_within`` finite steps in a row grow it unless it is within 2**8 of binary32's
+    MAX (or zero, where ``floor=0`` allows that; ``grows=False``: a fixed scale).
+    ``floor``, ``capped``, ``grows`` and ``lowers`` default to what the policy declares (its
+    ``policy.floor_value()``, ``policy.capped``, ``policy.grows``, ``policy.lowers``), else
+    0 < scale, capped, growing and lowering. ``raises`` lists exceptions the policy may raise
+    by design (they end the sequence).
     """
-    probe = make()
+    probe = _made(make)
     policy = getattr(probe, "policy", None)
     if floor is None:
         floor = policy.floor_value() if policy is not None else None
@@ -169,6 +173,8 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
         capped = getattr(policy, "capped", True)
     if grows is None:
         grows = getattr(policy, "grows", True)
+    if lowers is None:
+        lowers = getattr(policy, "lowers", True)
     name = type(probe).__name__
 
     def fail(what: str, steps: Sequence[bool], scales: list[float]) -> None:
@@ -176,10 +182,7 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
         raise PolicyError(f"{name}: {what}\n  steps (. finite, X overflow): {text or '(none)'}\n"
                           f"  scales: {scales[:12]}{' ...' if len(scales) > 12 else ''}")
 
-    @settings(max_examples=max_examples, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(steps=overflow_sequences(max_steps))
-    def properties(steps: list[bool]) -> None:
+    def bounds(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
         for i, s in enumerate(scales):
             if math.isnan(s):
@@ -190,14 +193,33 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
                 fail(f"the scale {s} fell below the floor {floor} after step {i}", steps, scales)
             if capped and not (math.isfinite(s) and s <= F32_MAX):
                 fail(f"the scale reached {s} after step {i} (not finite)", steps, scales)
+
+    def overflow_never_raises(steps: list[bool]) -> None:
+        scales = _scales(make, steps, raises)
         for i in range(len(scales) - 1):
             if not steps[i] and scales[i + 1] > scales[i]:
                 fail(f"an overflow at step {i} raised the scale from {scales[i]} to {scales[i + 1]}", steps, scales)
+
+    def overflows_lower(steps: list[bool]) -> None:
+        tail = _scales(make, list(steps) + [False] * backoff_within, raises)
+        if len(tail) == len(steps) + backoff_within + 1:
+            last = tail[len(steps)]
+            at_floor = last <= (floor if floor is not None else 0.0)
+            if not at_floor and math.isfinite(last) and min(tail[len(steps):]) >= last:
+                fail(f"{backoff_within} overflows in a row after the sequence never lowered the scale from {last} "
+                     f"(its floor: {floor}; give floor= if {last} is it, or lowers=False for a fixed scale)",
+                     steps, tail[:len(steps) + 1])
+
+    def no_shared_state(steps: list[bool]) -> None:
+        scales = _scales(make, steps, raises)
         if _scales(make, steps, raises) != scales:
             fail("two instances fed the same steps disagree (hidden shared state?)", steps, scales)
         if _scales(make, steps, raises, interleave=make) != scales:
             fail("updating another instance changed this one's scales (hidden shared state)", steps, scales)
-        tail = _scales(make, list(steps) + [True] * growth_within, raises) if grows else []
+
+    def finite_runs_grow(steps: list[bool]) -> None:
+        scales = _scales(make, steps, raises)
+        tail = _scales(make, list(steps) + [True] * growth_within, raises)
         if len(tail) == len(steps) + growth_within + 1:
             last = tail[len(steps)]
             if capped and not all(math.isfinite(x) and x <= F32_MAX for x in tail):
@@ -207,9 +229,30 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
                 fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}",
                      steps, scales)
 
+    checks = [bounds, overflow_never_raises] + ([overflows_lower] if lowers else []) + [no_shared_state] + (
+        [finite_runs_grow] if grows else [])
+    for check in checks:
+        run = settings(max_examples=max_examples, deadline=None, database=None,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+            given(steps=overflow_sequences(max_steps))(check))
+        try:
+            run()
+        except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
+            inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
+            raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
+                              f"policy depends on state outside its instances (hidden shared state)\n{inner}") from None
+
+
+def _made(make: Callable[[], Any]) -> Any:
+    """``make()``, checked to follow the protocol; PolicyError naming what it lacks."""
+    if not callable(make):
+        raise PolicyError(f"check_policy takes a class or a function making a policy object, got {make!r}")
     try:
-        properties()
-    except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
-        inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
-        raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
-                          f"policy depends on state outside its instances (hidden shared state)\n{inner}") from None
+        probe = make()
+    except TypeError as err:
+        raise PolicyError(f"could not make a policy by calling {getattr(make, '__name__', make)!r}(): {err}") from None
+    missing = [m for m in ("get_loss_scale", "update_loss_scale") if not callable(getattr(probe, m, None))]
+    if missing:
+        raise PolicyError(f"{type(probe).__name__} lacks {' and '.join(f'{m}()' for m in missing)}: a policy object "
+                          f"has get_loss_scale() and update_loss_scale(finite)")
+    return probe

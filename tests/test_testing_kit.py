@@ -73,3 +73,46 @@ def test_strategies_produce_what_they_say(seq, arr, grads) -> None:
     assert grads.dtype == np.float32 and grads.shape == (16,)
     nz = np.abs(grads[grads != 0])
     assert ((nz >= 2.0**-25) & (nz < 2.0**-15)).all()
+
+
+class Deaf(Halving):
+    """Never lowers the scale on overflow (it only resets its counter): passed before the
+    backoff property existed."""
+
+    def update_loss_scale(self, finite):
+        if finite:
+            super().update_loss_scale(True)
+        else:
+            self.good = 0
+
+
+class Doubling(Halving):
+    """Doubles on overflow, and never grows otherwise."""
+
+    def update_loss_scale(self, finite):
+        if not finite:
+            self.scale *= 2
+
+
+def test_a_policy_that_never_backs_off_fails() -> None:
+    with pytest.raises(PolicyError, match=r"16 overflows in a row after the sequence never lowered the scale from"):
+        check_policy(Deaf, floor=1.0, growth_within=50, max_examples=60)
+    check_policy(lambda: Halving(), floor=1.0, growth_within=50, max_examples=30)  # at its floor, it may stay
+
+
+def test_the_property_that_failed_is_the_one_reported() -> None:
+    # Doubling also never grows on finite runs; the shrinker would report that (the empty
+    # sequence), but the overflow that raised the scale is checked, and reported, first.
+    with pytest.raises(PolicyError, match="an overflow at step 0 raised the scale from 1024.0 to 2048.0"):
+        check_policy(Doubling, floor=1.0, capped=False, growth_within=50, max_examples=60)
+
+
+@pytest.mark.parametrize("make, message", [
+    (object, "object lacks get_loss_scale() and update_loss_scale()"),
+    (lambda: type("OnlyGet", (), {"get_loss_scale": lambda self: 1.0})(), "OnlyGet lacks update_loss_scale()"),
+    (lambda x: x, "could not make a policy by calling '<lambda>'()"),
+    (3, "takes a class or a function"),
+])
+def test_not_a_policy_is_a_policy_error(make, message) -> None:
+    with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_policy(make)
