@@ -77,6 +77,14 @@ def _integer(low: int):
     return parse
 
 
+def _axis_pair(text: str) -> tuple[str, str]:
+    from .sweep import AXES
+    names = [t.strip() for t in text.split(",")]
+    if len(names) != 2 or not all(n in AXES for n in names):
+        raise argparse.ArgumentTypeError(f"takes two sweep axes as ROW,COL; valid axes: {', '.join(AXES)}")
+    return names[0], names[1]
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="mlp", choices=list(WORKLOADS), help="the model and data")
     p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", default=[],
@@ -135,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "Redraw the plots of a folder that lossscale run, compare or sweep wrote.")
     plot.add_argument("folder", type=Path, help="the output folder")
     plot.add_argument("--format", choices=["png", "svg", "pdf"], default="png", help="the image format")
+    plot.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
+                      help="a sweep's heat-map axes, such as detector,overflow_mode (default: the first two that "
+                           "vary)")
     command("profiles", "the Atlas products, their overflow modes and SoC names",
             "The Atlas products of the NPULossScaleOptimizer support table, their overflow modes and SoC names.")
     command("managers", "every manager: the framework it reproduces, its arguments and defaults",
@@ -149,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--scheduler", default=None, help="address of a dask.distributed scheduler")
     sweep.add_argument("--force", action="store_true",
                        help="start over: forget the points already done, or use a folder holding something else")
+    sweep.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
+                       help="the heat maps' axes, such as detector,overflow_mode (default: the first two that vary)")
     sweep.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
@@ -329,7 +342,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def cmd_plot(args: argparse.Namespace) -> None:
     from .files import redraw
-    paths = redraw(args.folder, args.format)
+    paths = redraw(args.folder, args.format, heatmap=args.heatmap)
     print("wrote " + ", ".join(str(p) for p in paths))
 
 
@@ -376,7 +389,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr, flush=True)
     started = time.perf_counter()
     rows = run_sweep(args.grid, args.out, workers=args.workers, scheduler=args.scheduler, force=args.force,
-                     progress=progress)
+                     progress=progress, heatmap=args.heatmap)
     failed = [r for r in rows if r["status"] != "ok"]
     print(f"{len(rows)} points ({len(failed)} failed) in {time.perf_counter() - started:.1f} s; "
           f"wrote {args.out / 'results.csv'} and {args.out / 'sweep.png'}")

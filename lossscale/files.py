@@ -110,9 +110,9 @@ def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
     return paths
 
 
-def redraw(folder: Path, fmt: str = "png") -> list[Path]:
+def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
     """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
-    paths written. ValueError naming what the folder lacks."""
+    paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
     from .plots import FORMATS, plot_compare
     if fmt not in FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -126,7 +126,7 @@ def redraw(folder: Path, fmt: str = "png") -> list[Path]:
         return write_plots(read_run(folder), folder, fmt)
     if (folder / "results.csv").exists():
         from .sweep import redraw_sweep
-        return [redraw_sweep(folder, fmt)]
+        return [redraw_sweep(folder, fmt, heatmap)]
     members = sorted(p for p in folder.iterdir() if (p / "trajectory.csv").exists())
     if (folder / "compare.json").exists():  # the managers in the order compare ran them
         order = json.loads((folder / "compare.json").read_text())["managers"]

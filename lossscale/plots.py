@@ -1,5 +1,6 @@
-"""Plots of scale trajectories: log2 S against step, overflow and skipped steps
-marked, the loss below. Rendered with matplotlib's Agg backend to PNG bytes,
+"""Plots of runs, comparisons, sweeps and event logs: the scale on a log2 axis ticked at
+whole powers of two, each kind of step marked where it occurs, the loss against the binary32
+baseline. Rendered with matplotlib's Agg backend to PNG bytes,
 with fixed metadata so the same run gives the same file."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import io
 from collections.abc import Sequence
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -16,7 +18,8 @@ import numpy as np  # noqa: E402
 
 from .simulate import Run  # noqa: E402
 
-__all__ = ["plot_run", "figure_run", "plot_compare", "heatmaps", "plot_events", "figure_events"]
+__all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
+           "figure_events", "FORMATS", "MARKS"]
 
 
 
@@ -43,19 +46,41 @@ def _title(run: Run) -> str:
             f"detector {s['detector']}, {s['arguments']['ranks']} rank(s)")
 
 
-def draw_scale(ax, run: Run, label: str | None = None, marks: bool = True) -> None:
+def _powers_of_two(ax) -> None:
+    """log2 values on the y axis, ticked at whole powers of two and labelled 2^k."""
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
+
+
+#: The step markers of a run: (column, marker style, label); drawn only where present.
+MARKS = (
+    ("overflow", dict(marker="x", ls="none", color="tab:red"), "register event"),
+    ("skipped", dict(marker="o", ls="none", mfc="none", color="tab:orange"), "skipped step"),
+    ("undetected_overflow", dict(marker="v", ls="none", ms=7, color="black"),
+     "undetected overflow (applied with an event)"),
+    ("false_positive", dict(marker="s", ls="none", mfc="none", ms=8, color="tab:purple"),
+     "false positive (skipped, no event that feeds the update)"),
+)
+
+
+def _mask(run: Run, column: str) -> np.ndarray:
+    if column == "skipped":
+        return ~run.column("applied").astype(bool)
+    return run.column(column).astype(bool)
+
+
+def draw_scale(ax, run: Run, label: str | None = None, marks: bool = True, **line) -> None:
+    """log2 of the scale per step; with ``marks``, the step markers present in the run."""
     steps, scale = run.column("step"), run.column("loss_scale").astype(float)
     with np.errstate(divide="ignore"):
-        ax.step(steps, np.log2(scale), where="post", label=label or "log2 loss scale")
+        log2 = np.log2(scale)
+    drawn = ax.step(steps, log2, where="post", label=label or "loss scale", **line)
     if marks:
-        over = run.column("overflow").astype(bool)
-        skipped = ~run.column("applied").astype(bool)
-        false = run.column("false_positive").astype(bool)
-        ax.plot(steps[over], np.log2(scale[over]), "x", color="tab:red", label="register event")
-        ax.plot(steps[skipped], np.log2(scale[skipped]), "o", mfc="none", color="tab:orange", label="skipped step")
-        if false.any():
-            ax.plot(steps[false], np.log2(scale[false]), "s", mfc="none", ms=8, color="tab:purple",
-                    label="false positive (skipped, no event that feeds the update)")
+        for column, style, text in MARKS:
+            m = _mask(run, column)
+            if m.any():
+                ax.plot(steps[m], log2[m], label=text, **{"color": drawn[0].get_color(), **style})
+    _powers_of_two(ax)
 
 
 def plot_run(run: Run, fmt: str = "png") -> bytes:
@@ -64,56 +89,169 @@ def plot_run(run: Run, fmt: str = "png") -> bytes:
 
 
 def figure_run(run: Run):
-    """The figure of one run: log2 scale with overflow and skipped steps marked, the loss below."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
-    draw_scale(top, run)
-    top.set_ylabel("log2 loss scale")
-    top.set_title(_title(run), fontsize=9)
-    top.legend(loc="best", fontsize=8)
-    top.grid(alpha=0.3)
+    """One run: the scale with its step markers; the loss against the binary32 baseline; the
+    underflow fraction; the largest gradient against what binary16 holds at the step's scale;
+    and, with several ranks, each rank's events and decisions."""
+    ranks = int(run.summary.get("arguments", {}).get("ranks", 1) or 1)
+    heights = [3, 2, 1.4, 1.6] + ([0.35 * ranks + 0.9] if ranks > 1 else [])
+    fig, axes = plt.subplots(len(heights), 1, figsize=(8, 1.6 * sum(heights) + 0.8), sharex=True,
+                             height_ratios=heights)
+    scale_ax, loss_ax, under_ax, grad_ax = axes[:4]
     steps = run.column("step")
-    bottom.plot(steps, run.column("loss"), label="binary16 on the device")
-    bottom.plot(steps, run.column("baseline_loss"), "--", label="binary32 baseline")
+    draw_scale(scale_ax, run, marks=True, color="tab:blue")
+    scale_ax.set_ylabel("loss scale")
+    scale_ax.set_title(_title(run), fontsize=9)
+    scale_ax.legend(loc="best", fontsize=7)
+    loss_ax.plot(steps, run.column("loss"), label="binary16 on the device")
+    loss_ax.plot(steps, run.column("baseline_loss"), "--", color="black", label="binary32 baseline")
+    loss_ax.set_ylabel("loss")
+    loss_ax.set_yscale("log")
+    loss_ax.legend(loc="best", fontsize=7)
+    fraction = run.column("underflow_fraction").astype(float)
+    measured = ~np.isnan(fraction)
+    under_ax.plot(steps[measured], fraction[measured], ".-", color="tab:green", label="gradients lost to underflow")
+    under_ax.set_ylabel("underflow\nfraction")
+    under_ax.legend(loc="best", fontsize=7)
+    grad = run.column("grad_max").astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        grad_ax.plot(steps, np.where(grad > 0, grad, np.nan), color="tab:brown", label="largest |gradient|")
+        grad_ax.step(steps, 65504 / run.column("loss_scale").astype(float), "--", where="post", color="tab:red",
+                     label="65504 / scale: the largest that fits binary16")
+    grad_ax.set_yscale("log")
+    grad_ax.set_ylabel("|gradient|")
+    grad_ax.legend(loc="best", fontsize=7)
+    if ranks > 1:
+        _draw_ranks(axes[4], run, ranks)
+    axes[-1].set_xlabel("step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_ranks(ax, run: Run, ranks: int) -> None:
+    """Per rank: steps where its device raised register events, and steps it skipped."""
+    events = sorted({(e["rank"], e["step"]) for e in run.events if e["step"] is not None})
+    if events:
+        r, t = np.array(events).T
+        ax.plot(t, r, "x", color="tab:red", ms=4, ls="none", label="register events on this rank")
+    decisions = [list(map(int, str(rec.get("ranks_applied", "")).split())) for rec in run.records]
+    skipped = [(rank, rec["step"]) for rec, d in zip(run.records, decisions, strict=True)
+               for rank, ok in enumerate(d) if not ok]
+    if skipped:
+        r, t = np.array(skipped).T
+        ax.plot(t, r, "o", mfc="none", color="tab:orange", ms=6, ls="none", label="skipped by this rank")
+    ax.set_yticks(range(ranks), [f"rank {k}" for k in range(ranks)], fontsize=7)
+    ax.set_ylim(ranks - 0.5, -0.5)
+    if events or skipped:
+        ax.legend(loc="upper right", fontsize=7)
+
+
+_STYLES = ("-", "--", "-.", ":")
+
+
+def plot_compare(runs: Sequence[tuple[str, Run]], fmt: str = "png") -> bytes:
+    """Several managers on one figure: see :func:`figure_compare`."""
+    return _png(figure_compare(runs), fmt)
+
+
+def figure_compare(runs: Sequence[tuple[str, Run]]):
+    """Several managers on one figure: their scales with register events, skipped and undetected steps marked
+    (line styles and widths differ, so that overlapping lines stay visible), their losses
+    against the binary32 baseline below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
+    n = len(runs)
+    for i, (name, run) in enumerate(runs):
+        line = dict(ls=_STYLES[i % len(_STYLES)], lw=1 + 1.6 * (n - 1 - i) / max(n - 1, 1), color=f"C{i}")
+        draw_scale(top, run, label=name, marks=False, **line)
+        steps, log2 = run.column("step"), np.log2(run.column("loss_scale").astype(float))
+        for column, style, text in MARKS[:3]:  # register events, skipped and undetected steps
+            m = _mask(run, column)
+            if m.any():
+                top.plot(steps[m], log2[m], **{**style, "color": f"C{i}", "ms": 4},
+                         label=f"{name}: {text.split(' (')[0]}")
+        bottom.plot(steps, run.column("loss"), label=name, **line)
+    first = runs[0][1]
+    bottom.plot(first.column("step"), first.column("baseline_loss"), color="black", lw=0.8, label="binary32 baseline")
+    s = first.summary
+    top.set_title(f"{s['profile']['name']} ({s['profile']['overflow_mode']}), detector {s['detector']}, "
+                  f"workload {s['arguments']['workload']}, {s['arguments']['ranks']} rank(s)", fontsize=9)
+    top.set_ylabel("loss scale")
+    top.legend(loc="best", fontsize=7, ncol=2)
+    top.grid(alpha=0.3)
     bottom.set_xlabel("step")
     bottom.set_ylabel("loss")
     bottom.set_yscale("log")
-    bottom.legend(loc="best", fontsize=8)
+    bottom.legend(loc="best", fontsize=7, ncol=2)
     bottom.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-def plot_compare(runs: Sequence[tuple[str, Run]], fmt: str = "png") -> bytes:
-    """Several managers on one figure: their scales above, their losses below."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
-    for name, run in runs:
-        draw_scale(top, run, label=name, marks=False)
-        bottom.plot(run.column("step"), run.column("loss"), label=name)
-    top.set_ylabel("log2 loss scale")
-    top.legend(loc="best", fontsize=8)
-    top.grid(alpha=0.3)
-    bottom.set_xlabel("step")
-    bottom.set_ylabel("loss")
-    bottom.set_yscale("log")
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    return _png(fig, fmt)
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
-def heatmaps(tables: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], fmt: str = "png") -> bytes:
-    """One heat map per metric (rows x cols), values written in the cells; NaN cells blank."""
-    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 0.45 * len(rows) + 2.2), squeeze=False)
-    for ax, (metric, grid) in zip(axes[0], tables.items(), strict=True):
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis")
-        ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
-        ax.set_title(f"mean {metric.replace('_', ' ')}", fontsize=9)
-        for (i, j), v in np.ndenumerate(grid):
-            if v == v:
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="w")
-        fig.colorbar(im, ax=ax, shrink=0.8)
+def heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
+             metrics: Sequence[str] = ("skipped_steps", "final_loss"), fmt: str = "png") -> bytes:
+    """Sweep results as heat maps, one per metric: see :func:`figure_heatmaps`."""
+    return _png(figure_heatmaps(rows, row_axis, col_axis, metrics), fmt)
+
+
+def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
+                    metrics: Sequence[str] = ("skipped_steps", "final_loss")):
+    """One heat map per metric over two axes of a sweep (``col_axis`` None: one column): each
+    cell the mean over the points that share its two values (seeds, other axes), written with
+    the spread (min-max) when they differ; cells whose points all failed say so, and a cell
+    with some failed points counts them."""
+    label = lambda v: "" if v is None else str(v)  # noqa: E731
+    row_values = list(dict.fromkeys(label(r.get(row_axis)) for r in rows))
+    col_values = list(dict.fromkeys(label(r.get(col_axis)) for r in rows)) if col_axis else ["all"]
+    cell = lambda r: (row_values.index(label(r.get(row_axis))),  # noqa: E731
+                      col_values.index(label(r.get(col_axis))) if col_axis else 0)
+    width = max(4.8, 1.1 * len(col_values) + 2.2)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(width * len(metrics), 0.5 * len(row_values) + 2.4),
+                             squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        values = [[[] for _ in col_values] for _ in row_values]
+        failed = np.zeros((len(row_values), len(col_values)), int)
+        for r in rows:
+            i, j = cell(r)
+            if r.get("status") != "ok":
+                failed[i, j] += 1
+            elif not np.isnan(_number(r.get(metric))):
+                values[i][j].append(_number(r.get(metric)))
+        mean = np.array([[np.mean(v) if v else np.nan for v in row] for row in values])
+        im = ax.imshow(np.ma.masked_invalid(mean), aspect="auto", cmap="viridis")
+        finite = mean[np.isfinite(mean)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (0, 1)
+        for (i, j), m in np.ndenumerate(mean):
+            v = values[i][j]
+            if not v:
+                ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
+                                                          color="0.6", lw=0))
+                ax.text(j, i, f"failed ({failed[i, j]})" if failed[i, j] else "no data", ha="center", va="center",
+                        fontsize=8, color="black")
+                continue
+            text = f"{m:.4g}" + (f"\n{min(v):.4g}-{max(v):.4g}" if min(v) != max(v) else "")
+            if failed[i, j]:
+                text += f"\n({failed[i, j]} failed)"
+            dark = (m - lo) / (hi - lo) < 0.5 if hi > lo else True
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+        ax.set_xticks(range(len(col_values)), col_values, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(row_values)), row_values, fontsize=8)
+        ax.set_xlabel(col_axis or "")
+        ax.set_ylabel(row_axis)
+        n = max((len(v) + f for row, frow in zip(values, failed, strict=True) for v, f in zip(row, frow, strict=True)),
+                default=0)
+        ax.set_title(f"{metric.replace('_', ' ')}\nmean per cell" + (f", min-max of up to {n} points" if n > 1 else ""),
+                     fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.8, label=f"mean {metric.replace('_', ' ')}")
     fig.tight_layout()
-    return _png(fig, fmt)
+    return fig
 
 
 def plot_events(run: Run, top: int = 12, fmt: str = "png") -> bytes:

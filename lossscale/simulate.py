@@ -53,10 +53,12 @@ __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "
 #: ``detector_finite``: the detector saw a finite step (rank 0); ``applied``: rank 0 applied
 #: it (every step, with a manager that checks nothing); ``undetected_overflow`` and
 #: ``false_positive`` as the module says; ``ranks_agree``: every rank decided alike;
+#: ``ranks_applied``: each rank's decision (1 applied, 0 skipped), as text;
 #: ``register``: the registers summed over ranks as the check found them, as text.
 SCHEMA: dict[str, type] = {
     "step": int, "loss_scale": float, "overflow": bool, "event_phases": str, "detector_finite": bool,
-    "applied": bool, "undetected_overflow": bool, "false_positive": bool, "ranks_agree": bool, "register": str,
+    "applied": bool, "undetected_overflow": bool, "false_positive": bool, "ranks_agree": bool,
+    "ranks_applied": str, "register": str,
     "loss": float, "baseline_loss": float, "grad_max": float, "underflow_fraction": float,
 }
 #: The event log's columns (``events.csv``): the rank, then :class:`sim.Event`'s fields.
@@ -372,6 +374,7 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
                 "event_phases": " ".join(str(p) for p in phases), "detector_finite": bool(finite[0]),
                 "applied": applied, "undetected_overflow": feeds and applied,
                 "false_positive": not applied and not feeds, "ranks_agree": len(set(decisions)) == 1,
+                "ranks_applied": " ".join(str(int(d)) for d in decisions),
                 "register": " ".join(str(int(v)) for v in register), "loss": sum(losses), "baseline_loss": base_loss,
                 "grad_max": grad_max, "underflow_fraction": underflow,
             })

@@ -34,7 +34,6 @@ import hashlib
 import io
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -44,8 +43,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .files import json_text, write_atomic
 
 if sys.version_info >= (3, 11):
@@ -53,10 +50,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "check_points", "redraw_sweep"]
+__all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "check_points", "redraw_sweep",
+           "heatmap_axes"]
 
-AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "detector", "ranks", "steps", "seed",
-        "underflow_every", "workload_args")
+AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "manager_defaults", "detector", "ranks",
+        "steps", "seed", "underflow_every", "workload_args")
 METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "false_positive_steps",
            "mean_underflow_fraction", "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss",
            "baseline_accuracy")
@@ -194,9 +192,12 @@ def _dask(todo: list[dict[str, Any]], client) -> Iterator[dict[str, Any]]:
 
 
 def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = None, force: bool = False,
-              progress: Callable[[int, int, int, float], None] | None = None) -> list[dict[str, Any]]:
+              progress: Callable[[int, int, int, float], None] | None = None,
+              heatmap: tuple[str, str] | None = None) -> list[dict[str, Any]]:
     """Run (or resume) the sweep of ``grid`` into ``out``; returns the result rows in grid order."""
     fixed, axes = load_grid(grid)
+    if heatmap is not None:
+        heatmap_axes([], heatmap)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer of at least 1, got {workers!r}")
     grid_points = points(fixed, axes)
@@ -228,7 +229,7 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
             progress(finished, len(todo), failed, elapsed / finished * (len(todo) - finished))
     rows = [_flatten(i, p, done[key_of(p)]) for i, p in enumerate(grid_points)]
     write_atomic(out / "results.csv", _csv(rows))
-    write_atomic(out / "sweep.png", _heatmaps(rows))
+    write_atomic(out / "sweep.png", _heatmaps(rows, axes=heatmap))
     return rows
 
 
@@ -255,14 +256,14 @@ def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> None:
                          f"start it over with this grid")
 
 
-def redraw_sweep(folder: Path, fmt: str = "png") -> Path:
-    """``sweep.FMT`` redrawn from ``results.csv``."""
+def redraw_sweep(folder: Path, fmt: str = "png", axes: tuple[str, str] | None = None) -> Path:
+    """``sweep.FMT`` redrawn from ``results.csv`` (over ``axes``, or the default pair)."""
     text = (Path(folder) / "results.csv").read_text()
     rows = list(csv.DictReader(io.StringIO(text)))
     if not rows or tuple(rows[0]) != RESULT_COLUMNS:
         raise ValueError(f"{str(Path(folder) / 'results.csv')!r} does not have the columns {', '.join(RESULT_COLUMNS)}")
     path = Path(folder) / f"sweep.{fmt}"
-    write_atomic(path, _heatmaps(rows, fmt))
+    write_atomic(path, _heatmaps(rows, fmt, axes))
     return path
 
 
@@ -285,19 +286,23 @@ def _csv(rows: list[dict[str, Any]]) -> bytes:
     return buf.getvalue().encode()
 
 
-def _heatmaps(rows: list[dict[str, Any]], fmt: str = "png") -> bytes:
-    """Mean skipped steps and mean final loss per manager and profile (failed points left out)."""
+def heatmap_axes(rows: list[dict[str, Any]], axes: tuple[str, str] | None = None) -> tuple[str, str | None]:
+    """The two axes a sweep's heat maps are drawn over: ``axes`` (checked), else the first two
+    that vary across the points (manager and profile first), else what there is."""
+    if axes is not None:
+        for name in axes:
+            if name not in AXES:
+                raise ValueError(f"unknown heat-map axis {name!r}; valid: {', '.join(AXES)}")
+        return axes[0], axes[1]
+    varying = [a for a in ("manager", "profile", *AXES) if len({str(r.get(a)) for r in rows}) > 1]
+    varying = list(dict.fromkeys(varying))
+    if not varying:
+        return "manager", None
+    return varying[0], varying[1] if len(varying) > 1 else None
+
+
+def _heatmaps(rows: list[dict[str, Any]], fmt: str = "png", axes: tuple[str, str] | None = None) -> bytes:
+    """Skipped steps and final loss over two axes (failed points marked, not averaged)."""
     from .plots import heatmaps
-    ok = [r for r in rows if r["status"] == "ok"]
-    managers = sorted({str(r["manager"]) for r in rows})
-    profiles = sorted({str(r["profile"]) for r in rows})
-    tables = {}
-    for metric in ("skipped_steps", "final_loss"):
-        grid = np.full((len(managers), len(profiles)), np.nan)
-        for i, m in enumerate(managers):
-            for j, p in enumerate(profiles):
-                vals = [float(r[metric]) for r in ok if str(r["manager"]) == m and str(r["profile"]) == p
-                        and r[metric] not in ("", None) and not math.isnan(float(r[metric]))]
-                grid[i, j] = np.mean(vals) if vals else np.nan
-        tables[metric] = grid
-    return heatmaps(tables, managers, profiles, fmt=fmt)
+    row_axis, col_axis = heatmap_axes(rows, axes)
+    return heatmaps(rows, row_axis, col_axis, fmt=fmt)

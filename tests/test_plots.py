@@ -1,0 +1,100 @@
+"""The plots' content: what each panel shows, its labels and titles, markers only for what
+happened, ticks at whole powers of two, the per-rank view, compare and sweep heat maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lossscale.plots import MARKS, figure_compare, figure_heatmaps, figure_run
+from lossscale.simulate import simulate
+
+
+def lines(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+@pytest.fixture(scope="module")
+def naive():
+    return simulate(profile="atlas-training", detector="isfinite", steps=40)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return simulate(profile="atlas-training", detector="mindspore-all-finite", ranks=2, steps=40,
+                    workload_args={"log_perplexity": True, "batch": 10})
+
+
+def test_run_plot_marks_what_happened_and_only_that(naive) -> None:
+    fig = figure_run(naive)
+    scale, loss, under, grad = fig.axes
+    assert scale.get_title().startswith("ExponentialUpdateLossScaleManager on atlas-training (SATURATION), "
+                                        "detector isfinite, 1 rank(s)")
+    drawn = lines(scale)
+    undetected = naive.column("step")[naive.column("undetected_overflow").astype(bool)]
+    assert undetected.size and np.array_equal(drawn["undetected overflow (applied with an event)"].get_xdata(),
+                                              undetected)
+    assert "skipped step" not in drawn and not any("false positive" in k for k in drawn)  # none happened
+    assert set(t.get_text() for t in scale.get_legend().get_texts()) == set(drawn)
+    assert all(float(v).is_integer() for v in scale.get_yticks())  # whole powers of two
+    assert all(t.get_text().startswith("$2^{") for t in scale.get_yticklabels() if t.get_text())
+    assert {"binary16 on the device", "binary32 baseline"} <= set(lines(loss))
+    assert under.get_ylabel() == "underflow\nfraction" and grad.get_ylabel() == "|gradient|"
+    threshold = lines(grad)["65504 / scale: the largest that fits binary16"].get_ydata()
+    assert np.allclose(threshold, 65504 / naive.column("loss_scale"))
+    assert fig.axes[-1].get_xlabel() == "step"
+
+
+def test_run_plot_of_the_register_shows_skips_and_false_positives() -> None:
+    run = simulate(profile="atlas-training", detector="tf-npu", steps=30, workload_args={"log_perplexity": True})
+    drawn = lines(figure_run(run).axes[0])
+    assert {"register event", "skipped step", "false positive (skipped, no event that feeds the update)"} <= set(drawn)
+    assert "undetected overflow (applied with an event)" not in drawn
+    assert [m[2] for m in MARKS][0] == "register event"
+
+
+def test_several_ranks_get_a_panel_of_their_events_and_decisions(two_ranks) -> None:
+    fig = figure_run(two_ranks)
+    assert len(fig.axes) == 5
+    ranks = fig.axes[4]
+    assert [t.get_text() for t in ranks.get_yticklabels()] == ["rank 0", "rank 1"]
+    drawn = lines(ranks)
+    skipped = drawn["skipped by this rank"]
+    want = sorted((r, rec["step"]) for rec in two_ranks.records
+                  for r, ok in enumerate(map(int, rec["ranks_applied"].split())) if not ok)
+    assert sorted(zip(skipped.get_ydata().astype(int), skipped.get_xdata().astype(int), strict=True)) == want
+    assert two_ranks.summary["rank_disagreement_steps"] > 0  # the view shows ranks deciding apart
+    events = drawn["register events on this rank"]
+    assert set(events.get_ydata().astype(int)) == {0, 1}
+
+
+def test_compare_plot_has_a_title_markers_per_manager_and_the_baseline() -> None:
+    runs = [(name, simulate(manager=name, profile="atlas-training", steps=30)) for name in ("torch", "keras")]
+    fig = figure_compare(runs)
+    top, bottom = fig.axes
+    assert top.get_title() == "atlas-training (SATURATION), detector tf-npu, workload mlp, 1 rank(s)"
+    drawn = lines(top)
+    assert {"torch", "keras", "torch: skipped step", "keras: skipped step", "torch: register event"} <= set(drawn)
+    assert drawn["torch"].get_linestyle() != drawn["keras"].get_linestyle()
+    assert drawn["torch"].get_linewidth() > drawn["keras"].get_linewidth()  # the one below shows around the other
+    assert "binary32 baseline" in lines(bottom)
+
+
+def test_sweep_heat_maps_over_any_two_axes() -> None:
+    rows = []
+    for det in ("tf-npu", "isfinite"):
+        for mode in ("inf_nan", "saturation"):
+            for seed in (0, 1):
+                failed = det == "isfinite" and mode == "inf_nan"
+                rows.append({"detector": det, "overflow_mode": mode, "seed": seed,
+                             "status": "error" if failed else "ok",
+                             "skipped_steps": "" if failed else str(10 + seed), "final_loss": "0.5"})
+    fig = figure_heatmaps(rows, "detector", "overflow_mode")
+    skipped, loss, bar0, bar1 = fig.axes  # the maps, then their colour bars
+    assert skipped.get_xlabel() == "overflow_mode" and skipped.get_ylabel() == "detector"
+    assert skipped.get_title() == "skipped steps\nmean per cell, min-max of up to 2 points"
+    assert bar0.get_ylabel() == "mean skipped steps" and bar1.get_ylabel() == "mean final loss"
+    texts = [t.get_text() for t in skipped.texts]
+    assert texts.count("failed (2)") == 1 and texts.count("10.5\n10-11") == 3
+    assert [t.get_text() for t in skipped.get_xticklabels()] == ["inf_nan", "saturation"]
+    assert loss.get_title().startswith("final loss")
