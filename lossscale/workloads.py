@@ -237,7 +237,8 @@ class Mlp:
         z1 = x @ w1 + b1
         h = np.maximum(z1, 0)
         p = _softmax32(h @ w2 + b2)
-        loss = float(-np.log(p[np.arange(len(y)), y]).sum()) / total
+        with np.errstate(divide="ignore"):  # a probability that underflowed to 0: the loss is Inf, as it is
+            loss = float(-np.log(p[np.arange(len(y)), y]).sum()) / total
         d = p.copy()
         d[np.arange(len(y)), y] -= 1
         d /= F32(total)

@@ -123,6 +123,10 @@ def test_sweep_grid_and_folder_errors(capsys, tmp_path) -> None:
     other = good.replace("[0, 1]", "[0, 1, 2]")
     one_line(*sweep_cli(capsys, tmp_path, other)[::2], "holds the sweep of a different grid")
     assert sweep_cli(capsys, tmp_path, other, "out", "--force")[0] == 0
+    (tmp_path / "out" / "sweep.png").unlink()
+    assert run_cli(capsys, "plot", tmp_path / "out", "--heatmap", "seed,profile", "--format", "svg")[0] == 0
+    assert (tmp_path / "out" / "sweep.svg").read_bytes().startswith(b"<?xml")
+    one_line(*run_cli(capsys, "plot", tmp_path / "out", "--heatmap", "seed")[::2], "takes two sweep axes as ROW,COL")
     assert run_cli(capsys, "run", *FAST, "--out", tmp_path / "run")[0] == 0
     one_line(*sweep_cli(capsys, tmp_path, good, "run")[::2], "holds no sweep (no grid.toml)")
 
