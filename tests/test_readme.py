@@ -45,6 +45,9 @@ def test_readme_documents_every_column_and_the_register() -> None:
     for column in COLUMNS:
         assert f"`{column}`" in section, column
     assert "`rank step phase label op flags elements`" in section and len(EVENT_COLUMNS) == 7
+    from lossscale.sweep import RESULT_COLUMNS
+    for column in RESULT_COLUMNS:
+        assert f"`{column}`" in section, column
     assert "0 OVERFLOW, 1 INVALID,\n2 DIVBYZERO" in section and "4-7 zero" in section
     assert "docs/semantics.md" in section and "tfmigr1_tfadapi_0064.html" in section
 
