@@ -99,16 +99,26 @@ def run_cli(capsys, *argv):
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("profile", [p for p in profiles.names() if profiles.get(p).supports_npu_loss_scale_optimizer])
-def test_cli_every_detector_and_the_torch_npu_manager_on_every_training_profile(capsys, tmp_path, profile) -> None:
+TRAINING_PROFILES = [p for p in profiles.names() if profiles.get(p).supports_npu_loss_scale_optimizer]
+
+
+@pytest.mark.parametrize("profile", TRAINING_PROFILES)
+def test_every_detector_and_the_torch_npu_manager_on_every_training_profile(profile) -> None:
     for detector in [*DETECTORS, "status"]:
-        out = tmp_path / f"{profile}-{detector}"
-        code, stdout, err = run_cli(capsys, "run", "--profile", profile, "--detector", detector, "--manager",
-                                    "torch-npu", "--steps", "12", "--quiet", "--out", str(out))
-        assert code == 0, err
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["detector"] == ("tf-npu" if detector == "status" else detector)
-        assert summary["manager"]["class"] == "TorchNpuGradScaler"
+        s = simulate(profile=profile, detector=detector, manager="torch-npu", steps=12).summary
+        assert s["detector"] == ("tf-npu" if detector == "status" else detector) and s["steps_run"] == 12
+        assert s["manager"]["class"] == "TorchNpuGradScaler"
+
+
+@pytest.mark.parametrize("detector", [*DETECTORS, "status"])
+def test_cli_every_detector_and_the_torch_npu_manager(capsys, tmp_path, detector) -> None:
+    out = tmp_path / detector
+    code, stdout, err = run_cli(capsys, "run", "--profile", "atlas-350", "--detector", detector, "--manager",
+                                "torch-npu", "--steps", "12", "--quiet", "--no-events", "--out", str(out))
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["detector"] == ("tf-npu" if detector == "status" else detector)
+    assert summary["manager"]["class"] == "TorchNpuGradScaler" and f"detector {summary['detector']}," in stdout
 
 
 def test_cli_prints_and_writes_the_event_log(capsys, tmp_path) -> None:
