@@ -19,7 +19,7 @@ from typing import Any
 
 from .simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
-__all__ = ["write_atomic", "write_run", "read_run", "check_out", "write_plots", "json_text", "redraw"]
+__all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "write_plots", "json_text", "redraw"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -38,13 +38,19 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def check_out(out: Path, force: bool) -> Path:
-    """Refuse an output path that is a file, or a non-empty folder without ``force``."""
+def check_path(out: Path) -> Path:
+    """Refuse an output path that is a file, or whose parent folder does not exist."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output path {str(out)!r} exists and is not a folder")
     if not out.exists() and not out.parent.is_dir():
         raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
+    return out
+
+
+def check_out(out: Path, force: bool) -> Path:
+    """:func:`check_path`, and refuse a non-empty folder without ``force``."""
+    out = check_path(out)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"output folder {str(out)!r} exists and is not empty; use --force to overwrite")
     return out
@@ -116,12 +122,7 @@ def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = Non
     from .plots import FORMATS, plot_compare
     if fmt not in FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
-    folder = Path(folder)
-    if not folder.exists():
-        raise ValueError(f"{str(folder)!r} does not exist")
-    if not folder.is_dir():
-        raise ValueError(f"{str(folder)!r} is not a folder; give the folder that lossscale run, compare or sweep "
-                         f"wrote")
+    folder = _folder(folder, "the folder that lossscale run, compare or sweep wrote")
     if (folder / "trajectory.csv").exists():
         return write_plots(read_run(folder), folder, fmt)
     if (folder / "results.csv").exists():
@@ -139,14 +140,20 @@ def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = Non
                      f"no run folders)")
 
 
-def read_run(folder: Path) -> Run:
-    """A run back from its files (for ``lossscale plot``); ValueError naming a missing or
-    malformed file."""
+def _folder(folder: Path, what: str) -> Path:
+    """``folder`` as a Path; ValueError if it does not exist or is not a folder (``what`` to give)."""
     folder = Path(folder)
     if not folder.exists():
         raise ValueError(f"{str(folder)!r} does not exist")
     if not folder.is_dir():
-        raise ValueError(f"{str(folder)!r} is not a folder; give the run's folder (it holds trajectory.csv)")
+        raise ValueError(f"{str(folder)!r} is not a folder; give {what}")
+    return folder
+
+
+def read_run(folder: Path) -> Run:
+    """A run back from its files (for ``lossscale plot``); ValueError naming a missing or
+    malformed file."""
+    folder = _folder(folder, "the run's folder (it holds trajectory.csv)")
     try:
         text = (folder / "trajectory.csv").read_text()
         summary_text = (folder / "summary.json").read_text()

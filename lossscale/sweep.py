@@ -43,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from .files import json_text, write_atomic
+from .files import check_path, json_text, write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -236,13 +236,7 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
 def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> None:
     """Refuse, unless ``force``, a folder that holds a different grid's sweep or anything else
     (a run's files, say); a missing parent is refused always."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output path {str(out)!r} exists and is not a folder")
-    if not out.exists():
-        if not out.parent.is_dir():
-            raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
-        return
-    if force or not any(out.iterdir()):
+    if not check_path(out).exists() or force or not any(out.iterdir()):
         return
     if not (out / "grid.toml").exists():
         raise ValueError(f"{str(out)!r} is not empty and holds no sweep (no grid.toml); choose another --out or "
