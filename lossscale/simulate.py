@@ -42,7 +42,7 @@ from sim import PHASES, Device, Group, profiles
 from . import policies
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
 from .optimizers import LossScaleOptimizer
-from .policy import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe
+from .policy import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe, missing_scaler_methods
 from .workloads import Workload, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted"]
@@ -98,8 +98,7 @@ def _managers(manager: Any, args: dict[str, Any] | None, ranks: int, defaults: s
 
 
 def _is_scaler(obj: Any) -> bool:
-    return not isinstance(obj, type) and all(callable(getattr(obj, a, None))
-                                             for a in ("get_loss_scale", "update_loss_scale"))
+    return not isinstance(obj, type) and not missing_scaler_methods(obj)
 
 
 #: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
@@ -137,9 +136,18 @@ def manager_arguments(name: str, args: dict[str, Any] | None = None, defaults: s
 
 def make_manager(name: str, args: dict[str, Any] | None = None, defaults: str = "demo") -> Manager:
     """A manager by name: ``args`` over the ``defaults`` set (see :data:`DEFAULTS`)."""
-    cls, _ = MANAGERS.get(name, (None, None))
     arguments = manager_arguments(name, args, defaults)
-    return cls(**arguments)
+    return MANAGERS[name][0](**arguments)
+
+
+#: simulate()'s integer arguments and their lower bounds.
+_INTEGERS = (("ranks", 1), ("steps", 1), ("seed", 0), ("underflow_every", 1))
+
+
+def _integer_problems(get: Callable[[str], Any]) -> list[str]:
+    """The integer arguments (``get(name)``) that are not integers at least their bound."""
+    return [f"{name} must be an integer of at least {low}, got {get(name)!r}" for name, low in _INTEGERS
+            if isinstance(get(name), bool) or not isinstance(get(name), int) or get(name) < low]
 
 
 def check_arguments(args: dict[str, Any]) -> list[str]:
@@ -155,10 +163,7 @@ def check_arguments(args: dict[str, Any]) -> list[str]:
     params = inspect.signature(simulate).parameters
     problems = [f"unknown argument {k!r}; valid: {', '.join(params)}" for k in args if k not in params]
     get = lambda k: args.get(k, params[k].default if k in params else None)  # noqa: E731
-    for name, low in (("ranks", 1), ("steps", 1), ("seed", 0), ("underflow_every", 1)):
-        value = get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name} must be an integer of at least {low}, got {value!r}")
+    problems += _integer_problems(get)
     for name in ("manager_args", "workload_args"):
         if get(name) is not None and not isinstance(get(name), dict):
             problems.append(f"{name} must be a table of arguments, got {get(name)!r}")
@@ -230,12 +235,10 @@ def _event_log(devices: list[Device]) -> list[dict[str, Any]]:
     """Every rank's events, in step order, then phase order, then rank (ranks run side by
     side: within a phase no rank's events come before another's)."""
     order = {p: i for i, p in enumerate(PHASES)}
-    rows = [{"rank": r, **e._asdict(), "flags": e.flags.name or ""} for r, dev in enumerate(devices)
-            for e in dev.events]
+    rows = [{"rank": r, **e._asdict(), "flags": "|".join(sorted((e.flags.name or "").split("|")))}
+            for r, dev in enumerate(devices) for e in dev.events]
     rows.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, order.get(e["phase"], len(order)),
                              e["rank"]))
-    for e in rows:
-        e["flags"] = "|".join(sorted(e["flags"].split("|")))
     return rows
 
 
@@ -276,10 +279,9 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     progress: :class:`Interrupted` is raised with the finished steps' :class:`Run`
     (``summary["interrupted"]`` true). A second Ctrl-C interrupts at once.
     """
-    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("underflow_every", underflow_every, 1),
-                             ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
+    wrong = _integer_problems({"ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every}.get)
+    if wrong:
+        raise ValueError(wrong[0])
     if isinstance(workload, str):
         wl = make_workload(workload, seed, **(workload_args or {}))
     elif workload_args:
@@ -301,14 +303,15 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events) for r in range(ranks)]
-    det = make_detector(detector, devices[0].overflow)
-    if det.name == "tf-npu" and not prof.supports_npu_loss_scale_optimizer:
-        refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the seed's support "
-                   f"table), whose check the tf-npu detector is")
-        if not allow_unsupported:
-            raise ValueError(f"{refusal}; choose another detector ({', '.join(n for n in DETECTORS if n != 'tf-npu')})"
-                             f" or allow it explicitly (allow_unsupported=True, --allow-unsupported)")
-        caught.append(warnings.WarningMessage(f"{refusal}; run anyway (allow_unsupported)", UserWarning, __file__, 0))
+        det = make_detector(detector, devices[0].overflow)
+        if det.name == "tf-npu" and not prof.supports_npu_loss_scale_optimizer:
+            refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the seed's "
+                       f"support table), whose check the tf-npu detector is")
+            if not allow_unsupported:
+                others = ", ".join(n for n in DETECTORS if n != "tf-npu")
+                raise ValueError(f"{refusal}; choose another detector ({others}) or allow it explicitly "
+                                 f"(allow_unsupported=True, --allow-unsupported)")
+            warnings.warn(f"{refusal}; run anyway (allow_unsupported)", UserWarning, stacklevel=2)
     det.attach(devices)
     if ranks > 1:
         Group(devices)
