@@ -40,6 +40,7 @@ The windows, with their sources: ``docs/semantics.md``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -76,7 +77,8 @@ class Detector:
         if not isinstance(distributed, (bool, np.bool_)):
             raise ValueError(f"distributed must be a bool, got {distributed!r}")
         self.distributed = bool(distributed)
-        self._cleared: dict[int, int | None] = {}
+        #: The step each device was last cleared in (weakly keyed: a new device never inherits it).
+        self._cleared: weakref.WeakKeyDictionary[Device, int | None] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(distributed={self.distributed})"
@@ -96,9 +98,9 @@ class Detector:
         it that the step reaches), if this framework does."""
         if self.clears_at is None or phase not in _ORDER or _ORDER[phase] < _ORDER[self.clears_at]:
             return
-        if self._cleared.get(id(device), -1) != device.step and self.reads_register(device):
+        if self._cleared.get(device, -1) != device.step and self.reads_register(device):
             device.clear_float_status()
-        self._cleared[id(device)] = device.step
+        self._cleared[device] = device.step
 
     def check(self, devices: Sequence[Device], grads: Sequence[Sequence[np.ndarray]]) -> list[bool]:
         """Each rank's decision (True: finite, apply the step), at the unscale step: from the

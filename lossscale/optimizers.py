@@ -227,7 +227,7 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
         self.detector = detector
         self._device = device
         self.allow_unsupported = bool(allow_unsupported)
-        self._checked: set[int] = set()
+        self._checked: weakref.WeakSet[Device] = weakref.WeakSet()  # devices, not ids a new one may reuse
         if device is not None:
             self._check_product(device)
         #: The float-status value the last decision read (after any all-reduce), or None.
@@ -236,7 +236,7 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
     @property
     def device(self) -> Device:
         dev = self._device if self._device is not None else current_device()
-        if id(dev) not in self._checked:
+        if dev not in self._checked:
             self._check_product(dev)
         return dev
 
@@ -247,7 +247,7 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
             if not self.allow_unsupported:
                 raise ValueError(f"{text}; pass allow_unsupported=True to run it anyway")
             warnings.warn(f"{text}; running anyway (allow_unsupported=True)", UnsupportedProductWarning, stacklevel=3)
-        self._checked.add(id(dev))
+        self._checked.add(dev)
 
     def detector_for(self, device: Device) -> str:
         if self.detector is not None:
