@@ -7,7 +7,6 @@ exit code 2; no traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import math
@@ -272,10 +271,14 @@ def _arguments(summary: dict[str, Any]) -> str:
     return f"manager {m['name']} ({m['class']}, {where}): {shown or 'no arguments'}"
 
 
+def _head(s: dict[str, Any]) -> str:
+    return (f"{s['profile']['product']} ({s['profile']['name']}), {s['profile']['overflow_mode']} mode, "
+            f"detector {s['detector']}, {s['arguments']['ranks']} rank(s), workload {s['arguments']['workload']}")
+
+
 def _describe(run: Run) -> str:
     s = run.summary
-    head = (f"{s['profile']['product']} ({s['profile']['name']}), {s['profile']['overflow_mode']} mode, "
-            f"detector {s['detector']}, {s['arguments']['ranks']} rank(s), workload {s['arguments']['workload']}")
+    head = _head(s)
     notes = [_arguments(s)] + [f"note: {w}" for w in s["profile"]["warnings"]]
     if s["stopped_early"]:
         notes.append(f"stopped early at {s['stopped_early']}")
@@ -299,15 +302,15 @@ def _runs(args: argparse.Namespace, names: list[str], out: Path, nested: bool) -
     from .files import write_run
     runs = []
     for name in names:
+        where = out / name if nested else out
         try:
             run = _simulate(args, name)
         except Interrupted as stop:
-            write_run(stop.run, out / name if nested else out)
+            write_run(stop.run, where)
             print(_describe(stop.run))
-            print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {out / name if nested else out}",
-                  file=sys.stderr)
+            print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {where}", file=sys.stderr)
             raise
-        write_run(run, out / name if nested else out)
+        write_run(run, where)
         runs.append((name, run))
     return runs
 
@@ -333,7 +336,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     runs = _runs(args, names, out, nested=True)
     write_atomic(out / "compare.json", (json.dumps({"managers": names}) + "\n").encode())
     write_atomic(out / "compare.png", plot_compare(runs))
-    print(_describe(runs[0][1]).split("\n")[0])
+    print(_head(runs[0][1].summary))
     for _, run in runs:
         print(_arguments(run.summary))
     print(_table([_row(name, run) for name, run in runs]))
@@ -351,12 +354,11 @@ def cmd_managers(args: argparse.Namespace) -> None:
     for name, (cls, demo) in MANAGERS.items():
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         print(f"{name}: {cls.__name__}, {doc}")
-        required = REQUIRED.get(name)
-        for f in dataclasses.fields(cls.policy_type):
-            framework = (f"{_fmt(required[0][f.name])} (required; {required[1]})" if f.default is dataclasses.MISSING
-                         else _fmt(f.default))
-            extra = f"   demo {_fmt(demo[f.name])}" if f.name in demo else ""
-            print(f"    {f.name:26} framework {framework}{extra}")
+        required = REQUIRED.get(name, ({}, ""))
+        for key, value in manager_arguments(name, defaults="framework").items():
+            source = f" (required; {required[1]})" if key in required[0] else ""
+            extra = f"   demo {_fmt(demo[key])}" if key in demo else ""
+            print(f"    {key:26} framework {_fmt(value)}{source}{extra}")
 
 
 def cmd_profiles(args: argparse.Namespace) -> None:
