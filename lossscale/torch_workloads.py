@@ -138,6 +138,16 @@ class TorchWorkload(SampledWorkload):
         return {"loss": loss, "accuracy": acc}
 
 
+class _BuiltIn(TorchWorkload):
+    """A built-in workload: a dataclass whose fields (seed, batch, learning_rate, momentum,
+    dtype, log_perplexity) set up the TorchWorkload it is."""
+
+    def _build(self, model, loss_fn, train, test, name: str, **kw) -> None:
+        TorchWorkload.__init__(self, model, loss_fn, train, test=test, batch=self.batch,
+                               learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
+                               seed=self.seed, name=name, log_perplexity=self.log_perplexity, **kw)
+
+
 def _cross_entropy(out, y):
     return torch.nn.functional.cross_entropy(out.float(), y)
 
@@ -150,7 +160,7 @@ def _digit_data(shape: tuple[int, ...]):
 
 
 @dataclass
-class TorchMlp(TorchWorkload):
+class TorchMlp(_BuiltIn):
     """The hand-written ``mlp``'s 64-``hidden``-10 perceptron, in torch."""
 
     seed: int = 0
@@ -167,9 +177,7 @@ class TorchMlp(TorchWorkload):
             model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(),
                                         torch.nn.Linear(self.hidden, 10))
         train, test = _digit_data((64,))
-        TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
-                               learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
-                               seed=self.seed, name="torch-mlp", log_perplexity=self.log_perplexity)
+        self._build(model, _cross_entropy, train, test, "torch-mlp")
 
 
 class _Cnn(torch.nn.Module):
@@ -184,7 +192,7 @@ class _Cnn(torch.nn.Module):
 
 
 @dataclass
-class TorchCnn(TorchWorkload):
+class TorchCnn(_BuiltIn):
     """A small CNN on the digits as 1x8x8 images: conv 3x3 (``channels``), ReLU, max-pool 2, linear."""
 
     seed: int = 0
@@ -200,9 +208,7 @@ class TorchCnn(TorchWorkload):
             torch.manual_seed(self.seed)
             model = _Cnn(self.channels)
         train, test = _digit_data((1, 8, 8))
-        TorchWorkload.__init__(self, model, _cross_entropy, train, test=test, batch=self.batch,
-                               learning_rate=self.learning_rate, momentum=self.momentum, dtype=self.dtype,
-                               seed=self.seed, name="torch-cnn", log_perplexity=self.log_perplexity)
+        self._build(model, _cross_entropy, train, test, "torch-cnn")
 
 
 class _Block(torch.nn.Module):
@@ -244,7 +250,7 @@ def _next_char_loss(out, y):
 
 
 @dataclass
-class TorchTransformer(TorchWorkload):
+class TorchTransformer(_BuiltIn):
     """One transformer block predicting the next character of the Zen of Python
     (``lossscale/data/zen.txt``) from ``context`` before it."""
 
@@ -271,7 +277,5 @@ class TorchTransformer(TorchWorkload):
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
-        TorchWorkload.__init__(self, model, _next_char_loss, (x[~test], y[~test]), test=(x[test], y[test]),
-                               batch=self.batch, learning_rate=self.learning_rate, momentum=self.momentum,
-                               dtype=self.dtype, seed=self.seed, name="torch-transformer", accuracy=True,
-                               log_perplexity=self.log_perplexity)
+        self._build(model, _next_char_loss, (x[~test], y[~test]), (x[test], y[test]), "torch-transformer",
+                    accuracy=True)
