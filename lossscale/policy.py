@@ -17,7 +17,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register", "DEMO_SCALE"]
+__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register", "DEMO_SCALE",
+           "missing_scaler_methods"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -140,6 +141,12 @@ def register(name: str, *, required: tuple[dict[str, Any], str] | None = None,
             REQUIRED[name] = required
         return cls
     return add
+
+
+def missing_scaler_methods(obj: Any) -> list[str]:
+    """Which of ``get_loss_scale`` and ``update_loss_scale`` an object lacks as callables (the
+    protocol every scaler follows, ours or a user's)."""
+    return [m for m in ("get_loss_scale", "update_loss_scale") if not callable(getattr(obj, m, None))]
 
 
 class PolicyManager(Manager):

@@ -21,6 +21,8 @@ from hypothesis.extra import numpy as hnp
 
 from sim import BINARY16, Format
 
+from .policy import missing_scaler_methods
+
 __all__ = [
     "values", "finite", "near_pair", "fma_triple", "binary16", "binary16_arrays",
     "overflow_sequences", "gradient_arrays", "check_policy", "PolicyError",
@@ -251,7 +253,7 @@ def _made(make: Callable[[], Any]) -> Any:
         probe = make()
     except TypeError as err:
         raise PolicyError(f"could not make a policy by calling {getattr(make, '__name__', make)!r}(): {err}") from None
-    missing = [m for m in ("get_loss_scale", "update_loss_scale") if not callable(getattr(probe, m, None))]
+    missing = missing_scaler_methods(probe)
     if missing:
         raise PolicyError(f"{type(probe).__name__} lacks {' and '.join(f'{m}()' for m in missing)}: a policy object "
                           f"has get_loss_scale() and update_loss_scale(finite)")
