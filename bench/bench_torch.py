@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import torch
-from timing import best_of_each
+from timing import best_of_each, print_steps
 
 from sim import Device
 from sim.torch import DeviceMode
@@ -45,9 +45,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     t_emul, t_eager = best_of_each([emulated, eager], args.repeat)
     print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; torch threads: 1")
-    print(f"{'step (forward + backward, mlp 64-32-10, batch 64)':<52}{'ms':>8}{'ratio':>8}")
-    print(f"{'eager torch float32':<52}{t_eager * 1e3:>8.3f}{1.0:>8.2f}")
-    print(f"{'DeviceMode, binary16 on atlas-training':<52}{t_emul * 1e3:>8.3f}{t_emul / t_eager:>8.2f}")
+    print_steps("step (forward + backward, mlp 64-32-10, batch 64)", ("eager torch float32", t_eager),
+                [("DeviceMode, binary16 on atlas-training", t_emul)])
 
 
 if __name__ == "__main__":

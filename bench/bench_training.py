@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from timing import best_of_each
+from timing import best_of_each, print_steps
 
 from lossscale import ExponentialUpdateLossScaleManager, NPULossScaleOptimizer
 from lossscale.workloads import WORKLOADS, make_workload
@@ -48,9 +48,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     t_emul, t_plain = best_of_each([emulated, plain], args.repeat)
     print(f"load average at start: {load:.2f} on {os.cpu_count()} cores")
-    print(f"{'step':<40}{'ms':>9}{'ratio':>8}")
-    print(f"{'numpy float32 (' + args.workload + ')':<40}{t_plain * 1e3:>9.3f}{1.0:>8.2f}")
-    print(f"{'emulated binary16 on ' + args.profile:<40}{t_emul * 1e3:>9.3f}{t_emul / t_plain:>8.2f}")
+    print_steps("step", (f"numpy float32 ({args.workload})", t_plain),
+                [(f"emulated binary16 on {args.profile}", t_emul)])
 
 
 if __name__ == "__main__":

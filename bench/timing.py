@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: the best of several wall-clock timings."""
+"""Shared by the benchmark scripts: the best of several wall-clock timings, and the table of
+a timed step against its baseline."""
 
 from __future__ import annotations
 
@@ -26,3 +27,13 @@ def best_of_each(fns: list[Callable[[], object]], repeat: int) -> list[float]:
             fn()
             fastest[i] = min(fastest[i], time.perf_counter() - t0)
     return fastest
+
+
+def print_steps(title: str, baseline: tuple[str, float], steps: list[tuple[str, float]]) -> None:
+    """A table of step times in ms, each with its ratio to ``baseline`` (its name and seconds),
+    which comes first."""
+    rows = [baseline, *steps]
+    width = max(len(title), *(len(name) for name, _ in rows)) + 2
+    print(f"{title:<{width}}{'ms':>9}{'ratio':>8}")
+    for name, seconds in rows:
+        print(f"{name:<{width}}{seconds * 1e3:>9.3f}{seconds / baseline[1]:>8.2f}")
