@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_policies import run as trajectory_of  # tests/ is on the path (pytest puts it there)
 
 from lossscale.policies import (
     DeepSpeedLossScaler,
@@ -63,15 +64,6 @@ def torch_trajectory(steps, **kw) -> list[float]:
     return out
 
 
-def ours(steps, **kw) -> list[float]:
-    m = TorchGradScaler(**kw)
-    out = [m.get_loss_scale()]
-    for finite in steps:
-        m.update_loss_scale(finite)
-        out.append(m.get_loss_scale())
-    return out
-
-
 @given(steps=st.lists(st.booleans(), min_size=1, max_size=80),
        init_scale=st.sampled_from([2.0**16, 0.75, 3.0, 2.0**126, 1e-30, 12345.678]),
        growth_factor=st.sampled_from([2.0, 1.5, 1.0001, 3.7]),
@@ -81,7 +73,7 @@ def ours(steps, **kw) -> list[float]:
 def test_torch_grad_scaler_bit_for_bit(steps, init_scale, growth_factor, backoff_factor, growth_interval) -> None:
     kw = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
               growth_interval=growth_interval)
-    theirs, mine = torch_trajectory(steps, **kw), ours(steps, **kw)
+    theirs, mine = torch_trajectory(steps, **kw), trajectory_of(TorchGradScaler(**kw), steps)
     # Before the first update torch reports init_scale as given; after, its binary32 tensor.
     assert np.float32(mine[0]) == np.float32(theirs[0])
     assert mine[1:] == theirs[1:]
@@ -109,12 +101,7 @@ def keras_trajectory(steps, initial_scale: float, dynamic_growth_steps: int) -> 
 @settings(max_examples=60, deadline=None)
 def test_keras3_loss_scale_optimizer_bit_for_bit(steps, initial_scale, dynamic_growth_steps) -> None:
     theirs = keras_trajectory(steps, initial_scale, dynamic_growth_steps)
-    m = Keras3LossScale(initial_scale, dynamic_growth_steps)
-    mine = [m.get_loss_scale()]
-    for finite in steps:
-        m.update_loss_scale(finite)
-        mine.append(m.get_loss_scale())
-    assert mine == theirs
+    assert trajectory_of(Keras3LossScale(initial_scale, dynamic_growth_steps), steps) == theirs
 
 
 @given(steps=st.lists(st.booleans(), min_size=1, max_size=40),
@@ -133,14 +120,6 @@ def test_jmp_dynamic_loss_scale_bit_for_bit(steps, loss_scale, period, factor, m
         mine.update_loss_scale(finite)
         assert float(theirs.loss_scale) == mine.get_loss_scale()
         assert int(theirs.counter) == mine.state.counter
-
-
-def trajectory_of(manager, steps) -> list[float]:
-    out = [manager.get_loss_scale()]
-    for finite in steps:
-        manager.update_loss_scale(finite)
-        out.append(manager.get_loss_scale())
-    return out
 
 
 def npu_update_scale(steps, init_scale, growth_factor, backoff_factor, growth_interval) -> list[float]:
