@@ -1,14 +1,27 @@
 """The hardware model: a bit-accurate binary16 emulator, Atlas profiles, a simulated NPU."""
 
-from . import profiles
+from . import formats, profiles
 from .collective import Group
 from .device import PHASES, Device, Event, LegacyModeWarning, current_device
-from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
+from .formats import (
+    BFLOAT16,
+    BINARY16,
+    BINARY32,
+    BINARY64,
+    FLOAT4_E2M1FN,
+    FLOAT8_E4M3FN,
+    FLOAT8_E5M2,
+    FLOAT8_E8M0FNU,
+    HIFLOAT8,
+    Format,
+    format_of,
+)
 from .fpu import Fpu
-from .rounding import Flag, OverflowMode, Rounding, Tininess, round_float64
+from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, Tininess, round_float64
 
 __all__ = [
     "Device", "Group", "current_device", "LegacyModeWarning", "profiles", "Event", "PHASES",
-    "Fpu", "Flag", "Rounding", "OverflowMode", "Tininess", "round_float64",
-    "Format", "format_of", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64",
+    "Fpu", "Flag", "Rounding", "SIX_MODES", "OverflowMode", "Tininess", "round_float64",
+    "Format", "format_of", "formats", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64",
+    "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E8M0FNU", "FLOAT4_E2M1FN", "HIFLOAT8",
 ]

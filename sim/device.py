@@ -75,7 +75,7 @@ from . import kernels as K
 from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import _ELEMENTARY, Fpu, _filled
-from .rounding import Flag, OverflowMode, Rounding, config
+from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "PHASES"]
 
@@ -159,7 +159,7 @@ class Device:
 
     def __init__(self, profile: str | profiles.Profile = "atlas-a2", overflow: OverflowMode | str | None = None,
                  *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool = True,
-                 name: str | None = None, threads: int = 1, record_events: bool = False) -> None:
+                 name: str | None = None, threads: int = 1, record_events: bool = False, seed: int = 0) -> None:
         self.profile = profiles.get(profile)
         mode = self.profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
         if mode not in self.profile.overflow_modes:
@@ -168,6 +168,9 @@ class Device:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         rounding = Rounding.parse(rounding)
+        if rounding not in SIX_MODES:
+            raise ValueError(f"a device computes in one of {', '.join(m.name for m in SIX_MODES)}; "
+                             f"{rounding.name} rounding is for casts: dev.cast(x, fmt, rounding={rounding.name!r})")
         if mode is OverflowMode.SATURATION and self.profile.saturation_is_legacy:
             warnings.warn(f"{self.profile.name}: saturation mode is kept for compatibility only, is no longer "
                           f"developed, and may carry precision error; the default is INF_NAN",
@@ -177,11 +180,15 @@ class Device:
         self.threads = threads
         p = self.profile
         kw = dict(rounding=rounding, tininess=p.tininess)
-        self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, **kw)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        #: Seeds the random bits of stochastic casts; each source format's unit draws its own stream.
+        self.seed = int(seed)
+        self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, seed=3 * self.seed, **kw)
         f32_mode = mode if saturate_float32 else OverflowMode.INF_NAN
         self._fpus = {np.dtype(np.float16): self.fpu,
-                      np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, **kw),
-                      BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, **kw)}
+                      np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, seed=3 * self.seed + 1, **kw),
+                      BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, seed=3 * self.seed + 2, **kw)}
         self._register = np.zeros(8, np.int32)
         self._status = 0
         self._label: str | None = None
@@ -442,11 +449,24 @@ class Device:
         """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
         return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
 
-    def cast(self, x, dtype, rounding: Rounding | str | None = None) -> np.ndarray:
+    def cast(self, x, dtype, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None
+             ) -> np.ndarray:
         """Convert between float32, binary16 and bfloat16 (or widen to float64; float64 sources,
-        such as the scalars of a program, round into the device's formats), rounding in
-        ``rounding`` (default: the device's) and in the overflow mode of the destination format."""
-        if getattr(x, "dtype", None) == np.float64 and format_of(dtype) is not BINARY64:
+        such as the scalars of a program, round into the device's formats), or into the 8-bit
+        formats (by ml_dtypes dtype or name: ``"float8_e4m3fn"``, ``"float8_e5m2"``,
+        ``"float8_e8m0fnu"``, ``"float4_e2m1fn"``, ``"hifloat8"``, whose results are uint8
+        codes), rounding in ``rounding`` (default: the device's; ``"stochastic"`` draws from
+        the device's ``seed``) and in the overflow mode of the destination (default: the
+        device's; ``"satfinite"``: OCP's saturating cast, NaN kept). Ascend's saturation
+        control covers casts to hif8, e8m0, e5m2 and e4m3fn as it does half and bf16."""
+        dst = format_of(dtype)
+        if dst.dtype.itemsize == 1 or overflow is not None:
+            src_fpu = self._on(x)
+            mode = None if rounding is None else Rounding.parse(rounding)
+            result, shape, scalar = src_fpu._cast(x, src_fpu.format, dst, mode, overflow or self._overflow_of(dst))
+            self._record(result.status, "cast", math.prod(shape))
+            return Fpu._finish(result, shape, scalar, False)
+        if getattr(x, "dtype", None) == np.float64 and dst is not BINARY64:
             fpu = self._unit(dtype, "cast's dtype")
             cfg = fpu._config(fpu.format, None if rounding is None else Rounding.parse(rounding))
             result, shape, scalar = fpu._apply("convert", (x,), False, src=BINARY64, dst=fpu.format, cfg=cfg)
@@ -454,7 +474,6 @@ class Device:
             return Fpu._finish(result, shape, scalar, False)
         src_fpu = self._on(x)
         src = src_fpu.format
-        dst = format_of(dtype)
         fpu = self._fpus.get(dst.dtype, src_fpu)
         if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:
             bits = x.reshape(-1).view(src.uint)
@@ -464,6 +483,10 @@ class Device:
         result, shape, scalar = fpu._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
         self._record(result.status, "cast", math.prod(shape))
         return Fpu._finish(result, shape, scalar, False)
+
+    def _overflow_of(self, dst: Format) -> OverflowMode:
+        """The overflow mode of results in ``dst``: the device's (binary32 follows ``saturate_float32``)."""
+        return self._fpus.get(dst.dtype, self.fpu).overflow
 
     # -- reductions and matmul ----------------------------------------------------
     def matmul(self, a, b, accumulate=None, out_dtype=np.float16) -> np.ndarray:

@@ -55,6 +55,13 @@ class Fpu:
     the format's canonical quiet NaN (``default_nan`` overrides the bits);
     input payloads are not propagated, except by ``neg`` and ``abs``, which
     are sign-bit operations.
+
+    ``rounding="stochastic"`` draws each element's random bits from a counter-based
+    source keyed by ``seed`` and the operation's sequence number on this unit, so the
+    same seed and the same sequence of operations give the same bits, whatever the
+    array's chunking. ``random_bits``: how many random bits are added below the kept
+    ones (None: all that are dropped, which makes the rounding exactly unbiased; K bits
+    leave a bias below 2**-K ulp, as hardware with K random bits has).
     """
 
     def __init__(
@@ -66,9 +73,20 @@ class Fpu:
         format: Format | str = BINARY16,
         nan_to_zero: bool = True,
         default_nan: int | None = None,
+        seed: int = 0,
+        random_bits: int | None = None,
     ) -> None:
         self.overflow = OverflowMode.parse(overflow)
         self.rounding = Rounding.parse(rounding)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if random_bits is not None and (isinstance(random_bits, bool) or not isinstance(random_bits, (int, np.integer))
+                                        or not 1 <= random_bits <= 62):
+            raise ValueError(f"random_bits must be an integer from 1 to 62 (or None: every dropped bit), "
+                             f"got {random_bits!r}")
+        self.seed = int(seed)
+        self.random_bits = random_bits
+        self._draws = 0
         self.tininess = Tininess.parse(tininess)
         self.format = format_of(format)
         if self.format.precision > 25:
@@ -79,13 +97,28 @@ class Fpu:
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
-                           self.nan_to_zero)
+                           self.nan_to_zero, random_bits=self._bits)
         self._kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
         self._uint = self.format.uint
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
                 f"tininess={self.tininess.name}, format={self.format.name})")
+
+    @property
+    def _bits(self) -> int:
+        return 63 if self.random_bits is None else self.random_bits
+
+    def _keyed(self, cfg: np.ndarray) -> np.ndarray:
+        """``cfg`` with the next operation's random key, where it rounds stochastically."""
+        if cfg[K.MODE] != K.STOCHASTIC:
+            return cfg
+        cfg = cfg.copy()
+        z = (self.seed * 0x9E3779B97F4A7C15 + self._draws * 0xD1B54A32D192ED03 + 1) % 2**64
+        z = ((z ^ (z >> 33)) * 0xFF51AFD7ED558CCD) % 2**64
+        cfg[K.KEY] = (z ^ (z >> 33)) >> 1
+        self._draws += 1
+        return cfg
 
     # -- status ---------------------------------------------------------------
     @property
@@ -190,7 +223,7 @@ class Fpu:
             special |= self._is_snan(b) * np.uint8(Flag.INVALID)
         bits = np.empty(r.size, fmt.uint)
         flags = np.empty(r.size, np.uint8)
-        K.round_values(np.ascontiguousarray(r).reshape(-1), bits, flags, self._config(fmt))
+        K.round_values(np.ascontiguousarray(r).reshape(-1), bits, flags, self._keyed(self._config(fmt)))
         flags |= special
         self._status |= int(np.bitwise_or.reduce(flags, initial=0))
         return self._finish(Result(bits.view(fmt.dtype), flags, 0), shape, scalar, return_flags)
@@ -209,16 +242,57 @@ class Fpu:
         return self._public("abs", (a,), return_flags)
 
     # -- conversions ------------------------------------------------------------
-    def convert(self, x, dtype, *, return_flags: bool = False) -> _Out:
-        """Convert between binary16, bfloat16, binary32 and binary64.
+    def convert(self, x, dtype, *, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None,
+                return_flags: bool = False) -> _Out:
+        """Convert between binary16, bfloat16, binary32 and binary64, or from them into the 8-bit
+        formats (``"float8_e4m3fn"``, ``"float8_e5m2"``, ``"float8_e8m0fnu"``, ``"float4_e2m1fn"``,
+        ``"hifloat8"``, or their ml_dtypes dtypes; HiFloat8 results are uint8 codes).
 
-        Narrowing rounds in the current mode; widening is exact. The overflow
-        mode applies to every result (an Inf becomes the target's MAX in
-        saturation mode). A signaling NaN raises INVALID.
+        Narrowing rounds in ``rounding`` (default: the unit's); widening is exact. The
+        overflow mode (default: the unit's) applies to every result: ``INF_NAN`` is IEEE's,
+        and OCP's non-saturating casts (E4M3FN overflows to NaN, E5M2 to Inf);
+        ``SATURATION`` is Ascend's (Inf -> +-MAX, NaN -> +0, or kept with ``nan_to_zero=False``);
+        ``"satfinite"`` is OCP's saturating cast (overflow and Inf -> +-MAX, NaN kept). A
+        signaling NaN raises INVALID; so does a value with no encoding (an infinity where the
+        result is NaN; zero or a negative value into E8M0, which become its NaN).
         """
         src = self._format_of_array(x, "convert")
         dst = format_of(dtype)
+        mode = None if rounding is None else Rounding.parse(rounding)
+        if dst.dtype.itemsize == 1 or mode is not None or overflow is not None:
+            result, shape, scalar = self._cast(x, src, dst, mode, overflow)
+            return self._finish(result, shape, scalar, return_flags)
         return self._public("convert", (x,), return_flags, src=src, dst=dst)
+
+    def _cast(self, x, src: Format, dst: Format, rounding: Rounding | None,
+              overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
+        """A conversion with its own rounding and overflow mode, packed into the destination's codes."""
+        if src.dtype.itemsize == 1:
+            raise TypeError(f"convert: {src.name} values widen exactly with numpy's astype "
+                            f"(or sim.formats.decode); the unit rounds from binary16, bfloat16, binary32, binary64")
+        mode, nan_to_zero = self.overflow, self.nan_to_zero
+        if isinstance(overflow, str) and overflow.strip().lower() == "satfinite":
+            mode, nan_to_zero = OverflowMode.SATURATION, False
+        elif overflow is not None:
+            try:
+                mode = OverflowMode.parse(overflow)
+            except ValueError:
+                raise ValueError(f"unknown overflow {overflow!r}; valid: INF_NAN, SATURATION, satfinite") from None
+        rounding = rounding or self.rounding
+        nan = self.default_nan if dst == self.format else None
+        cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)
+        result, shape, scalar = self._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
+        if dst.pack is None and dst.signed:
+            return result, shape, scalar
+        bits, flags = result.value.view(dst.uint), result.flags
+        if not dst.signed:  # E8M0: no sign and no zero
+            v = np.asarray(x).reshape(-1).astype(np.float64)
+            bad = v <= 0
+            flags[bad] = Flag.INVALID
+        codes = dst.pack[bits] if dst.pack is not None else bits.astype(np.uint8)
+        status = int(np.bitwise_or.reduce(flags, initial=0))
+        self._status |= status
+        return Result(codes.view(dst.dtype), flags, status), shape, scalar
 
     # -- comparisons ------------------------------------------------------------
     def eq(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
@@ -244,7 +318,7 @@ class Fpu:
         if cfg is None:
             nan = self.default_nan if fmt == self.format else None
             cfg = config(fmt, rounding or self.rounding, self.overflow, self.tininess, nan, self.nan_to_zero,
-                         quantum, keep)
+                         quantum, keep, random_bits=self._bits)
             self._configs[key] = cfg
         return cfg
 
@@ -297,6 +371,7 @@ class Fpu:
         flags = np.empty(n, np.uint8)
         if cfg is None:
             cfg = self._own if dst is self.format else self._config(dst)
+        cfg = self._keyed(cfg)
         if op in _BINARY:
             kernel = self._kernels[op] if src is self.format else binary_kernel(op, src)
             status = kernel(flat[0], flat[1], out, flags, cfg)

@@ -58,8 +58,9 @@ from numba import types
 from numba.extending import intrinsic
 
 # -- settings layout ---------------------------------------------------------------------
-WIDTH, MAN, BIAS, MODE, SAT, BEFORE, NAN_BITS, NAN_TO_ZERO, QUANTUM, KEEP = range(10)
-RNE, RTZ, DOWN, UP, RNA, ODD = range(6)
+(WIDTH, MAN, BIAS, MODE, SAT, BEFORE, NAN_BITS, NAN_TO_ZERO, QUANTUM, KEEP,
+ LIMIT, MAXB, OVER, INFB, NAN_SIGN, ZERO, TAPER1, TAPER2, TAPER3, TINY, KEY, RBITS, SOURCE, SOURCE_QMIN) = range(24)
+RNE, RTZ, DOWN, UP, RNA, ODD, STOCHASTIC, HYBRID = range(8)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
 ADD, SUB, MUL, DIV, MAX, MIN = range(6)
@@ -127,13 +128,26 @@ _bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
 _bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
 
 
+_NO_TAPER = 1 << 30
+
+
 def config(width: int, man: int, bias: int, mode: int, saturate: bool, before: bool, nan_bits: int,
-           nan_to_zero: bool, quantum: int | None = None, keep: int = 0x1F) -> np.ndarray:
+           nan_to_zero: bool, quantum: int | None = None, keep: int = 0x1F, encoding: tuple | None = None,
+           key: int = 0, random_bits: int = 0, source: tuple[int, int] = (0, 0)) -> np.ndarray:
     """The settings array every kernel takes: a format, a rounding mode, the overflow mode,
-    tininess, the NaN it produces, and for rounding to an integral value the coarsest
-    quantum and the flags kept."""
-    q = 1 - bias - man if quantum is None else quantum
-    return np.array([width, man, bias, mode, saturate, before, nan_bits, nan_to_zero, q, keep], np.int64)
+    tininess, the NaN it produces, for rounding to an integral value the coarsest quantum
+    and the flags kept; ``encoding`` (see :attr:`sim.formats.Format.kernel`) where the
+    format is not IEEE's; for stochastic rounding the random stream's key and bit count;
+    for HiFloat8's hybrid rounding the source format's fraction bits and finest quantum."""
+    inf = ((1 << (width - 1 - man)) - 1) << man
+    if encoding is None:
+        encoding = (bias, inf, inf - 1, inf, inf, nan_bits, 0, 0, _NO_TAPER, _NO_TAPER, _NO_TAPER, 1 - bias,
+                    1 - bias - man)
+    bias, limit, top, over, infb, nan, nan_sign, zero, t1, t2, t3, tiny, qmin = encoding
+    q = qmin if quantum is None else quantum
+    return np.array([width, man, bias, mode, saturate, before, nan if nan_bits is None else nan_bits, nan_to_zero,
+                     q, keep, limit, top, over, infb, nan_sign, zero, t1, t2, t3, tiny, key, random_bits, *source],
+                    np.int64)
 
 
 # -- the one rounding routine ---------------------------------------------------------------
@@ -142,7 +156,8 @@ def config(width: int, man: int, bias: int, mode: int, saturate: bool, before: b
 @inline
 def settings(cfg):
     """The settings array as a tuple: helpers take values, not arrays (no reference counting)."""
-    return (cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], cfg[8], cfg[9])
+    return (cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], cfg[8], cfg[9], cfg[10], cfg[11],
+            cfg[12], cfg[13], cfg[14], cfg[15], cfg[16], cfg[17], cfg[18], cfg[19], cfg[20], cfg[21], cfg[22], cfg[23])
 
 
 @inline
@@ -166,10 +181,13 @@ def saturate(bits, cfg):
 
 
 @inline
-def _shift_round(sig, s, sign, mode):
+def _shift_round(sig, s, sign, mode, rand=0, rbits=0, threshold=0):
     """``sig`` (below 2**62) shifted right by ``s`` (1..62) bits and rounded in ``mode``
     (the increment is added before the shift); and 1 if bits were lost. The mode enters
-    as all-ones or zero masks (loop-invariant), not as branches or selects."""
+    as all-ones or zero masks (loop-invariant), not as branches or selects. Stochastic
+    rounding adds the top min(rbits, s) bits of ``rand`` (63 random bits) below the kept ones;
+    hybrid rounding rounds up where the top ``rbits`` dropped bits are non-zero and at
+    least ``threshold``."""
     near, even = -np.int64((mode == RNE) | (mode == RNA)), -np.int64(mode == RNE)
     directed, up = -np.int64((mode == UP) | (mode == DOWN)), -np.int64(mode == UP)
     mask = (1 << s) - 1
@@ -178,12 +196,27 @@ def _shift_round(sig, s, sign, mode):
     # directed: all the dropped bits when rounding away from zero (sign against direction).
     inc = ((mask >> 1) & near) + (((sig >> s) & 1) & even) + np.int64(mode == RNA) \
         + (mask & (-sign ^ up) & directed)
+    k = min(rbits, s)
+    inc += (((rand >> (63 - k)) & ((1 << k) - 1)) << (s - k)) & -np.int64(mode == STOCHASTIC)
+    top = (sig >> (s - k)) & ((1 << k) - 1)
+    inc += (1 << s) & -np.int64((mode == HYBRID) & (top >= threshold) & (top != 0))
     kept = (sig + inc) >> s
     return kept | (lost & np.int64(mode == ODD)), lost
 
 
 @inline
-def round_pack(sign, exp, sig, cfg, normal=False):
+def random_bits(key, i):
+    """63 random bits for element ``i`` of the operation keyed ``key``: SplitMix64's output
+    function on a counter (Steele, Lea and Flood 2014), so element i's bits depend on the
+    key and i alone, never on chunking or order."""
+    z = np.uint64(key) + np.uint64(i + 1) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return np.int64((z ^ (z >> np.uint64(31))) >> np.uint64(1))
+
+
+@inline
+def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
     """The value (-1)**sign * sig * 2**(exp - 61) rounded into the format of ``cfg``: (bits, flags).
 
     ``sig`` has its leading one at bit 61 (or is 0 for a zero); any non-zero bits
@@ -191,46 +224,71 @@ def round_pack(sign, exp, sig, cfg, normal=False):
     infinite or NaN result (exact; NaN becomes the configured NaN bits). Every
     rounding, tininess, overflow and inexact decision is made here, and the
     overflow mode is applied here; the operation adds INVALID and DIVBYZERO.
+    Formats beyond IEEE's enter as data (:attr:`sim.formats.Format.kernel`): where
+    overflow starts and what it, an infinity, a NaN and a zero become, and for a
+    tapered format the exponent magnitudes above which a fraction bit fewer is kept.
+    ``rand``: the element's random bits, for stochastic rounding.
 
     ``normal=True`` (a constant at the call) is the caller's promise that a finite
-    non-zero value is at least 2**emin and the quantum the format's: the same decisions
-    with the cases that cannot arise left out, so that loops vectorise.
+    non-zero value is at least 2**emin, the quantum the format's and the format not
+    tapered: the same decisions with the cases that cannot arise left out, so that
+    loops vectorise.
     """
-    width, man, mode = cfg[WIDTH], cfg[MAN], cfg[MODE]
+    width, man0, mode = cfg[WIDTH], cfg[MAN], cfg[MODE]
     emin = 1 - cfg[BIAS]
-    qmin = emin - man
+    qmin = emin - man0
     if normal:
-        kept, flags = _shift_round(sig, 61 - man, sign, mode)
-        bits = ((exp - man - qmin) << man) + kept
+        kept, flags = _shift_round(sig, 61 - man0, sign, mode)
+        bits = ((exp - man0 - qmin) << man0) + kept
     else:
+        a = abs(exp)
+        man = man0 - np.int64(a > cfg[TAPER1]) - np.int64(a > cfg[TAPER2]) - np.int64(a > cfg[TAPER3])
         q = max(exp - man, cfg[QUANTUM])
         s = q - exp + 61
+        # HiFloat8's hybrid rounding (HR): ties away where |E| < 4; elsewhere up where the top
+        # bits dropped reach a threshold taken from the source's own low bits (the 14 low
+        # fraction bits of binary32; for 16-bit sources 2 bits, the last fraction bit and a 1;
+        # the source's last bit is its quantum's, below 2**emin). Below 2**-23 only stickiness
+        # is left, so the result is 0, as Ascend's reference conversion gives.
+        low = (sig >> (61 - min(cfg[SOURCE], exp - cfg[SOURCE_QMIN]))) & ((1 << cfg[RBITS]) - 1)
+        threshold = low if cfg[RBITS] > 2 else 2 * (low & 1) + 1
+        mode = RNA if (mode == HYBRID) & (a < 4) else mode
         below = s > 62  # below half the quantum: only stickiness is left
         sig = np.int64(sig != 0) if below else sig
         s = 62 if below else s
-        kept, flags = _shift_round(sig, s, sign, mode)
+        kept, flags = _shift_round(sig, s, sign, mode, rand, cfg[RBITS], threshold)
         # Tiny: below 2**emin before rounding, or (the default) still below it after rounding
         # to p bits with an unbounded exponent.
-        unbounded, _ = _shift_round(sig, 61 - man, sign, mode)
-        after = (exp < emin - 1) | ((exp == emin - 1) & (unbounded < (2 << man)))
-        tiny = exp < emin if cfg[BEFORE] != 0 else after
+        tiny_exp = cfg[TINY]
+        unbounded, _ = _shift_round(sig, 61 - man, sign, mode, rand, cfg[RBITS], threshold)
+        after = (exp < tiny_exp - 1) | ((exp == tiny_exp - 1) & (unbounded < (2 << man)))
+        tiny = exp < tiny_exp if cfg[BEFORE] != 0 else after
         flags |= UNDERFLOW * (tiny & (flags != 0))
-        # A quantum coarser than the format's (round to integral) leaves kept unnormalised.
-        shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man), q - qmin))
-        bits = ((q - shift - qmin) << man) + (kept << shift)
-    # Overflow: to Inf or to MAX, by the mode's direction.
-    inf = _inf_bits(cfg)
-    over = bits >= inf
-    away = np.int64((mode == RNE) | (mode == RNA)) | (np.int64(mode == UP) & (1 - sign)) \
+        # A quantum coarser than the format's (round to integral, a tapered format) leaves
+        # kept unnormalised.
+        shift = q - qmin if kept == 0 else max(0, min(_clz(kept) - (63 - man0), q - qmin))
+        bits = ((q - shift - qmin) << man0) + (kept << shift)
+    # Overflow: away from zero (by the mode's direction) to Inf, or the format's stand-in;
+    # else, and always when saturating, to MAX.
+    sat = cfg[SAT] != 0
+    over = bits >= cfg[LIMIT]
+    away = np.int64((mode == RNE) | (mode == RNA) | (mode >= STOCHASTIC)) | (np.int64(mode == UP) & (1 - sign)) \
         | (np.int64(mode == DOWN) & sign)
-    bits = inf - 1 + away if over else bits
+    top = cfg[MAXB]
+    bits = (top if sat | (away == 0) else cfg[OVER]) if over else bits
     flags |= (OVERFLOW | INEXACT) * over
-    # Exact results: zeros and Inf keep their sign, NaN is the configured NaN.
+    # Exact results: zeros and Inf keep their sign, NaN is the configured NaN; saturation
+    # makes Inf MAX and NaN +0 (unless kept).
     special = exp >= EXP_INF
-    bits = inf if special else bits
-    bits = 0 if sig == 0 else bits
-    bits = cfg[NAN_BITS] if exp > EXP_INF else bits | (sign << (width - 1))
-    return saturate(bits, cfg), 0 if special | (sig == 0) else flags & cfg[KEEP]
+    nan = exp > EXP_INF
+    bits = (top if sat else cfg[INFB]) if special else bits
+    bits = cfg[ZERO] if sig == 0 else bits
+    nan_bits = cfg[NAN_BITS] ^ ((sign << (width - 1)) & -cfg[NAN_SIGN])
+    nan_bits = 0 if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits
+    bits = nan_bits if nan else bits | (sign << (width - 1))
+    # An infinity where the format has none and the result is its NaN is invalid.
+    invalid = INVALID * (special & ~nan & ~sat & (cfg[INFB] == cfg[NAN_BITS]))
+    return bits, invalid if special | (sig == 0) else flags & cfg[KEEP]
 
 
 @inline
@@ -248,10 +306,11 @@ def split64(x):
 
 
 @inline
-def round64(x, cfg):
-    """A binary64 value (see the module's contract) rounded into ``cfg``: (bits, flags)."""
+def round64(x, cfg, rand=0):
+    """A binary64 value (see the module's contract) rounded into ``cfg``: (bits, flags);
+    ``rand``: the element's random bits, for stochastic rounding."""
     sign, exp, sig = split64(x)
-    return round_pack(sign, exp, sig, cfg)
+    return round_pack(sign, exp, sig, cfg, False, rand)
 
 
 HARD = 0x80  # a flags value no operation raises: "round this element again, in full"
@@ -281,8 +340,8 @@ def _hard_indices(flags, count):
 @inline
 def round64_fast(x, cfg):
     """round64 for the common case, (bits, flags); flags is HARD for a non-zero finite value
-    below 2**emin (or a quantum other than the format's), which the caller rounds again
-    with round64."""
+    below 2**emin (or a quantum other than the format's, a tapered format, stochastic
+    rounding), which the caller rounds again with round64."""
     u = _f64_bits(x)
     e = (u >> 52) & 0x7FF
     f = u & _FRAC52
@@ -290,7 +349,8 @@ def round64_fast(x, cfg):
     exp = EXP_INF + (f != 0) if e == 0x7FF else e - 1023
     sig = 0 if zero else (f | (1 << 52)) << 9
     bits, flags = round_pack((u >> 63) & 1, exp, sig, cfg, True)
-    hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero) | (cfg[QUANTUM] != 1 - cfg[BIAS] - cfg[MAN])
+    hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero) | (cfg[QUANTUM] != 1 - cfg[BIAS] - cfg[MAN]) \
+        | (cfg[MODE] >= STOCHASTIC) | (cfg[TAPER1] != _NO_TAPER)
     return bits, HARD if hard else flags
 
 
@@ -373,8 +433,9 @@ def _round_hard(values, special, idx, out, flags, cfg):
     shared by every operation (it is off the fast path)."""
     bits = np.empty(values.size, np.int64)
     fl = np.empty(values.size, np.int64)
+    sr = cfg[MODE] == STOCHASTIC
     for j in range(values.size):
-        bits[j], fl[j] = round64(values[j], cfg)
+        bits[j], fl[j] = round64(values[j], cfg, random_bits(cfg[KEY], idx[j]) if sr else 0)
     status = 0
     for j in range(idx.size):
         f = fl[j] | special[j]
@@ -640,8 +701,9 @@ def round_values(x, out, flags, cfg):
     _wide_vectors()
     cfg = settings(cfg)
     status = 0
+    sr = cfg[MODE] == STOCHASTIC
     for i in range(x.size):
-        bits, fl = round64(x[i], cfg)
+        bits, fl = round64(x[i], cfg, random_bits(cfg[KEY], i) if sr else 0)
         out[i] = bits
         status |= fl
         flags[i] = fl

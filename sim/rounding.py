@@ -14,7 +14,7 @@ import numpy as np
 from . import kernels
 from .formats import Format
 
-__all__ = ["Flag", "Rounding", "OverflowMode", "Tininess", "config", "round_float64"]
+__all__ = ["Flag", "Rounding", "OverflowMode", "Tininess", "SIX_MODES", "config", "round_float64"]
 
 
 class Flag(enum.IntFlag):
@@ -51,7 +51,13 @@ class _Parsed(enum.Enum):
 
 
 class Rounding(_Parsed):
-    """The six rounding modes; aliases are the Ascend Cast and TestFloat names."""
+    """The rounding modes; aliases are the Ascend Cast and TestFloat names.
+
+    The six deterministic modes (:data:`SIX_MODES`) apply to every format. ``STOCHASTIC``
+    rounds up with probability equal to the dropped fraction of an ulp, from a seeded
+    counter-based random source (``Fpu(seed=, random_bits=)``). ``HYBRID`` is HiFloat8's HR
+    (Ascend ``CAST_HYBRID``), for casts into HiFloat8 only.
+    """
 
     NEAREST_EVEN = "rint"
     TOWARD_ZERO = "trunc"
@@ -59,6 +65,8 @@ class Rounding(_Parsed):
     UPWARD = "ceil"
     NEAREST_AWAY = "round"
     ODD = "odd"
+    STOCHASTIC = "stochastic"
+    HYBRID = "hybrid"
 
     @classmethod
     def _aliases(cls) -> dict[str, tuple[str, ...]]:
@@ -69,6 +77,8 @@ class Rounding(_Parsed):
             "UPWARD": ("ceil", "max"),
             "NEAREST_AWAY": ("round", "near_maxmag", "rna"),
             "ODD": ("odd", "rto"),
+            "STOCHASTIC": ("sr",),
+            "HYBRID": ("hr", "cast_hybrid"),
         }
 
 
@@ -94,22 +104,41 @@ class Tininess(_Parsed):
         return {"AFTER": ("after",), "BEFORE": ("before",)}
 
 
+#: The six deterministic rounding modes, which every format and operation supports.
+SIX_MODES = (Rounding.NEAREST_EVEN, Rounding.TOWARD_ZERO, Rounding.DOWNWARD, Rounding.UPWARD,
+             Rounding.NEAREST_AWAY, Rounding.ODD)
+
 _MODE_CODE = {
     Rounding.NEAREST_EVEN: kernels.RNE, Rounding.TOWARD_ZERO: kernels.RTZ, Rounding.DOWNWARD: kernels.DOWN,
     Rounding.UPWARD: kernels.UP, Rounding.NEAREST_AWAY: kernels.RNA, Rounding.ODD: kernels.ODD,
+    Rounding.STOCHASTIC: kernels.STOCHASTIC, Rounding.HYBRID: kernels.HYBRID,
 }
 
 
 def config(fmt: Format, rounding: Rounding = Rounding.NEAREST_EVEN, overflow: OverflowMode = OverflowMode.INF_NAN,
            tininess: Tininess = Tininess.AFTER, nan_bits: int | None = None, nan_to_zero: bool = True,
-           quantum: int | None = None, keep: int = 0x1F) -> np.ndarray:
-    """The settings array of the compiled kernels for rounding into ``fmt`` (see :mod:`sim.kernels`)."""
+           quantum: int | None = None, keep: int = 0x1F, *, key: int = 0, random_bits: int = 0,
+           source: Format | None = None) -> np.ndarray:
+    """The settings array of the compiled kernels for rounding into ``fmt`` (see :mod:`sim.kernels`):
+    ``key`` and ``random_bits`` for stochastic rounding, ``source`` for hybrid rounding."""
     if fmt.precision > 53:
         raise ValueError(f"the rounding routine handles formats of at most 53 significand bits, "
                          f"{fmt.name} has {fmt.precision}")
+    if rounding is Rounding.HYBRID:
+        if fmt.kind != "tapered":
+            raise ValueError(f"hybrid rounding (HR) is HiFloat8's; {fmt.name} takes "
+                             f"{', '.join(m.name for m in SIX_MODES)} or STOCHASTIC")
+        if source is None or source.man_bits > 23:
+            raise ValueError("hybrid rounding needs a binary32, binary16 or bfloat16 source")
+        random_bits, src = (14 if source.man_bits == 23 else 2), (source.man_bits, source.qmin)
+    else:
+        src = (0, 0)
+    encoding = None if fmt.kind == "ieee" and fmt.dtype.itemsize > 1 else fmt.kernel
+    if nan_bits is None and encoding is None:
+        nan_bits = fmt.default_nan
     return kernels.config(fmt.width, fmt.man_bits, fmt.bias, _MODE_CODE[rounding],
                           overflow is OverflowMode.SATURATION, tininess is Tininess.BEFORE,
-                          fmt.default_nan if nan_bits is None else nan_bits, nan_to_zero, quantum, keep)
+                          nan_bits, nan_to_zero, quantum, keep, encoding, key, random_bits, src)
 
 
 def round_float64(

@@ -175,3 +175,103 @@ def saturated(bits: int, fmt: Format) -> int:
     if mag == fmt.inf_bits:
         return bits - 1
     return 0 if mag > fmt.inf_bits else bits
+
+
+# -- the 8-bit formats ---------------------------------------------------------------------
+def hifloat8_table() -> dict[int, float]:
+    """HiFloat8's codes and values, read off the paper's definition (arXiv 2409.16626, table 2)
+    field by field from the bit string: written apart from sim.formats' decoder, to check it."""
+    dots = {"11": (4, 1), "10": (3, 2), "01": (2, 3), "001": (1, 3), "0001": (0, 3)}
+    table = {}
+    for code in range(256):
+        b = f"{code:08b}"
+        sign, rest = -1.0 if b[0] == "1" else 1.0, b[1:]
+        if rest.startswith("0000"):
+            m = int(rest[4:], 2)
+            table[code] = sign * 2.0 ** (m - 23) if m else 0.0
+            continue
+        dot = next(d for d in dots if rest.startswith(d))
+        width, mbits = dots[dot]
+        field = rest[len(dot):]
+        e_bits, m_bits = field[:width], field[width:]
+        assert len(m_bits) == mbits
+        e = 0 if width == 0 else (-1 if e_bits[0] == "1" else 1) * int("1" + e_bits[1:], 2)
+        table[code] = sign * (1 + int(m_bits, 2) / 2**mbits) * 2.0**e
+    table[0x80] = float("nan")
+    table[0x6F], table[0xEF] = float("inf"), float("-inf")
+    return table
+
+
+def hifloat8_precision(e: int) -> int:
+    """Significand bits of HiFloat8's binade 2**e (the paper's table 2 and denormals)."""
+    a = abs(e)
+    return 4 if a <= 3 else 3 if a <= 7 else 2 if a <= 15 else 1
+
+
+def _neighbours(x: mpfr, p: int) -> tuple[mpfr, mpfr]:
+    """x rounded toward and away from zero to p bits (unbounded exponent)."""
+    lo = gmpy2.context(precision=p, emin=-(1 << 20), emax=1 << 20, round=gmpy2.RoundToZero).plus(x)
+    hi = gmpy2.context(precision=p, emin=-(1 << 20), emax=1 << 20, round=gmpy2.RoundAwayZero).plus(x)
+    return lo, hi
+
+
+def _pick(x: mpfr, lo: mpfr, hi: mpfr, mode: Rounding, lsb_lo: int) -> mpfr:
+    """The neighbour ``mode`` picks: lo is toward zero, hi away (equal when x is exact)."""
+    if lo == hi:
+        return lo
+    if mode is Rounding.TOWARD_ZERO:
+        return lo
+    if mode is Rounding.UPWARD:
+        return hi if x > 0 else lo
+    if mode is Rounding.DOWNWARD:
+        return hi if x < 0 else lo
+    if mode is Rounding.ODD:
+        return lo if lsb_lo else hi
+    d_lo, d_hi = abs(EXACT.sub(x, lo)), abs(EXACT.sub(hi, x))
+    if d_lo != d_hi:
+        return lo if d_lo < d_hi else hi
+    return hi if mode is Rounding.NEAREST_AWAY else (lo if not lsb_lo else hi)
+
+
+def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tininess.AFTER) -> tuple[float, int]:
+    """A finite non-zero binary64 ``x`` rounded into an 8-bit format by MPFR: (value, flags), the
+    value +-inf where the result overflows away from zero (the caller maps it to the format's
+    Inf, NaN or MAX). HiFloat8 keeps hifloat8_precision(e) bits in binade e, with quantum 2**-22
+    below; E8M0 keeps one bit from 2**-127 to 2**127 and has no zero (anything below gives
+    2**-127, as ml_dtypes does); the IEEE-like formats keep their precision down to qmin."""
+    v = mpfr(x, 64)
+    e = int(gmpy2.floor(gmpy2.log2(abs(v))))
+    if fmt.kind == "tapered":
+        p, q = hifloat8_precision(e), -22
+    elif fmt.kind == "fnu":
+        p, q = 1, -127
+    else:
+        p, q = fmt.precision, fmt.qmin
+    if e - (p - 1) < q:  # the quantum 2**q is coarser than p bits here
+        p = e - q + 1
+    if p <= 0:  # below half the smallest quantum: 0 or 2**q
+        lo, hi = gmpy2.copy_sign(mpfr(0), v), gmpy2.copy_sign(mpfr(2) ** q, v)
+        lsb = 0
+    else:
+        lo, hi = _neighbours(v, p)
+        lsb = _lsb(lo, p)
+    r = _pick(v, lo, hi, mode, lsb)
+    # Tininess after rounding: to the binade's precision with an unbounded exponent.
+    tiny_limit = mpfr(2) ** fmt.emin
+    if tininess is Tininess.AFTER:
+        pt = hifloat8_precision(e) if fmt.kind == "tapered" else (1 if fmt.kind == "fnu" else fmt.precision)
+        lo_u, hi_u = _neighbours(v, pt)
+        tiny = abs(_pick(v, lo_u, hi_u, mode, _lsb(lo_u, pt))) < tiny_limit
+    else:
+        tiny = abs(v) < tiny_limit
+    flags = 0
+    if r != v:
+        flags |= Flag.INEXACT | (Flag.UNDERFLOW if tiny else 0)
+    if fmt.kind == "fnu" and r == 0:
+        r = mpfr(2) ** -127
+    if abs(r) > fmt.max:
+        flags |= Flag.OVERFLOW | Flag.INEXACT
+        away = mode in (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY) or (mode is Rounding.UPWARD and x > 0) or \
+            (mode is Rounding.DOWNWARD and x < 0)
+        return (float("inf") if away else fmt.max) * (1 if x > 0 else -1), flags
+    return float(r), flags

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, Flag, Format, Fpu, OverflowMode, Rounding
+from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, SIX_MODES, Flag, Format, Fpu, OverflowMode, Rounding
 
 from oracle import reference, saturated
 
@@ -40,17 +40,17 @@ def compare_all(op: str, mode: Rounding, dst: Format, call, src: Format = BINARY
                                f"want {int(w[bad[0]]):#x}/{want_flags[bad[0]]:#x}")
 
 
-@pytest.mark.parametrize("mode", list(Rounding), ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", list(SIX_MODES), ids=lambda m: m.name)
 def test_sqrt_all_inputs(mode: Rounding) -> None:
     compare_all("sqrt", mode, BINARY16, lambda fpu, x: fpu.sqrt(x, return_flags=True))
 
 
-@pytest.mark.parametrize("mode", list(Rounding), ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", list(SIX_MODES), ids=lambda m: m.name)
 def test_rint_all_inputs(mode: Rounding) -> None:
     compare_all("rint", mode, BINARY16, lambda fpu, x: fpu.rint(x, return_flags=True))
 
 
-@pytest.mark.parametrize("mode", list(Rounding), ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", list(SIX_MODES), ids=lambda m: m.name)
 def test_to_bfloat16_all_inputs(mode: Rounding) -> None:
     compare_all("convert", mode, BFLOAT16, lambda fpu, x: fpu.convert(x, ml_dtypes.bfloat16, return_flags=True))
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sim import Flag, Fpu, OverflowMode, Rounding, Tininess
+from sim import SIX_MODES, Flag, Fpu, OverflowMode, Rounding, Tininess
 
 H = np.float16
 INX, UF, OF, DZ, INV = Flag.INEXACT, Flag.UNDERFLOW, Flag.OVERFLOW, Flag.DIVBYZERO, Flag.INVALID
@@ -228,7 +228,7 @@ def test_nearest_even_values_match_numpy(a: np.ndarray, b: np.ndarray) -> None:
 def test_deterministic() -> None:
     rng = np.random.default_rng(7)
     a, b, c = (rng.standard_normal(50_000).astype(H) * H(300) for _ in range(3))
-    for mode in Rounding:
+    for mode in SIX_MODES:
         r1, f1 = Fpu(rounding=mode).fma(a, b, c, return_flags=True)
         r2, f2 = Fpu(rounding=mode).fma(a, b, c, return_flags=True)
         assert np.array_equal(r1.view(np.uint16), r2.view(np.uint16)) and np.array_equal(f1, f2)
@@ -237,7 +237,7 @@ def test_deterministic() -> None:
 @given(a=hnp.arrays(H, st.integers(1, 40_000), elements=st.sampled_from(EDGES)),
        b=hnp.arrays(H, 1, elements=st.sampled_from(EDGES)),
        op=st.sampled_from(["add", "sub", "mul", "div", "sqrt", "fma", "rint", "exp"]),
-       mode=st.sampled_from(list(Rounding)))
+       mode=st.sampled_from(list(SIX_MODES)))
 @settings(max_examples=60, deadline=None)
 def test_status_is_the_or_of_every_elements_flags(a, b, op, mode) -> None:
     """Including the elements rounded on the rare path (subnormal, zero, Inf, NaN results)."""

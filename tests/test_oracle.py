@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lossscale.testing as hs
-from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, Fpu, OverflowMode, Rounding, Tininess
+from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, SIX_MODES, Format, Fpu, OverflowMode, Rounding, Tininess
 
 from oracle import reference, saturated
 
-MODES = list(Rounding)
+MODES = list(SIX_MODES)
 OVERFLOWS = [OverflowMode.INF_NAN, OverflowMode.SATURATION]
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import BFLOAT16, BINARY16, BINARY32, Format, Fpu, OverflowMode, Rounding
+from sim import BFLOAT16, BINARY16, BINARY32, SIX_MODES, Format, Fpu, OverflowMode, Rounding
 
 from oracle import reference, saturated
 
@@ -61,7 +61,7 @@ def hard_inputs(fmt: Format) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt", [BINARY16, BFLOAT16, BINARY32], ids=lambda f: f.name)
-@pytest.mark.parametrize("mode", list(Rounding), ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", list(SIX_MODES), ids=lambda m: m.name)
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_hard_inputs(fn: str, mode: Rounding, fmt: Format) -> None:
     assert check(fn, fmt, mode, hard_inputs(fmt)) == ""
@@ -78,7 +78,7 @@ def test_the_cases_named_in_the_issue() -> None:
     assert int(z.view(np.uint16)[0]) == 0x173E
 
 
-@given(data=st.data(), fn=st.sampled_from(FUNCTIONS), mode=st.sampled_from(list(Rounding)))
+@given(data=st.data(), fn=st.sampled_from(FUNCTIONS), mode=st.sampled_from(list(SIX_MODES)))
 @settings(max_examples=60, deadline=None)
 def test_binary32_samples(data, fn: str, mode: Rounding) -> None:
     """Random binary32 bit patterns, and arguments in each function's interesting range."""
@@ -98,7 +98,7 @@ def _exhaustive(args: tuple[str, str, Rounding, int]) -> str:
 @pytest.mark.parametrize("fmt", ["binary16", "bfloat16"])
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_every_input(fn: str, fmt: str) -> None:
-    jobs = [(fn, fmt, mode, part) for mode in Rounding for part in range(8)]
+    jobs = [(fn, fmt, mode, part) for mode in SIX_MODES for part in range(8)]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         failures = [msg for msg in pool.map(_exhaustive, jobs) if msg]
     assert not failures, failures[0]
