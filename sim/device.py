@@ -71,8 +71,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import formats, mx, profiles
 from . import kernels as K
-from . import profiles
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import _ELEMENTARY, Fpu, _filled
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
@@ -202,6 +202,8 @@ class Device:
         if not isinstance(record_events, (bool, np.bool_)):
             raise ValueError(f"record_events must be a bool, got {record_events!r}")
         self._log: list[Event] | None = [] if record_events else None
+        #: Where set, ``matmul`` calls it instead (see :meth:`matmul`).
+        self.matmul_hook: Callable | None = None
         self.group = None  # set by sim.Group: the collective this device is a rank of
         self.rank: int | None = None
         self._lock = threading.RLock()
@@ -499,8 +501,60 @@ class Device:
         device's rounding mode; float16: the device's rounding and overflow
         mode at every step); the sum is rounded once to ``out_dtype`` in the
         device's settings for that format.
+
+        Where ``matmul_hook`` is set (as a training simulator does to run a model's matmuls
+        in FP8), the call goes to ``matmul_hook(device, a, b, accumulate, out_dtype)`` instead.
         """
+        if self.matmul_hook is not None:
+            return self.matmul_hook(self, a, b, accumulate, out_dtype)
         return self._product("matmul", a, b, accumulate, out_dtype)
+
+    def matmul_fp8(self, a, b, a_format: Format | str | None = None, b_format: Format | str | None = None,
+                   scale_inv: float = 1.0, out_dtype=np.float32) -> np.ndarray:
+        """``a @ b`` for 8-bit operands (M, K) and (K, N): E4M3FN, E5M2 or E2M1 arrays (their
+        ml_dtypes dtypes), or uint8 codes of a named format (``"hifloat8"``).
+
+        As the cube unit computes: every 8-bit value is exact in binary16, so the operands
+        widen exactly; the products are exact and are added along k in ascending order in
+        binary32; the sum times ``scale_inv`` (the operands' dequantisation factor,
+        1 / (scale_a * scale_b)) is rounded once in binary32, then to ``out_dtype``.
+        """
+        wide = [self._widen8(x, f, name) for x, f, name in ((a, a_format, "a"), (b, b_format, "b"))]
+        out = self._product("matmul_fp8", wide[0], wide[1], np.float32, np.float32)
+        if scale_inv != 1.0:
+            out = self.mul(out, np.float32(scale_inv))
+        return out if np.dtype(out_dtype) == np.float32 else self.cast(out, out_dtype)
+
+    def matmul_mx(self, a: mx.MX, b: mx.MX, out_dtype=np.float32) -> np.ndarray:
+        """``a @ b`` for MX operands (M, K) blocked along K and (K, N) blocked along K: per block
+        the cube unit's exact products and in-order binary32 sum, scaled by the two blocks'
+        powers of two (exact unless binary32 overflows or underflows), the blocks' partial sums
+        added in order in binary32."""
+        if a.axis != 1 or b.axis != 0 or a.block != b.block or a.elements.shape[1] != b.elements.shape[0]:
+            raise ValueError("matmul_mx takes a (M, K) operand blocked along axis 1 and a (K, N) operand "
+                             f"blocked along axis 0 with the same block size; got axes {a.axis}, {b.axis}, "
+                             f"blocks {a.block}, {b.block}, shapes {a.elements.shape}, {b.elements.shape}")
+        a16, b16 = self._widen8(a.elements, a.format, "a"), self._widen8(b.elements, b.format, "b")
+        fa = formats.decode(a.scales, "float8_e8m0fnu").astype(np.float32)
+        fb = formats.decode(b.scales, "float8_e8m0fnu").astype(np.float32)
+        total = None
+        for k in range(a.scales.shape[1]):
+            lo, hi = k * a.block, min((k + 1) * a.block, a16.shape[1])
+            part = self._product("matmul_mx", np.ascontiguousarray(a16[:, lo:hi]), np.ascontiguousarray(b16[lo:hi]),
+                                 np.float32, np.float32)
+            part = self.mul(self.mul(part, fa[:, k:k + 1]), fb[k:k + 1, :])
+            total = part if total is None else self.add(total, part)
+        return total if np.dtype(out_dtype) == np.float32 else self.cast(total, out_dtype)
+
+    @staticmethod
+    def _widen8(x, fmt: Format | str | None, name: str) -> np.ndarray:
+        """An 8-bit operand as the binary16 values it holds (exact for every 8-bit format)."""
+        x = np.asarray(x)
+        f = format_of(fmt) if fmt is not None else format_of(x.dtype) if x.dtype != np.uint8 else None
+        if f is None or f.dtype.itemsize != 1 or f.kind == "fnu":
+            raise TypeError(f"matmul_fp8: operand {name} must hold float8_e4m3fn, float8_e5m2, float4_e2m1fn or "
+                            f"hifloat8 values (uint8 codes need their format named), got {x.dtype}")
+        return formats.decode(x, f).astype(np.float16)
 
     def _product(self, name: str, a, b, accumulate, out_dtype) -> np.ndarray:
         a, b = np.asarray(a), np.asarray(b)

@@ -1,0 +1,106 @@
+"""OCP Microscaling (MX) block quantisation: blocks of 32 values along an axis share one E8M0
+scale, a power of two; the elements are E4M3FN, E5M2 or E2M1 (MXFP8, MXFP4).
+
+The shared exponent follows the OCP Microscaling Formats (MX) v1.0 specification, section 6.3:
+``X = 2**(floor(log2(amax)) - emax_elem)``, with emax_elem the exponent of the element
+format's largest binade (8 for E4M3FN, 15 for E5M2, 2 for E2M1); elements that then exceed
+the element format's MAX are clamped to it (the OCP cast is saturating). ``rule="ceil"`` is the
+round-up rule NVIDIA Transformer Engine uses (RCEIL): ``X = 2**ceil(log2(amax / MAX))``, the
+smallest power of two that fits the block's amax without clamping. A block whose amax is 0
+takes the smallest scale, 2**-127; a block holding an Inf or NaN takes the scale NaN (0xFF),
+as the specification prescribes for a NaN scale.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, Format, decode, format_of
+from .fpu import Fpu
+from .rounding import OverflowMode, Rounding
+
+__all__ = ["MX", "ELEMENTS", "RULES", "quantize", "dequantize", "shared_exponents"]
+
+ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT4_E2M1FN)
+RULES = ("floor", "ceil")
+
+
+class MX(NamedTuple):
+    """An MX-quantised array: element codes (the element format's dtype), one E8M0 scale per
+    block (uint8 codes, blocks along ``axis``), and how it was made."""
+
+    elements: np.ndarray
+    scales: np.ndarray
+    format: Format
+    axis: int
+    block: int
+
+
+def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.ndarray:
+    """The E8M0 codes of the blocks' shared scales, from their binary64 amax values."""
+    if rule not in RULES:
+        raise ValueError(f"unknown MX scale rule {rule!r}; valid: {', '.join(RULES)}")
+    amax = np.asarray(amax, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if rule == "floor":
+            _, e = np.frexp(amax)  # amax = m * 2**e, 0.5 <= m < 1: floor(log2 amax) = e - 1
+            x = e.astype(np.int64) - 1 - fmt.emax
+        else:
+            m, e = np.frexp(amax / fmt.max)  # exact: ceil(log2 r) is e - 1 for a power of two, else e
+            x = e.astype(np.int64) - (m == 0.5)
+    codes = np.clip(x + 127, 0, 254).astype(np.uint8)
+    codes[amax == 0] = 0
+    codes[~np.isfinite(amax)] = 0xFF
+    return codes
+
+
+def _blocks(x: np.ndarray, axis: int, block: int) -> tuple[np.ndarray, int]:
+    """x with ``axis`` last and split into (..., blocks, block), zero-padded; and the padding."""
+    moved = np.moveaxis(x, axis, -1)
+    pad = -moved.shape[-1] % block
+    if pad:
+        moved = np.concatenate([moved, np.zeros(moved.shape[:-1] + (pad,), moved.dtype)], axis=-1)
+    return moved.reshape(*moved.shape[:-1], -1, block), pad
+
+
+def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int = 32, rule: str = "floor",
+             rounding: Rounding | str = Rounding.NEAREST_EVEN, fpu: Fpu | None = None) -> MX:
+    """MX quantisation of a binary16, bfloat16 or binary32 array along ``axis``.
+
+    Each element is x / X (exact: X is a power of two) cast once into ``fmt`` with the
+    saturating OCP cast, in ``rounding``; ``fpu`` (a device's unit, for example) keeps the
+    cast's flags in its status. A last block shorter than ``block`` is padded with zeros.
+    """
+    fmt = format_of(fmt)
+    if fmt not in ELEMENTS:
+        raise ValueError(f"MX elements are {', '.join(f.name for f in ELEMENTS)}, not {fmt.name}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("quantize takes an array with at least one axis")
+    axis = int(axis) % x.ndim
+    blocks, pad = _blocks(x.astype(np.float64), axis, block)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(blocks), axis=-1)
+    scales = shared_exponents(amax, fmt, rule)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = blocks / decode(scales, FLOAT8_E8M0FNU)[..., None]
+    unit = fpu or Fpu(OverflowMode.SATURATION)
+    elements = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite")
+    elements = elements.reshape(*elements.shape[:-2], -1)
+    if pad:
+        elements = elements[..., :-pad]
+    return MX(np.moveaxis(elements, -1, axis), np.moveaxis(scales, -1, axis), fmt, axis, block)
+
+
+def dequantize(q: MX) -> np.ndarray:
+    """The binary64 values an MX array stands for (exact: elements times powers of two)."""
+    elements = np.moveaxis(q.elements, q.axis, -1)
+    n = elements.shape[-1]
+    blocks, _ = _blocks(elements.astype(np.float64), -1, q.block)
+    scales = decode(np.moveaxis(q.scales, q.axis, -1), FLOAT8_E8M0FNU)
+    values = (blocks * scales[..., None]).reshape(*blocks.shape[:-2], -1)[..., :n]
+    return np.moveaxis(values, -1, q.axis)

@@ -1,0 +1,83 @@
+"""MX block quantisation (OCP's floor rule and the round-up rule), dequantisation, and the
+device's FP8 and MX matmuls."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from sim import Device, Flag, mx
+
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def test_shared_exponents_hand_worked() -> None:
+    amax = np.array([448.0, 1.0, 449.0, 0.0, np.inf, np.nan, 2.0**-140, 3.0])
+    # floor: 2**(floor(log2 amax) - 8); ceil: 2**ceil(log2(amax / 448))
+    assert list(mx.shared_exponents(amax, mx.ELEMENTS[0], "floor")) == [127, 119, 127, 0, 255, 255, 0, 120]
+    assert list(mx.shared_exponents(amax, mx.ELEMENTS[0], "ceil")) == [127, 119, 128, 0, 255, 255, 0, 120]
+    # E2M1 (emax 2, max 6): amax 6 -> 2**(2-2) floor, 2**0 ceil; amax 7 -> 2**0 floor, 2**1 ceil
+    assert list(mx.shared_exponents(np.array([6.0, 7.0]), mx.ELEMENTS[2], "floor")) == [127, 127]
+    assert list(mx.shared_exponents(np.array([6.0, 7.0]), mx.ELEMENTS[2], "ceil")) == [127, 128]
+    with pytest.raises(ValueError, match="floor, ceil"):
+        mx.shared_exponents(amax, mx.ELEMENTS[0], "nearest")
+
+
+@pytest.mark.parametrize("rule", mx.RULES)
+@pytest.mark.parametrize("fmt", mx.ELEMENTS, ids=lambda f: f.name)
+def test_quantize_is_the_saturating_cast_of_x_over_its_block_scale(fmt, rule: str) -> None:
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 70)) * 2.0 ** rng.integers(-20, 20, (5, 1))).astype(np.float32)
+    q = mx.quantize(x, fmt, axis=1, rule=rule)
+    assert q.elements.shape == x.shape and q.scales.shape == (5, 3)  # 70 = 32 + 32 + 6 (padded)
+    scale = np.repeat(q.scales.view(ml_dtypes.float8_e8m0fnu).astype(np.float64), 32, axis=1)[:, :70]
+    ratio = np.clip(x / scale, -fmt.max, fmt.max)  # exact: the scale is a power of two
+    assert np.array_equal(q.elements.view(np.uint8), ratio.astype(fmt.dtype).view(np.uint8))
+    assert np.array_equal(mx.dequantize(q), ratio.astype(fmt.dtype).astype(np.float64) * scale)
+    if rule == "ceil":  # the round-up rule never clamps
+        assert np.all(np.abs(x / scale) <= fmt.max)
+
+
+def test_quantize_along_the_first_axis_and_bad_input() -> None:
+    x = (np.arange(64, dtype=np.float32) % 8 - 4).reshape(64, 1)
+    q = mx.quantize(x, "float8_e5m2", axis=0)
+    assert q.scales.shape == (2, 1) and np.array_equal(mx.dequantize(q), x)  # small integers are exact
+    with pytest.raises(ValueError, match="MX elements"):
+        mx.quantize(x, "hifloat8")
+    with pytest.raises(ValueError, match="block"):
+        mx.quantize(x, "float8_e4m3fn", block=0)
+
+
+def test_matmul_fp8_is_exact_products_summed_in_binary32() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.integers(-8, 9, (6, 40)).astype(E4M3)
+    b = rng.integers(-8, 9, (40, 3)).astype(ml_dtypes.float8_e5m2)
+    dev = Device("atlas-350")
+    got = dev.matmul_fp8(a, b, scale_inv=0.25)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, (a.astype(np.float64) @ b.astype(np.float64)) * 0.25)  # all exact here
+    wide = dev.matmul(a.astype(np.float16), b.astype(np.float16), accumulate=np.float32, out_dtype=np.float32)
+    assert np.array_equal(dev.matmul_fp8(a, b), wide)  # the cube unit's binary16 path, exactly
+    codes = dev.cast(a.astype(np.float16), "hifloat8")
+    assert np.array_equal(dev.matmul_fp8(codes, b, "hifloat8"), dev.matmul_fp8(a, b))  # integers <= 8: exact
+    with pytest.raises(TypeError, match="named"):
+        dev.matmul_fp8(codes, b)
+
+
+def test_matmul_fp8_overflow_reaches_the_register() -> None:
+    dev = Device("atlas-350")
+    a = np.full((1, 64), 448, E4M3)
+    dev.matmul_fp8(a, a.T.copy(), scale_inv=2.0**120)
+    assert dev.status & Flag.OVERFLOW
+
+
+def test_matmul_mx_is_the_block_scaled_sum() -> None:
+    rng = np.random.default_rng(6)
+    a = (rng.integers(-4, 5, (3, 64)) * 2.0 ** rng.integers(-3, 4, (3, 64))).astype(np.float32)
+    b = (rng.integers(-4, 5, (64, 2)) * 2.0 ** rng.integers(-3, 4, (64, 2))).astype(np.float32)
+    qa, qb = mx.quantize(a, "float8_e4m3fn", axis=1), mx.quantize(b, "float8_e4m3fn", axis=0)
+    got = Device("atlas-350").matmul_mx(qa, qb)
+    assert np.array_equal(got, mx.dequantize(qa) @ mx.dequantize(qb))  # small exact values: no rounding
+    with pytest.raises(ValueError, match="blocked along"):
+        Device("atlas-350").matmul_mx(qb, qa)
