@@ -20,6 +20,7 @@ from typing import Any
 from sim import profiles
 
 from .detectors import ALIASES, DETECTORS
+from .fp8 import RECIPES
 from .simulate import DEFAULTS, MANAGERS, Interrupted, Run, manager_arguments, simulate
 from .workloads import WORKLOADS
 
@@ -35,8 +36,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _value(key: str, text: str) -> Any:
-    """Values of KEY=VALUE: integers (also 2**k), floats, true/false."""
+def _value(key: str, text: str, words: bool = False) -> Any:
+    """Values of KEY=VALUE: integers (also 2**k), floats, true/false; with ``words``, any other
+    text as it is (the recipe checks its own fields)."""
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -49,16 +51,18 @@ def _value(key: str, text: str) -> Any:
             return kind(text)
         except ValueError:
             pass
+    if words:
+        return text.strip()
     raise UsageError(f"bad value for {key}: {text!r}; use a number (2**16 is fine) or true/false")
 
 
-def _pairs(items: list[str], what: str) -> dict[str, Any]:
+def _pairs(items: list[str], what: str, words: bool = False) -> dict[str, Any]:
     out = {}
     for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise UsageError(f"{what} takes KEY=VALUE, got {item!r}")
-        out[key.strip()] = _value(key.strip(), text)
+        out[key.strip()] = _value(key.strip(), text, words)
     return out
 
 
@@ -104,6 +108,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run the tf-npu detector on a product that does not support NPULossScaleOptimizer")
     p.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the devices' event log (events.csv, events.png)")
+    p.add_argument("--fp8", choices=list(RECIPES), default=None,
+                   help="run the workload's matmuls in FP8 under this scaling recipe (delayed, current: "
+                        "Transformer Engine's; mx: OCP MX blocks); writes fp8.csv and fp8.png, every tensor's scale")
+    p.add_argument("--fp8-arg", action="append", metavar="KEY=VALUE", default=[],
+                   help="a recipe argument (repeatable), such as fp8_format=HIF8, margin=1, amax_history_len=16, "
+                        "rule=ceil")
     p.add_argument("--ranks", type=_integer(1), default=1, help="data-parallel ranks (devices)")
     p.add_argument("--steps", type=_integer(1), default=300, help="training steps")
     p.add_argument("--seed", type=_integer(0), default=0, help="the workload's seed")
@@ -223,7 +233,8 @@ def _simulate(args: argparse.Namespace, manager: str) -> Run:
                     manager=manager, manager_args=_manager_args(args, manager), manager_defaults=args.defaults,
                     detector=args.detector, ranks=args.ranks, steps=args.steps, seed=args.seed,
                     underflow_every=args.underflow_every, record_events=args.events,
-                    allow_unsupported=args.allow_unsupported,
+                    allow_unsupported=args.allow_unsupported, fp8=args.fp8,
+                    fp8_args=_pairs(args.fp8_arg, "--fp8-arg", words=True),
                     workload_args=_pairs(args.workload_arg, "--workload-arg"), progress=_progress(args.quiet, manager))
 
 
@@ -293,6 +304,12 @@ def _describe(run: Run) -> str:
         notes.append(f"operations with register events, by label: {named}")
     if s["rank_disagreement_steps"]:
         notes.append(f"ranks decided differently in {s['rank_disagreement_steps']} steps")
+    f = s.get("fp8")
+    if f:
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in f["arguments"].items())
+        notes.append(f"fp8 matmuls: {f['recipe']} ({shown}), {f['formats']['forward']} forward, "
+                     f"{f['formats']['backward']} backward; {f['tensors']} tensors, {f['saturated_elements']} "
+                     f"elements overflowed, {f['nonfinite_elements']} became NaN or Inf")
     return "\n".join([head, *notes])
 
 

@@ -1,5 +1,6 @@
 """Run files: ``trajectory.csv``, ``summary.json``, ``events.csv`` (the devices' event log,
-when kept), ``scale.png`` and ``events.png``, written whole.
+when kept), ``fp8.csv`` (every tensor's FP8 scale per step, with an FP8 recipe), ``scale.png``,
+``events.png`` and ``fp8.png``, written whole.
 
 Every file is written to a temporary name in the same folder and renamed into
 place, so an interrupted run never leaves a half-written file that looks
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .fp8 import FP8_COLUMNS
 from .simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "write_plots", "json_text", "redraw"]
@@ -100,19 +102,26 @@ def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
     if run.summary.get("events_recorded") is not None:
         paths.append(out / "events.csv")
         write_atomic(paths[-1], _csv(EVENT_COLUMNS, run.events))
+    if run.summary.get("fp8"):
+        paths.append(out / "fp8.csv")
+        write_atomic(paths[-1], _csv(FP8_COLUMNS, run.fp8))
     if plot:
         paths += write_plots(run, out)
     return paths
 
 
 def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
-    """``scale.png``, and ``events.png`` when the run has events (or .svg, .pdf); their paths."""
-    from .plots import plot_events, plot_run
+    """``scale.png``, ``events.png`` when the run has events, ``fp8.png`` when it ran FP8 matmuls
+    (or .svg, .pdf); their paths."""
+    from .plots import plot_events, plot_fp8, plot_run
     paths = [Path(out) / f"scale.{fmt}"]
     write_atomic(paths[0], plot_run(run, fmt=fmt))
     if run.events:
         paths.append(Path(out) / f"events.{fmt}")
-        write_atomic(paths[1], plot_events(run, fmt=fmt))
+        write_atomic(paths[-1], plot_events(run, fmt=fmt))
+    if run.fp8:
+        paths.append(Path(out) / f"fp8.{fmt}")
+        write_atomic(paths[-1], plot_fp8(run, fmt=fmt))
     return paths
 
 
@@ -169,7 +178,12 @@ def read_run(folder: Path) -> Run:
         kinds = {"rank": int, "step": int, "phase": str, "label": str, "op": str, "flags": str, "elements": int}
         events = [{**e, "phase": e["phase"] or None, "label": e["label"] or None}
                   for e in _rows(folder / "events.csv", (folder / "events.csv").read_text(), EVENT_COLUMNS, kinds)]
-    return Run(records, summary, summary.get("arguments", {}), events)
+    fp8 = []
+    if (folder / "fp8.csv").exists():
+        kinds = {"step": int, "rank": int, "tensor": str, "format": str, "scale": float, "amax": float,
+                 "saturated": int, "nonfinite": int}
+        fp8 = _rows(folder / "fp8.csv", (folder / "fp8.csv").read_text(), FP8_COLUMNS, kinds)
+    return Run(records, summary, summary.get("arguments", {}), events, fp8)
 
 
 def _rows(path: Path, text: str, columns: tuple[str, ...], kinds: dict[str, type]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from .simulate import Run  # noqa: E402
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
-           "figure_events", "FORMATS", "MARKS"]
+           "figure_events", "figure_fp8", "plot_fp8", "FORMATS", "MARKS"]
 
 
 
@@ -250,6 +250,43 @@ def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
         ax.set_title(f"{metric.replace('_', ' ')}\nmean per cell" + (f", min-max of up to {n} points" if n > 1 else ""),
                      fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8, label=f"mean {metric.replace('_', ' ')}")
+    fig.tight_layout()
+    return fig
+
+
+def plot_fp8(run: Run, fmt: str = "png") -> bytes:
+    """The FP8 log as image bytes: see :func:`figure_fp8`."""
+    return _png(figure_fp8(run), fmt)
+
+
+def figure_fp8(run: Run, rank: int = 0):
+    """Every tensor's FP8 scale (top) and amax (middle) per step on ``rank``, and the elements
+    whose cast overflowed per step, summed over tensors (bottom): the recipe in the title."""
+    rows = [r for r in run.fp8 if r["rank"] == rank]
+    tensors = list(dict.fromkeys(r["tensor"] for r in rows))
+    fig, (scale_ax, amax_ax, over_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True, height_ratios=[3, 2, 1.3])
+    styles = ["-", "--", ":", "-."]
+    for i, name in enumerate(tensors):
+        mine = [r for r in rows if r["tensor"] == name]
+        steps = [r["step"] for r in mine]
+        kw = dict(linestyle=styles[(i // 10) % len(styles)], linewidth=1.2, label=name)
+        scale_ax.plot(steps, [r["scale"] for r in mine], **kw)
+        amax_ax.plot(steps, [r["amax"] if r["amax"] > 0 else np.nan for r in mine], **kw)
+    for ax, label in ((scale_ax, "scale (per tensor)"), (amax_ax, "amax (binary16 operand)")):
+        ax.set_yscale("log", base=2)
+        ax.set_ylabel(label)
+    scale_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=6)
+    steps = sorted({r["step"] for r in rows})
+    over = [sum(r["saturated"] for r in rows if r["step"] == t) for t in steps]
+    bad = [sum(r["nonfinite"] for r in rows if r["step"] == t) for t in steps]
+    over_ax.bar(steps, over, width=1.0, color="tab:orange", label="overflowed (saturated or NaN/Inf)")
+    over_ax.plot(steps, bad, ".", color="tab:red", markersize=3, label="became NaN or Inf")
+    over_ax.set_ylabel("elements")
+    over_ax.set_xlabel("step")
+    over_ax.legend(loc="best", fontsize=7)
+    f = run.summary.get("fp8") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in (f.get("arguments") or {}).items())
+    scale_ax.set_title(f"FP8 matmuls: {f.get('recipe', '?')} ({shown})\n{_title(run)}", fontsize=8)
     fig.tight_layout()
     return fig
 

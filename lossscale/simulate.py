@@ -41,6 +41,7 @@ from sim import PHASES, Device, Group, profiles
 
 from . import policies
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
+from .fp8 import Fp8Matmuls, Recipe, make_recipe
 from .optimizers import LossScaleOptimizer
 from .policy import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe, missing_scaler_methods
 from .workloads import Workload, check_workload, make_workload
@@ -204,16 +205,30 @@ def _workload_check(name: str, wargs: str, seed: int) -> None:
 
 @dataclass
 class Run:
-    """A finished simulation: one record per step, the summary, and (with ``record_events``)
-    the devices' event logs, one dict per event with :data:`EVENT_COLUMNS`."""
+    """A finished simulation: one record per step, the summary, (with ``record_events``) the
+    devices' event logs, one dict per event with :data:`EVENT_COLUMNS`, and (with ``fp8``)
+    the per-tensor FP8 log."""
 
     records: list[dict[str, Any]]
     summary: dict[str, Any]
     args: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.fp8.FP8_COLUMNS`).
+    fp8: list[dict[str, Any]] = field(default_factory=list)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.records])
+
+
+def _fp8_summary(recipe: Recipe | None, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The FP8 part of the summary: the recipe, its formats, and totals over the tensors."""
+    if recipe is None:
+        return None
+    return {"recipe": type(recipe).__name__, "arguments": describe(recipe),
+            "formats": {"forward": recipe.formats()[0].name, "backward": recipe.formats()[1].name},
+            "tensors": len({r["tensor"] for r in rows}),
+            "saturated_elements": sum(r["saturated"] for r in rows),
+            "nonfinite_elements": sum(r["nonfinite"] for r in rows)}
 
 
 def _versions() -> dict[str, str]:
@@ -257,7 +272,8 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
              detector: str | Detector | None = None, ranks: int = 1, steps: int = 300, seed: int = 0,
              underflow_every: int = 10, workload_args: dict[str, Any] | None = None,
              progress: Callable[[int, int], None] | None = None, record_events: bool = True,
-             allow_unsupported: bool = False, manager_defaults: str = "demo") -> Run:
+             allow_unsupported: bool = False, manager_defaults: str = "demo", fp8: str | Recipe | None = None,
+             fp8_args: dict[str, Any] | None = None) -> Run:
     """Train ``workload`` for ``steps`` steps on ``ranks`` simulated devices of ``profile``.
 
     ``workload``: a name (``workload_args`` and ``seed`` configure it) or any object
@@ -274,6 +290,11 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     ``allow_unsupported``: run the ``tf-npu`` detector (``NPULossScaleOptimizer``'s check) on
     a product the seed marks as not supporting it, with a warning in the summary; without
     it, that is a ValueError.
+    ``fp8``: run the workload's matmuls in FP8 under a scaling recipe (``"delayed"``,
+    ``"current"``, ``"mx"`` with ``fp8_args``, or a :class:`lossscale.fp8.Recipe`): each
+    operand scaled per tensor and cast on the device, the product as the cube unit computes
+    it (see :class:`lossscale.fp8.Fp8Matmuls`); ``Run.fp8`` holds every tensor's scale,
+    amax and overflowed elements per step (:data:`lossscale.fp8.FP8_COLUMNS`).
 
     Ctrl-C (SIGINT, when called from the main thread) stops the run after the step in
     progress: :class:`Interrupted` is raised with the finished steps' :class:`Run`
@@ -296,7 +317,11 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
             "manager_args": dict(manager_args or {}), "manager_defaults": manager_defaults,
             "detector": detector if isinstance(detector, str) else None,
             "ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every,
-            "workload_args": dict(workload_args or {})}
+            "workload_args": dict(workload_args or {}), "fp8": fp8 if isinstance(fp8, str) else None,
+            "fp8_args": dict(fp8_args or {})}
+    recipe = None if fp8 is None else make_recipe(fp8, **(fp8_args or {}))
+    if recipe is None and fp8_args:
+        raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
     prof = profiles.get(profile)
     managers, manager_name = _managers(manager, manager_args, ranks, manager_defaults)  # refuse bad ones first
     args["manager"] = manager_name
@@ -313,6 +338,10 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
                                  f"(allow_unsupported=True, --allow-unsupported)")
             warnings.warn(f"{refusal}; run anyway (allow_unsupported)", UserWarning, stacklevel=2)
     det.attach(devices)
+    fp8_rows: list[dict[str, Any]] = []
+    if recipe is not None:
+        for r, dev in enumerate(devices):
+            dev.matmul_hook = Fp8Matmuls(recipe, rank=r, record=fp8_rows.append)
     if ranks > 1:
         Group(devices)
     marks = bool(getattr(wl, "marks_phases", False))
@@ -413,8 +442,9 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
         "matmul_accumulation": np.dtype(prof.matmul_accumulate).name,
         "events_recorded": len(events) if record_events else None,
         **(_event_summary(events) if record_events else {"first_overflow": None, "top_labels": {}}),
+        "fp8": _fp8_summary(recipe, fp8_rows),
     }
-    run = Run(records, summary, args, events)
+    run = Run(records, summary, args, events, fp8_rows)
     if interrupt.requested:
         raise Interrupted(run)
     return run

@@ -25,7 +25,7 @@ from .policy import missing_scaler_methods
 
 __all__ = [
     "values", "finite", "near_pair", "fma_triple", "binary16", "binary16_arrays",
-    "overflow_sequences", "gradient_arrays", "check_policy", "PolicyError",
+    "overflow_sequences", "gradient_arrays", "check_policy", "PolicyError", "check_recipe", "amax_sequences",
 ]
 
 
@@ -166,7 +166,12 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
     ``policy.floor_value()``, ``policy.capped``, ``policy.grows``, ``policy.lowers``), else
     0 < scale, capped, growing and lowering. ``raises`` lists exceptions the policy may raise
     by design (they end the sequence).
+
+    An FP8 scaling recipe's face (``scale_for(amax)`` and ``update(amax)``, as
+    :class:`lossscale.fp8.TensorScaler`) is checked by :func:`check_recipe` instead.
     """
+    if callable(make) and _is_recipe(_try_make(make)):
+        return check_recipe(make, max_examples=max_examples, max_steps=max_steps)
     probe = _made(make)
     policy = getattr(probe, "policy", None)
     if floor is None:
@@ -243,6 +248,95 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
             inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
             raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
                               f"policy depends on state outside its instances (hidden shared state)\n{inner}") from None
+
+
+def _try_make(make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except Exception:  # noqa: BLE001 - _made reports it
+        return None
+
+
+def _is_recipe(obj: Any) -> bool:
+    return callable(getattr(obj, "scale_for", None)) and callable(getattr(obj, "update", None))
+
+
+def amax_sequences(max_steps: int = 200) -> st.SearchStrategy[list[float]]:
+    """Sequences of amax values aimed at the hard places: 0, binary32 subnormals, values near
+    1 and near FP8 MAX, huge ones whose scale underflows or overflows, Inf and NaN."""
+    value = st.one_of(
+        st.floats(min_value=2.0**-30, max_value=2.0**30),
+        st.sampled_from([0.0, 2.0**-149, 2.0**-126, 1.0, 448.0, 57344.0, 3.0e38, math.inf, math.nan]),
+        st.floats(min_value=2.0**-149, max_value=2.0**-100),
+        st.floats(min_value=2.0**100, max_value=3.4e38),
+    )
+    return st.lists(value, max_size=max_steps)
+
+
+def check_recipe(make: Callable[[], Any], *, fits: bool | None = None, max_examples: int = 150,
+                 max_steps: int = 200) -> None:
+    """Property-test an FP8 scaling recipe's face (``scale_for(amax)``, ``update(amax)``):
+    raise :class:`PolicyError` naming the property and the (shrunk) amax sequence.
+
+    For every sequence: the scale used is positive, finite and at most binary32's MAX (NaN,
+    Inf, 0 and subnormal amax included); where every amax so far is finite and positive the
+    tensor fits: amax times the scale it is quantised with (after the update, for a delayed
+    recipe) is at most the format's MAX (within binary32's rounding), unless the scale is
+    capped at binary32's MAX (``fits``, default: what the recipe declares, False for MX
+    blocks, whose scales are per block); two instances fed the same amax values agree, also
+    when another instance is updated in between (no hidden shared state).
+    """
+    probe = _try_make(make)
+    if not _is_recipe(probe):
+        raise PolicyError(f"check_recipe takes a function making an object with scale_for(amax) and update(amax), "
+                          f"got {probe!r}")
+    name = f"{type(probe).__name__}({type(getattr(probe, 'recipe', probe)).__name__})"
+    if fits is None:
+        fits = getattr(getattr(probe, "recipe", None), "per_tensor", True)
+    fp8_max = float(getattr(probe, "fp8_max", 448.0))
+
+    def scales(seq: list[float], other: Any = None) -> list[float]:
+        m, out = make(), []
+        for a in seq:
+            out.append(float(m.scale_for(a)))
+            m.update(a)
+            if other is not None:
+                other.update(1.0)
+        out.append(float(m.scale_for(1.0)))
+        return out
+
+    def fail(what: str, seq: list[float], got: list[float]) -> None:
+        raise PolicyError(f"{name}: {what}\n  amax: {seq[:12]}{' ...' if len(seq) > 12 else ''}\n"
+                          f"  scales: {got[:12]}{' ...' if len(got) > 12 else ''}")
+
+    def bounds(seq: list[float]) -> None:
+        got = scales(seq)
+        for i, s in enumerate(got):
+            if not (math.isfinite(s) and 0 < s <= F32_MAX):
+                fail(f"the scale is {s} at step {i}", seq, got)
+
+    def tensor_fits(seq: list[float]) -> None:
+        m, seen = make(), []
+        for a in seq:
+            if not (math.isfinite(a) and a > 0):
+                return
+            m.update(a)
+            seen.append(a)
+            s = float(m.scale_for(a))
+            if s < F32_MAX and a * s > fp8_max * (1 + 2.0**-22):
+                fail(f"amax {a} times its scale {s} is {a * s}, beyond the format's MAX {fp8_max}", seq, seen)
+
+    def no_shared_state(seq: list[float]) -> None:
+        got = scales(seq)
+        if scales(seq) != got:
+            fail("two instances fed the same amax values disagree (hidden shared state?)", seq, got)
+        if scales(seq, other=make()) != got:
+            fail("updating another instance changed this one's scales (hidden shared state)", seq, got)
+
+    for check in [bounds, *([tensor_fits] if fits else []), no_shared_state]:
+        settings(max_examples=max_examples, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+            given(seq=amax_sequences(max_steps))(check))()
 
 
 def _made(make: Callable[[], Any]) -> Any:

@@ -451,8 +451,8 @@ class Device:
         """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
         return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
 
-    def cast(self, x, dtype, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None
-             ) -> np.ndarray:
+    def cast(self, x, dtype, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None,
+             *, return_flags: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Convert between float32, binary16 and bfloat16 (or widen to float64; float64 sources,
         such as the scalars of a program, round into the device's formats), or into the 8-bit
         formats (by ml_dtypes dtype or name: ``"float8_e4m3fn"``, ``"float8_e5m2"``,
@@ -460,14 +460,18 @@ class Device:
         codes), rounding in ``rounding`` (default: the device's; ``"stochastic"`` draws from
         the device's ``seed``) and in the overflow mode of the destination (default: the
         device's; ``"satfinite"``: OCP's saturating cast, NaN kept). Ascend's saturation
-        control covers casts to hif8, e8m0, e5m2 and e4m3fn as it does half and bf16."""
+        control covers casts to hif8, e8m0, e5m2 and e4m3fn as it does half and bf16.
+        ``return_flags`` (casts into the 8-bit formats): also each element's flags."""
         dst = format_of(dtype)
         if dst.dtype.itemsize == 1 or overflow is not None:
             src_fpu = self._on(x)
             mode = None if rounding is None else Rounding.parse(rounding)
             result, shape, scalar = src_fpu._cast(x, src_fpu.format, dst, mode, overflow or self._overflow_of(dst))
             self._record(result.status, "cast", math.prod(shape))
-            return Fpu._finish(result, shape, scalar, False)
+            return Fpu._finish(result, shape, scalar, return_flags)
+        if return_flags:
+            raise ValueError("cast returns flags for casts into the 8-bit formats "
+                             "(Fpu.convert has them for every cast)")
         if getattr(x, "dtype", None) == np.float64 and dst is not BINARY64:
             fpu = self._unit(dtype, "cast's dtype")
             cfg = fpu._config(fpu.format, None if rounding is None else Rounding.parse(rounding))
@@ -545,6 +549,15 @@ class Device:
             part = self.mul(self.mul(part, fa[:, k:k + 1]), fb[k:k + 1, :])
             total = part if total is None else self.add(total, part)
         return total if np.dtype(out_dtype) == np.float32 else self.cast(total, out_dtype)
+
+    def quantize_mx(self, x, fmt: Format | str = "float8_e4m3fn", axis: int = -1, block: int = 32,
+                    rule: str = "floor", rounding: Rounding | str | None = None) -> mx.MX:
+        """MX block quantisation on the device (:func:`sim.mx.quantize`), in the device's rounding
+        unless ``rounding`` is given; the element casts' flags reach the register."""
+        unit = Fpu(OverflowMode.SATURATION, rounding or self.fpu.rounding, self.fpu.tininess)
+        q = mx.quantize(x, fmt, axis=axis, block=block, rule=rule, fpu=unit)
+        self._record(int(unit.status), "quantize_mx", np.asarray(x).size)
+        return q
 
     @staticmethod
     def _widen8(x, fmt: Format | str | None, name: str) -> np.ndarray:

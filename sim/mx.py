@@ -19,7 +19,7 @@ import numpy as np
 
 from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, Format, decode, format_of
 from .fpu import Fpu
-from .rounding import OverflowMode, Rounding
+from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["MX", "ELEMENTS", "RULES", "quantize", "dequantize", "shared_exponents"]
 
@@ -29,13 +29,15 @@ RULES = ("floor", "ceil")
 
 class MX(NamedTuple):
     """An MX-quantised array: element codes (the element format's dtype), one E8M0 scale per
-    block (uint8 codes, blocks along ``axis``), and how it was made."""
+    block (uint8 codes, blocks along ``axis``), how it was made, and how many elements were
+    clamped to the element format's MAX (their cast overflowed: the floor rule allows it)."""
 
     elements: np.ndarray
     scales: np.ndarray
     format: Format
     axis: int
     block: int
+    saturated: int = 0
 
 
 def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.ndarray:
@@ -89,11 +91,12 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = blocks / decode(scales, FLOAT8_E8M0FNU)[..., None]
     unit = fpu or Fpu(OverflowMode.SATURATION)
-    elements = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite")
+    elements, flags = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite", return_flags=True)
+    clamped = int(np.count_nonzero(flags & Flag.OVERFLOW))
     elements = elements.reshape(*elements.shape[:-2], -1)
     if pad:
         elements = elements[..., :-pad]
-    return MX(np.moveaxis(elements, -1, axis), np.moveaxis(scales, -1, axis), fmt, axis, block)
+    return MX(np.moveaxis(elements, -1, axis), np.moveaxis(scales, -1, axis), fmt, axis, block, clamped)
 
 
 def dequantize(q: MX) -> np.ndarray:

@@ -1,0 +1,180 @@
+"""FP8 scaling recipes (Transformer Engine's delayed and current scaling, MX blocks) as policies,
+the FP8 matmul hook, and training with FP8 matmuls on atlas-350."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from lossscale.fp8 import (
+    FP8_COLUMNS,
+    CurrentScaling,
+    DelayedScaling,
+    Fp8Matmuls,
+    MXScaling,
+    Recipe,
+    TensorScaler,
+    amax_of,
+    make_recipe,
+)
+from lossscale.simulate import simulate
+from lossscale.testing import PolicyError, check_policy
+from sim import Device
+
+F32 = np.float32
+FLT_MAX = float(np.finfo(F32).max)
+
+
+def te_delayed(amaxes: list[float], fp8_max: float, margin: int, length: int, algo: str) -> list[float]:
+    """Transformer Engine's delayed scaling written out with numpy arrays, as its kernels do it:
+    history[0] = amax; amax = max(history) or history[0]; scale = (fp8_max * 2**-margin) / amax
+    if finite and > 0 else kept, Inf -> FLT_MAX; history = roll(history, -1); history[0] = 0."""
+    history, scale, used = np.zeros(length, F32), F32(1), []
+    for a in amaxes:
+        used.append(float(scale))
+        history[0] = a
+        m = history[0] if algo == "most_recent" else np.fmax.reduce(history)
+        if np.isfinite(m) and m > 0:
+            with np.errstate(over="ignore"):
+                s = F32(F32(fp8_max) * F32(2.0**-margin)) / F32(m)
+            scale = F32(FLT_MAX) if np.isinf(s) else s
+        history = np.roll(history, -1)
+        history[0] = 0
+    return used
+
+
+AMAXES = [3.0, 0.5, 0.0, 7.0, math.inf, 2.0, math.nan, 1e-44, 0.25, 100.0, 1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize(("margin", "length"), [(0, 1), (0, 3), (1, 4), (3, 1024)])
+def test_delayed_scaling_is_transformer_engines(algo: str, margin: int, length: int) -> None:
+    scaler = TensorScaler(DelayedScaling(margin=margin, amax_history_len=length, amax_compute_algo=algo), 448.0)
+    used = []
+    for a in AMAXES:
+        used.append(scaler.scale_for(a))
+        scaler.update(a)
+    assert used == te_delayed(AMAXES, 448.0, margin, length, algo)
+
+
+def test_delayed_scaling_hand_worked() -> None:
+    s = TensorScaler(DelayedScaling(amax_history_len=2), 448.0)
+    assert s.get_scale() == 1.0
+    s.update(7.0)
+    assert s.get_scale() == 64.0  # 448 / 7
+    s.update(0.0)  # history (0, 7) -> max 7, kept
+    assert s.get_scale() == 64.0
+    s.update(14.0)  # history (14, 0): the 7 rolled out
+    assert s.get_scale() == 32.0
+    s.update(1.0)  # history (1, 14): max 14
+    assert s.get_scale() == 32.0
+    s.update(math.inf)  # history (inf, 1): not finite, kept
+    assert s.get_scale() == 32.0
+    s.update(2.0)  # history (2, inf): the Inf holds the scale for the history's length
+    assert s.get_scale() == 32.0
+    s.update(2.0)  # history (2, 2): the Inf rolled out
+    assert s.get_scale() == 224.0
+    one = TensorScaler(DelayedScaling(amax_history_len=1), 448.0)
+    one.update(1e-44)  # 448 / 1e-44 overflows binary32: FLT_MAX
+    assert one.get_scale() == FLT_MAX
+
+
+def test_current_scaling() -> None:
+    r = CurrentScaling()
+    s = TensorScaler(r, 57344.0)
+    assert s.scale_for(7.0) == float(F32(57344.0) / F32(7.0))
+    for bad in (0.0, math.inf, math.nan):
+        assert s.scale_for(bad) == 1.0
+    assert TensorScaler(CurrentScaling(amax_epsilon=1.0), 448.0).scale_for(0.5) == 448.0
+    assert TensorScaler(r, 448.0).scale_for(1e-44) == FLT_MAX
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(), DelayedScaling(amax_history_len=3, margin=1),
+                                    DelayedScaling(amax_compute_algo="most_recent"), CurrentScaling(), MXScaling()],
+                         ids=repr)
+def test_recipes_pass_check_policy(recipe: Recipe) -> None:
+    check_policy(lambda: TensorScaler(recipe, 448.0), max_examples=60)
+
+
+@dataclass(frozen=True)
+class _TooBig(CurrentScaling):
+    def scale(self, state, amax, fp8_max):
+        with np.errstate(over="ignore"):
+            return min(F32(2) * super().scale(state, amax, fp8_max), F32(FLT_MAX))
+
+
+@dataclass(frozen=True)
+class _NanOnInf(CurrentScaling):
+    def scale(self, state, amax, fp8_max):
+        with np.errstate(all="ignore"):
+            return F32(fp8_max) / F32(amax) if amax == amax else F32(1)
+
+
+def test_check_policy_catches_broken_recipes() -> None:
+    with pytest.raises(PolicyError, match="beyond the format's MAX"):
+        check_policy(lambda: TensorScaler(_TooBig(), 448.0), max_examples=60)
+    with pytest.raises(PolicyError, match="the scale is inf"):
+        check_policy(lambda: TensorScaler(_NanOnInf(), 448.0), max_examples=100)
+
+
+def test_bad_recipe_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="fp8_format"):
+        DelayedScaling(fp8_format="E3M4")
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="amax_history_len"):
+        DelayedScaling(amax_history_len=0)
+    with pytest.raises(ValueError, match="valid: delayed, current, mx"):
+        make_recipe("tensorwise")
+    with pytest.raises(ValueError, match="HiFloat8"):
+        MXScaling(fp8_format="HIF8")
+
+
+def test_amax_passes_over_nan_as_fmaxf() -> None:
+    assert amax_of(np.array([1.0, np.nan, -3.0], np.float16)) == 3.0
+    assert amax_of(np.array([np.nan], np.float32)) == 0.0
+    assert amax_of(np.array([1.0, -np.inf], np.float32)) == math.inf
+
+
+def test_the_hook_quantises_each_operand_with_its_scale() -> None:
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((4, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 3)).astype(np.float16)
+    dev, hook = Device("atlas-350"), Fp8Matmuls(CurrentScaling())
+    dev.matmul_hook = hook
+    dev.begin_phase("forward", step=0)
+    got = dev.matmul(a, b)
+    ref = Device("atlas-350")
+    sa, sb = F32(448) / F32(amax_of(a)), F32(448) / F32(amax_of(b))
+    a8 = ref.cast(ref.mul(a.astype(F32), sa), "float8_e4m3fn")
+    b8 = ref.cast(ref.mul(b.astype(F32), sb), "float8_e4m3fn")
+    want = ref.cast(ref.matmul_fp8(a8, b8, scale_inv=float((F32(1) / sa) * (F32(1) / sb))), np.float16)
+    assert np.array_equal(got, want)
+    assert [r["tensor"] for r in hook.rows] == ["matmul.forward.0.a", "matmul.forward.0.b"]
+    assert set(hook.rows[0]) == set(FP8_COLUMNS)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current", "mx"])
+def test_training_on_atlas_350_writes_scale_trajectories(recipe: str) -> None:
+    run = simulate("mlp", profile="atlas-350", fp8=recipe, steps=12)
+    tensors = {r["tensor"] for r in run.fp8}
+    assert {"fc1.forward.0.a", "fc2.backward.0.b"} <= tensors  # every matmul's two operands
+    assert len(run.fp8) == 12 * len(tensors)
+    assert run.summary["fp8"]["tensors"] == len(tensors)
+    fmt = {r["format"] for r in run.fp8 if ".backward." in r["tensor"]}
+    assert fmt == ({"float8_e5m2"} if recipe != "mx" else {"float8_e4m3fn"})
+    if recipe == "delayed":
+        first = [r["scale"] for r in run.fp8 if r["tensor"] == "fc1.forward.0.a"]
+        assert first[0] == 1.0 and first[1] != 1.0  # the first step quantises with the initial scale
+
+
+def test_hifloat8_recipe_and_saturation() -> None:
+    run = simulate("mlp", profile="atlas-350", overflow_mode="saturation", fp8="current",
+                   fp8_args={"fp8_format": "HIF8"}, steps=6)
+    assert {r["format"] for r in run.fp8} == {"hifloat8"}
+    assert run.summary["fp8"]["nonfinite_elements"] == 0  # saturation: no NaN or Inf reaches the operands
+    with pytest.raises(ValueError, match="fp8_args go with"):
+        simulate("mlp", profile="atlas-350", fp8_args={"margin": 1}, steps=1)
