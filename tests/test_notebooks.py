@@ -13,10 +13,10 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_five() -> None:
+def test_there_are_six() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01-overflow-modes.ipynb", "02-scale-policies.ipynb",
                                            "03-training-on-atlas.ipynb", "04-your-own-model.ipynb",
-                                           "05-who-sees-the-overflow.ipynb"]
+                                           "05-who-sees-the-overflow.ipynb", "06-fp8-on-atlas-350.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

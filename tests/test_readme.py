@@ -7,6 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import numpy as np
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -33,6 +35,12 @@ def test_readme_python_examples_run(capsys) -> None:
             s = ns["run"].summary
             assert s["steps_run"] == 100 and s["undetected_overflow_steps"] == 0 and s["skipped_steps"] > 0
             assert out.split(" ", 2)[:2] == [str(s["skipped_steps"]), "0"] and s["top_labels"]
+        if "matmul_fp8" not in block and "hif8 = " in block:  # the 8-bit casts, as their comments say
+            nan = float("nan")
+            assert np.array_equal(ns["e4m3"].astype(float), [1, 288, nan, nan], equal_nan=True)
+            assert ns["sat"].astype(float).tolist() == [1, 288, 448, 0]
+            assert np.array_equal(ns["formats"].decode(ns["hif8"], "hifloat8"), [1, 256, 1024, nan], equal_nan=True)
+            assert ns["q"].scales.shape == (4, 2)
         if "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())
@@ -45,6 +53,8 @@ def test_readme_documents_every_column_and_the_register() -> None:
     for column in COLUMNS:
         assert f"`{column}`" in section, column
     assert "`rank step phase label op flags elements`" in section and len(EVENT_COLUMNS) == 7
+    from lossscale.fp8 import FP8_COLUMNS
+    assert f"`{' '.join(FP8_COLUMNS)}`" in section
     from lossscale.sweep import RESULT_COLUMNS
     for column in RESULT_COLUMNS:
         assert f"`{column}`" in section, column
