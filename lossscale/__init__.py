@@ -6,7 +6,9 @@ Three layers, each using only those above it (``tests/test_layers.py`` checks):
 - core: ``policy`` (the protocol: a policy is a frozen value with a pure
   ``next``; ``Manager`` is its stateful face), ``managers`` (the Ascend ones),
   ``policies`` (the other frameworks'), ``optimizers``, ``detectors`` (each
-  framework's overflow check: where in the step it clears and reads the register);
+  framework's overflow check: where in the step it clears and reads the register),
+  ``fp8`` (the FP8 scaling recipes, per-tensor policies of the same kind, and the hook
+  that runs a device's matmuls in FP8);
 - training: ``simulate``, ``workloads`` (built in, and the ``Workload``
   protocol for your own), ``torch_workloads``, ``jax_workloads``;
 - application: ``cli``, ``files``, ``plots``, ``sweep``, ``testing`` (the

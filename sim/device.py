@@ -184,11 +184,11 @@ class Device:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         #: Seeds the random bits of stochastic casts; each source format's unit draws its own stream.
         self.seed = int(seed)
-        self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, seed=3 * self.seed, **kw)
+        self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, seed=4 * self.seed, **kw)
         f32_mode = mode if saturate_float32 else OverflowMode.INF_NAN
         self._fpus = {np.dtype(np.float16): self.fpu,
-                      np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, seed=3 * self.seed + 1, **kw),
-                      BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, seed=3 * self.seed + 2, **kw)}
+                      np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, seed=4 * self.seed + 1, **kw),
+                      BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, seed=4 * self.seed + 2, **kw)}
         self._register = np.zeros(8, np.int32)
         self._status = 0
         self._label: str | None = None
@@ -204,6 +204,7 @@ class Device:
         self._log: list[Event] | None = [] if record_events else None
         #: Where set, ``matmul`` calls it instead (see :meth:`matmul`).
         self.matmul_hook: Callable | None = None
+        self._mx_unit: Fpu | None = None  # quantize_mx's unit, made on first use
         self.group = None  # set by sim.Group: the collective this device is a rank of
         self.rank: int | None = None
         self._lock = threading.RLock()
@@ -554,8 +555,11 @@ class Device:
                     rule: str = "floor", rounding: Rounding | str | None = None) -> mx.MX:
         """MX block quantisation on the device (:func:`sim.mx.quantize`), in the device's rounding
         unless ``rounding`` is given; the element casts' flags reach the register."""
-        unit = Fpu(OverflowMode.SATURATION, rounding or self.fpu.rounding, self.fpu.tininess)
-        q = mx.quantize(x, fmt, axis=axis, block=block, rule=rule, fpu=unit)
+        if self._mx_unit is None:
+            self._mx_unit = Fpu(OverflowMode.SATURATION, self.fpu.rounding, self.fpu.tininess, seed=4 * self.seed + 3)
+        unit = self._mx_unit
+        unit.clear_status()
+        q = mx.quantize(x, fmt, axis=axis, block=block, rule=rule, rounding=rounding, fpu=unit)
         self._record(int(unit.status), "quantize_mx", np.asarray(x).size)
         return q
 

@@ -257,6 +257,9 @@ class Fpu:
         result is NaN; zero or a negative value into E8M0, which become its NaN).
         """
         src = self._format_of_array(x, "convert")
+        if src.dtype.itemsize == 1:
+            raise TypeError(f"convert: {src.name} values widen exactly with numpy's astype "
+                            f"(or sim.formats.decode); the unit rounds from binary16, bfloat16, binary32, binary64")
         dst = format_of(dtype)
         mode = None if rounding is None else Rounding.parse(rounding)
         if dst.dtype.itemsize == 1 or mode is not None or overflow is not None:
@@ -267,9 +270,6 @@ class Fpu:
     def _cast(self, x, src: Format, dst: Format, rounding: Rounding | None,
               overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
         """A conversion with its own rounding and overflow mode, packed into the destination's codes."""
-        if src.dtype.itemsize == 1:
-            raise TypeError(f"convert: {src.name} values widen exactly with numpy's astype "
-                            f"(or sim.formats.decode); the unit rounds from binary16, bfloat16, binary32, binary64")
         mode, nan_to_zero = self.overflow, self.nan_to_zero
         if isinstance(overflow, str) and overflow.strip().lower() == "satfinite":
             mode, nan_to_zero = OverflowMode.SATURATION, False

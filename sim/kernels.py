@@ -253,9 +253,12 @@ def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
         low = (sig >> (61 - min(cfg[SOURCE], exp - cfg[SOURCE_QMIN]))) & ((1 << cfg[RBITS]) - 1)
         threshold = low if cfg[RBITS] > 2 else 2 * (low & 1) + 1
         mode = RNA if (mode == HYBRID) & (a < 4) else mode
-        below = s > 62  # below half the quantum: only stickiness is left
-        sig = np.int64(sig != 0) if below else sig
-        s = 62 if below else s
+        # Below half the quantum only stickiness is left (hybrid rounding then gives 0), except
+        # that stochastic rounding keeps the value's top bits, shifted to s = 62, for its odds.
+        below = min(max(s - 62, 0), 62)
+        shifted = (sig >> below) | np.int64((sig & ((1 << below) - 1)) != 0)
+        sig = shifted if mode == STOCHASTIC else np.int64(sig != 0) if below > 0 else sig
+        s = min(s, 62)
         kept, flags = _shift_round(sig, s, sign, mode, rand, cfg[RBITS], threshold)
         # Tiny: below 2**emin before rounding, or (the default) still below it after rounding
         # to p bits with an unbounded exponent.
@@ -284,7 +287,7 @@ def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
     bits = (top if sat else cfg[INFB]) if special else bits
     bits = cfg[ZERO] if sig == 0 else bits
     nan_bits = cfg[NAN_BITS] ^ ((sign << (width - 1)) & -cfg[NAN_SIGN])
-    nan_bits = 0 if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits
+    nan_bits = cfg[ZERO] if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits  # E8M0 has no zero: NaN stays
     bits = nan_bits if nan else bits | (sign << (width - 1))
     # An infinity where the format has none and the result is its NaN is invalid.
     invalid = INVALID * (special & ~nan & ~sat & (cfg[INFB] == cfg[NAN_BITS]))

@@ -68,12 +68,14 @@ def _blocks(x: np.ndarray, axis: int, block: int) -> tuple[np.ndarray, int]:
 
 
 def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int = 32, rule: str = "floor",
-             rounding: Rounding | str = Rounding.NEAREST_EVEN, fpu: Fpu | None = None) -> MX:
+             rounding: Rounding | str | None = None, fpu: Fpu | None = None) -> MX:
     """MX quantisation of a binary16, bfloat16 or binary32 array along ``axis``.
 
     Each element is x / X (exact: X is a power of two) cast once into ``fmt`` with the
-    saturating OCP cast, in ``rounding``; ``fpu`` (a device's unit, for example) keeps the
-    cast's flags in its status. A last block shorter than ``block`` is padded with zeros.
+    saturating OCP cast, in ``rounding`` (default: ``fpu``'s, else to nearest even); ``fpu``
+    (a device's unit, for example) keeps the cast's flags in its status and, for stochastic
+    rounding, draws the random bits from its seed. A last block shorter than ``block`` is
+    padded with zeros.
     """
     fmt = format_of(fmt)
     if fmt not in ELEMENTS:

@@ -117,6 +117,18 @@ def test_every_mode_against_mpfr(fmt, mode: Rounding) -> None:
                            f"{got[bad[0]]:#x}/{flags[bad[0]]} want {want[bad[0]]:#x}/{want_flags[bad[0]]}")
 
 
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("fmt", (*OCP, FLOAT8_E8M0FNU, HIFLOAT8), ids=lambda f: f.name)
+def test_every_binary16_in_every_mode_against_mpfr(fmt) -> None:
+    x = _finite16(1)
+    for mode in SIX_MODES:
+        codes, flags = Fpu(rounding=mode).convert(x, fmt.name, return_flags=True)
+        want, want_flags = _expected(x, fmt, mode)
+        got = codes.view(np.uint8)
+        bad = np.flatnonzero((got != want) | (flags != want_flags))
+        assert bad.size == 0, f"{fmt.name} {mode.name}: {bad.size} mismatches; first {float(x[bad[0]])!r}"
+
+
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(0, 2**32 - 1), mode=st.sampled_from(SIX_MODES),
        fmt=st.sampled_from((*OCP, FLOAT8_E8M0FNU, HIFLOAT8)))
@@ -232,6 +244,18 @@ def test_device_cast_raises_the_register() -> None:
     sat = Device("atlas-350", "saturation")
     assert float(sat.cast(x, "float8_e4m3fn")[1]) == 448.0
     assert sat.cast(x, "hifloat8").dtype == np.uint8
+
+
+def test_eight_bit_sources_are_refused_not_misread() -> None:
+    x = np.array([1.0, 2.0], np.float32).astype(ml_dtypes.float8_e4m3fn)
+    for dst in (np.float16, np.float32, "float8_e5m2"):
+        with pytest.raises(TypeError, match="astype"):
+            Fpu().convert(x, dst)
+
+
+def test_e8m0_has_no_zero_for_a_saturated_nan() -> None:
+    codes = Fpu(OverflowMode.SATURATION).convert(np.array([np.nan, 0.0], np.float16), "float8_e8m0fnu")
+    assert codes.view(np.uint8).tolist() == [0xFF, 0xFF]
 
 
 def test_bad_format_names_the_valid_ones() -> None:

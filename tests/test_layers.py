@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {
-    "core": {"policy", "managers", "policies", "optimizers", "detectors"},
+    "core": {"policy", "managers", "policies", "optimizers", "detectors", "fp8"},
     "training": {"simulate", "workloads", "torch_workloads", "jax_workloads"},
     "application": {"cli", "files", "plots", "sweep", "testing", "__main__"},
 }

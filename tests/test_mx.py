@@ -49,6 +49,19 @@ def test_quantize_along_the_first_axis_and_bad_input() -> None:
         mx.quantize(x, "float8_e4m3fn", block=0)
 
 
+def test_device_quantisation_rounds_as_asked_and_draws_afresh() -> None:
+    x = np.zeros((1, 32), np.float32)
+    x[0, :2] = 300, 1.95
+    dev = Device("atlas-350", seed=1)
+    assert mx.dequantize(dev.quantize_mx(x, rounding="trunc"))[0, :2].tolist() == [288.0, 1.875]
+    assert mx.dequantize(dev.quantize_mx(x))[0, :2].tolist() == [288.0, 2.0]
+    y = np.full((1, 32), 1 + 2**-5, np.float32)
+    one, two = (dev.quantize_mx(y, rounding="stochastic").elements.view(np.uint8) for _ in range(2))
+    assert not np.array_equal(one, two)  # each call draws its own bits from the device's seed
+    again = Device("atlas-350", seed=1).quantize_mx(y, rounding="stochastic").elements.view(np.uint8)
+    assert np.array_equal(again, one)
+
+
 def test_matmul_fp8_is_exact_products_summed_in_binary32() -> None:
     rng = np.random.default_rng(5)
     a = rng.integers(-8, 9, (6, 40)).astype(E4M3)
