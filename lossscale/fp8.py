@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -229,10 +229,11 @@ def make_recipe(name: str | Recipe, **kwargs: Any) -> Recipe:
         return name
     if name not in RECIPES:
         raise ValueError(f"unknown FP8 recipe {name!r}; valid: {', '.join(RECIPES)}")
-    try:
-        return RECIPES[name](**kwargs)
-    except TypeError as err:
-        raise ValueError(f"recipe {name}: {err}") from None
+    valid = [f.name for f in fields(RECIPES[name])]
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise ValueError(f"recipe {name} takes no argument {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    return RECIPES[name](**kwargs)
 
 
 #: The per-tensor log's columns (``fp8.csv``): step, tensor (label.phase.ordinal.operand), its

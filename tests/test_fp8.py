@@ -178,3 +178,24 @@ def test_hifloat8_recipe_and_saturation() -> None:
     assert run.summary["fp8"]["nonfinite_elements"] == 0  # saturation: no NaN or Inf reaches the operands
     with pytest.raises(ValueError, match="fp8_args go with"):
         simulate("mlp", profile="atlas-350", fp8_args={"margin": 1}, steps=1)
+
+
+def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
+    from lossscale.cli import main
+    from lossscale.files import read_run
+
+    out = tmp_path / "run"
+    assert main(["run", "--profile", "atlas-350", "--fp8", "current", "--fp8-arg", "fp8_format=E4M3", "--steps", "4",
+                 "--out", str(out), "--quiet"]) in (0, None)
+    printed = capsys.readouterr().out
+    assert "fp8 matmuls: CurrentScaling (fp8_format=E4M3" in printed
+    run = read_run(out)
+    assert len(run.fp8) == 4 * run.summary["fp8"]["tensors"] and (out / "fp8.png").exists()
+    assert main(["plot", str(out), "--format", "svg"]) in (0, None)
+    assert (out / "fp8.svg").read_bytes().startswith(b"<?xml")
+    for bad, says in ((["--fp8-arg", "margin=one"], "margin must be an integer"),
+                      (["--fp8-arg", "fp8_format=E3M4"], "unknown fp8_format"),
+                      (["--fp8-arg", "bogus=1"], "takes no argument 'bogus'; valid: fp8_format, margin")):
+        code = main(["run", "--fp8", "delayed", *bad, "--steps", "2", "--out", str(tmp_path / "x"), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
