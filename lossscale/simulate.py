@@ -165,7 +165,7 @@ def check_arguments(args: dict[str, Any]) -> list[str]:
     problems = [f"unknown argument {k!r}; valid: {', '.join(params)}" for k in args if k not in params]
     get = lambda k: args.get(k, params[k].default if k in params else None)  # noqa: E731
     problems += _integer_problems(get)
-    for name in ("manager_args", "workload_args"):
+    for name in ("manager_args", "workload_args", "fp8_args"):
         if get(name) is not None and not isinstance(get(name), dict):
             problems.append(f"{name} must be a table of arguments, got {get(name)!r}")
     defaults = get("manager_defaults")
@@ -176,6 +176,7 @@ def check_arguments(args: dict[str, Any]) -> list[str]:
         lambda: get("overflow_mode") is None or OverflowMode.parse(get("overflow_mode")),
         lambda: get("detector") is None or make_detector(ALIASES.get(get("detector"), get("detector")),
                                                          OverflowMode.INF_NAN),
+        lambda: _fp8_check(get("fp8"), get("fp8_args")),
     ]
     if not isinstance(get("manager"), str):
         problems.append(f"manager must be a name; valid: {', '.join(MANAGERS)}")
@@ -218,6 +219,17 @@ class Run:
 
     def column(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.records])
+
+
+def _fp8_check(name: Any, args: Any) -> None:
+    """ValueError where an FP8 recipe name or its arguments are wrong."""
+    if name is None:
+        if args:
+            raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
+        return
+    if not isinstance(name, str):
+        raise ValueError(f"fp8 must be a recipe name; valid: delayed, current, mx; got {name!r}")
+    make_recipe(name, **(args if isinstance(args, dict) else {}))
 
 
 def _fp8_summary(recipe: Recipe | None, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -319,9 +331,9 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
             "ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every,
             "workload_args": dict(workload_args or {}), "fp8": fp8 if isinstance(fp8, str) else None,
             "fp8_args": dict(fp8_args or {})}
+    if not isinstance(fp8, Recipe):
+        _fp8_check(fp8, fp8_args)
     recipe = None if fp8 is None else make_recipe(fp8, **(fp8_args or {}))
-    if recipe is None and fp8_args:
-        raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
     prof = profiles.get(profile)
     managers, manager_name = _managers(manager, manager_args, ranks, manager_defaults)  # refuse bad ones first
     args["manager"] = manager_name

@@ -54,10 +54,10 @@ __all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "c
            "heatmap_axes"]
 
 AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "manager_defaults", "detector", "ranks",
-        "steps", "seed", "underflow_every", "workload_args")
+        "steps", "seed", "underflow_every", "workload_args", "fp8", "fp8_args")
 METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "false_positive_steps",
            "mean_underflow_fraction", "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss",
-           "baseline_accuracy")
+           "baseline_accuracy", "fp8_overflowed_elements")
 RESULT_COLUMNS = ("index", "key", *AXES, "status", "error", *METRICS)
 
 
@@ -136,7 +136,8 @@ def run_point(args: dict[str, Any]) -> dict[str, Any]:
             s = simulate(**args, record_events=False).summary  # a sweep keeps summaries, not event logs
         row.update({k: s[k] for k in METRICS if k in s})
         row.update(final_loss=s["final"]["loss"], final_accuracy=s["final"]["accuracy"],
-                   baseline_loss=s["baseline_float32"]["loss"], baseline_accuracy=s["baseline_float32"]["accuracy"])
+                   baseline_loss=s["baseline_float32"]["loss"], baseline_accuracy=s["baseline_float32"]["accuracy"],
+                   fp8_overflowed_elements=s["fp8"]["saturated_elements"] if s.get("fp8") else "")
     except Exception as err:  # a failing point is a result, not the end of the sweep
         row.update(status="error", error=f"{type(err).__name__}: {err}")
     return row

@@ -199,3 +199,24 @@ def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
         code = main(["run", "--fp8", "delayed", *bad, "--steps", "2", "--out", str(tmp_path / "x"), "--quiet"])
         err = capsys.readouterr().err
         assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sweep_over_recipes_and_modes(capsys, tmp_path) -> None:
+    import csv
+
+    from lossscale.cli import main
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[sweep]\nprofile = "atlas-350"\nsteps = 5\n'
+                    '[grid]\nfp8 = ["delayed", "current", "mx"]\noverflow_mode = ["inf_nan", "saturation"]\n')
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(grid), "--out", str(out), "--workers", "1", "--quiet", "--heatmap", "fp8,overflow_mode"]
+    assert main(argv) in (0, None)
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["fp8"] for r in rows] == ["delayed", "delayed", "current", "current", "mx", "mx"]
+    assert all(r["status"] == "ok" and int(r["fp8_overflowed_elements"]) >= 0 for r in rows)
+    assert (out / "sweep.png").exists()
+    grid.write_text('[sweep]\nsteps = 5\n[grid]\nfp8 = ["delayed", "tensorwise"]\nfp8_args = [{}, {margin = "x"}]\n')
+    code = main(["sweep", str(grid), "--out", str(tmp_path / "bad"), "--workers", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown FP8 recipe 'tensorwise'" in err and "margin must be an integer" in err
