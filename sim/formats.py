@@ -118,8 +118,9 @@ class Format:
 
     @property
     def max_bits(self) -> int:
-        """Bit pattern of the largest finite value (0x7BFF for binary16)."""
-        return self.inf_bits - 1
+        """Bit pattern of the largest finite value (0x7BFF for binary16, 0x7E for E4M3FN; the
+        carrier's for E8M0 and HiFloat8)."""
+        return self.inf_bits - 1 if self.kind == "ieee" else self.kernel[2]
 
     @property
     def quiet_bit(self) -> int:

@@ -34,7 +34,9 @@ anything was lost. The operations meet that contract as follows:
   products are exact in binary32, so it is the addition with one rounding.
 
 Format and settings travel as a small int64 array (:func:`config`), so one
-compiled loop serves every format, mode and overflow mode; a loop is compiled
+compiled loop serves every format (the 8-bit ones too: where their overflow starts,
+what an overflow, an infinity or a NaN becomes, HiFloat8's tapered precision), mode
+(stochastic rounding draws counter-based random bits per element) and overflow mode; a loop is compiled
 once per combination of operand array types, on first use, and cached. No
 fastmath anywhere: the binary64 and binary32 operations are IEEE operations in
 program order. The rounding is branch-free (selects and masks), so the loops
@@ -172,7 +174,8 @@ def _inf_bits(cfg):
 
 @inline
 def saturate(bits, cfg):
-    """Saturation mode's rule on a result: +-Inf -> +-MAX, NaN -> +0 (or kept). The only place it lives."""
+    """Saturation mode's rule on a stored IEEE value: +-Inf -> +-MAX, NaN -> +0 (or kept), for the
+    sign-bit operations; round_pack applies the same rule to every rounded result."""
     mag = bits & _abs_mask(cfg)
     inf = _inf_bits(cfg)
     out = bits - (mag == inf)
