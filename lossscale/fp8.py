@@ -293,16 +293,30 @@ class Fp8Matmuls:
         return x8, scale
 
     def _mx(self, dev: Device, name: str, fmt: Format, a: np.ndarray, b: np.ndarray, out_dtype) -> np.ndarray:
-        if a.ndim != 2 or b.ndim != 2:
-            raise ValueError(f"MX scaling runs two-dimensional matmuls; {name} has shapes {a.shape} and {b.shape}")
+        """MX operands blocked along the contraction axis; a stack of matmuls (leading dimensions
+        that broadcast) is quantised and multiplied matrix by matrix, and logged as one tensor."""
         rule, block = self.recipe.rule, self.recipe.block
-        qa = dev.quantize_mx(a, fmt, axis=1, block=block, rule=rule)
-        qb = dev.quantize_mx(b, fmt, axis=0, block=block, rule=rule)
-        for q, operand, x in ((qa, "a", a), (qb, "b", b)):
-            amax = amax_of(x)
-            top = int(q.scales.max()) if q.scales.size else 127
+        try:
+            lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
+        stack_a = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        stack_b = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        quantised: dict[str, list[mx.MX]] = {"a": [], "b": []}
+        products = []
+        for x, y in zip(stack_a, stack_b, strict=True):
+            qa = dev.quantize_mx(np.ascontiguousarray(x), fmt, axis=1, block=block, rule=rule)
+            qb = dev.quantize_mx(np.ascontiguousarray(y), fmt, axis=0, block=block, rule=rule)
+            quantised["a"].append(qa)
+            quantised["b"].append(qb)
+            products.append(dev.matmul_mx(qa, qb))
+        for operand, x in (("a", a), ("b", b)):
+            qs = quantised[operand]
+            codes = np.concatenate([q.scales.reshape(-1) for q in qs])
+            top = int(codes.max()) if codes.size else 127
             scale = 2.0 ** (127 - top) if top != 0xFF else float("nan")  # the largest block scale's reciprocal
             self._record({"step": dev.step, "rank": self.rank, "tensor": f"{name}.{operand}", "format": fmt.name,
-                          "scale": scale, "amax": amax, "saturated": q.saturated,
-                          "nonfinite": int(np.count_nonzero(~np.isfinite(mx.dequantize(q))))})
-        return dev.cast(dev.matmul_mx(qa, qb), out_dtype)
+                          "scale": scale, "amax": amax_of(x), "saturated": sum(q.saturated for q in qs),
+                          "nonfinite": sum(int(np.count_nonzero(~np.isfinite(mx.dequantize(q)))) for q in qs)})
+        out = np.stack(products).reshape(*lead, a.shape[-2], b.shape[-1])
+        return dev.cast(out, out_dtype)

@@ -171,6 +171,28 @@ def test_training_on_atlas_350_writes_scale_trajectories(recipe: str) -> None:
         assert first[0] == 1.0 and first[1] != 1.0  # the first step quantises with the initial scale
 
 
+def test_mx_runs_stacked_matmuls_matrix_by_matrix() -> None:
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 4, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 5)).astype(np.float16)  # broadcast against the stack
+    dev, hook = Device("atlas-350"), Fp8Matmuls(MXScaling())
+    dev.matmul_hook = hook
+    dev.begin_phase("forward", step=0)
+    got = dev.matmul(a, b)
+    ref = Device("atlas-350")
+    want = [ref.cast(ref.matmul_mx(ref.quantize_mx(x, axis=1), ref.quantize_mx(b, axis=0)), np.float16) for x in a]
+    assert got.shape == (3, 4, 5) and np.array_equal(got, np.stack(want))
+    assert [r["tensor"] for r in hook.rows] == ["matmul.forward.0.a", "matmul.forward.0.b"]
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "mx"])
+def test_a_torch_models_matmuls_run_in_fp8(recipe: str) -> None:
+    pytest.importorskip("torch")
+    run = simulate("torch-transformer", profile="atlas-350", fp8=recipe, steps=2)
+    names = {r["tensor"] for r in run.fp8}
+    assert any(".backward." in n for n in names) and run.summary["fp8"]["tensors"] == len(names) > 10
+
+
 def test_hifloat8_recipe_and_saturation() -> None:
     run = simulate("mlp", profile="atlas-350", overflow_mode="saturation", fp8="current",
                    fp8_args={"fp8_format": "HIF8"}, steps=6)
