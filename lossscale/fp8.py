@@ -34,6 +34,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from sim import Device, Flag, mx
+from sim.device import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format
 
 from .policy import F32_MAX
@@ -296,12 +297,7 @@ class Fp8Matmuls:
         """MX operands blocked along the contraction axis; a stack of matmuls (leading dimensions
         that broadcast) is quantised and multiplied matrix by matrix, and logged as one tensor."""
         rule, block = self.recipe.rule, self.recipe.block
-        try:
-            lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        except ValueError:
-            raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
-        stack_a = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
-        stack_b = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        lead, stack_a, stack_b = matrix_stacks(a, b)
         quantised: dict[str, list[mx.MX]] = {"a": [], "b": []}
         products = []
         for x, y in zip(stack_a, stack_b, strict=True):

@@ -99,6 +99,17 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 THREADED_MATMUL = 1 << 18
 
 
+def matrix_stacks(a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """The broadcast leading dimensions of (..., M, K) and (..., K, N) operands, and each operand
+    as a flat stack of matrices over them (for matmuls that run matrix by matrix)."""
+    try:
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
+    return (lead, np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:]),
+            np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:]))
+
+
 def _columns(x, axis: int | None, fmt: Format) -> tuple[np.ndarray, tuple[int, ...]]:
     """``x`` as bits (n, columns) with the reduced axis first, C-ordered (one compiled kernel
     serves every layout; a copy only where needed), and the shape of the result."""
@@ -592,12 +603,7 @@ class Device:
             out, status = self._matmul(a, b, acc_fpu, out_fpu)
             self._record(status, name, m * n)
             return out.view(fmt.dtype).reshape(m, n)
-        try:
-            lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        except ValueError:
-            raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
-        stack_a = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
-        stack_b = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        lead, stack_a, stack_b = matrix_stacks(a, b)
         out = np.empty((len(stack_a), m * n), fmt.uint)
         status = 0
         for i in range(len(stack_a)):
