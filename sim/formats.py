@@ -31,11 +31,12 @@ from functools import cached_property
 import ml_dtypes
 import numpy as np
 
+from .kernels import NO_TAPER
+
 __all__ = ["Format", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64", "FLOAT8_E4M3FN", "FLOAT8_E5M2",
            "FLOAT8_E8M0FNU", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS", "EIGHT_BIT", "format_of", "decode"]
 
 KINDS = ("ieee", "fn", "finite", "fnu", "tapered")
-_NO_TAPER = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class Format:
         ``overflow``: the result of an overflow that rounds away from zero when not saturating;
         ``inf``: the result for an exact infinity; ``zero``: for an exact zero."""
         inf = self.inf_bits
-        t = (*self.taper, _NO_TAPER, _NO_TAPER, _NO_TAPER)[:3]
+        t = (*self.taper, NO_TAPER, NO_TAPER, NO_TAPER)[:3]
         eight = self.dtype.itemsize == 1
         if self.kind == "ieee":
             limit, top, over, infb, nan, zero = inf, inf - 1, inf, inf, self.default_nan, 0

@@ -130,25 +130,23 @@ _bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
 _bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
 
 
-_NO_TAPER = 1 << 30
+#: The taper threshold of formats whose precision does not taper (no exponent is that large).
+NO_TAPER = 1 << 30
 
 
-def config(width: int, man: int, bias: int, mode: int, saturate: bool, before: bool, nan_bits: int,
-           nan_to_zero: bool, quantum: int | None = None, keep: int = 0x1F, encoding: tuple | None = None,
-           key: int = 0, random_bits: int = 0, source: tuple[int, int] = (0, 0)) -> np.ndarray:
-    """The settings array every kernel takes: a format, a rounding mode, the overflow mode,
-    tininess, the NaN it produces, for rounding to an integral value the coarsest quantum
-    and the flags kept; ``encoding`` (see :attr:`sim.formats.Format.kernel`) where the
-    format is not IEEE's; for stochastic rounding the random stream's key and bit count;
-    for HiFloat8's hybrid rounding the source format's fraction bits and finest quantum."""
-    inf = ((1 << (width - 1 - man)) - 1) << man
-    if encoding is None:
-        encoding = (bias, inf, inf - 1, inf, inf, nan_bits, 0, 0, _NO_TAPER, _NO_TAPER, _NO_TAPER, 1 - bias,
-                    1 - bias - man)
+def config(width: int, man: int, mode: int, saturate: bool, before: bool, nan_bits: int | None, nan_to_zero: bool,
+           quantum: int | None, keep: int, encoding: tuple, random_bits: int = 0,
+           source: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """The settings array every kernel takes: a format (its widths and ``encoding``, see
+    :attr:`sim.formats.Format.kernel`), a rounding mode, the overflow mode, tininess, the NaN
+    it produces (None: the encoding's), for rounding to an integral value the coarsest quantum
+    and the flags kept; for stochastic rounding the number of random bits (the key is set
+    per operation: :data:`KEY`); for HiFloat8's hybrid rounding the source format's fraction
+    bits and finest quantum."""
     bias, limit, top, over, infb, nan, nan_sign, zero, t1, t2, t3, tiny, qmin = encoding
     q = qmin if quantum is None else quantum
     return np.array([width, man, bias, mode, saturate, before, nan if nan_bits is None else nan_bits, nan_to_zero,
-                     q, keep, limit, top, over, infb, nan_sign, zero, t1, t2, t3, tiny, key, random_bits, *source],
+                     q, keep, limit, top, over, infb, nan_sign, zero, t1, t2, t3, tiny, 0, random_bits, *source],
                     np.int64)
 
 
@@ -356,7 +354,7 @@ def round64_fast(x, cfg):
     sig = 0 if zero else (f | (1 << 52)) << 9
     bits, flags = round_pack((u >> 63) & 1, exp, sig, cfg, True)
     hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero) | (cfg[QUANTUM] != 1 - cfg[BIAS] - cfg[MAN]) \
-        | (cfg[MODE] >= STOCHASTIC) | (cfg[TAPER1] != _NO_TAPER)
+        | (cfg[MODE] >= STOCHASTIC) | (cfg[TAPER1] != NO_TAPER)
     return bits, HARD if hard else flags
 
 

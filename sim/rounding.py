@@ -117,10 +117,10 @@ _MODE_CODE = {
 
 def config(fmt: Format, rounding: Rounding = Rounding.NEAREST_EVEN, overflow: OverflowMode = OverflowMode.INF_NAN,
            tininess: Tininess = Tininess.AFTER, nan_bits: int | None = None, nan_to_zero: bool = True,
-           quantum: int | None = None, keep: int = 0x1F, *, key: int = 0, random_bits: int = 0,
+           quantum: int | None = None, keep: int = 0x1F, *, random_bits: int = 0,
            source: Format | None = None) -> np.ndarray:
     """The settings array of the compiled kernels for rounding into ``fmt`` (see :mod:`sim.kernels`):
-    ``key`` and ``random_bits`` for stochastic rounding, ``source`` for hybrid rounding."""
+    ``random_bits`` for stochastic rounding, ``source`` for hybrid rounding."""
     if fmt.precision > 53:
         raise ValueError(f"the rounding routine handles formats of at most 53 significand bits, "
                          f"{fmt.name} has {fmt.precision}")
@@ -133,12 +133,9 @@ def config(fmt: Format, rounding: Rounding = Rounding.NEAREST_EVEN, overflow: Ov
         random_bits, src = (14 if source.man_bits == 23 else 2), (source.man_bits, source.qmin)
     else:
         src = (0, 0)
-    encoding = None if fmt.kind == "ieee" and fmt.dtype.itemsize > 1 else fmt.kernel
-    if nan_bits is None and encoding is None:
-        nan_bits = fmt.default_nan
-    return kernels.config(fmt.width, fmt.man_bits, fmt.bias, _MODE_CODE[rounding],
-                          overflow is OverflowMode.SATURATION, tininess is Tininess.BEFORE,
-                          nan_bits, nan_to_zero, quantum, keep, encoding, key, random_bits, src)
+    return kernels.config(fmt.width, fmt.man_bits, _MODE_CODE[rounding], overflow is OverflowMode.SATURATION,
+                          tininess is Tininess.BEFORE, nan_bits, nan_to_zero, quantum, keep, fmt.kernel,
+                          random_bits, src)
 
 
 def round_float64(
