@@ -35,7 +35,7 @@ import numpy as np
 
 from sim import Device, Flag, mx
 from sim.device import matrix_stacks
-from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format
+from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
 from .policy import F32_MAX
 
@@ -286,7 +286,7 @@ class Fp8Matmuls:
         scaled = dev.mul(dev.cast(x, np.float32), F32(scale))
         rounding = "rna" if fmt is HIFLOAT8 else None
         x8, flags = dev.cast(scaled, fmt, rounding=rounding, return_flags=True)
-        values = x8.astype(np.float64) if fmt is not HIFLOAT8 else HIFLOAT8.values[x8]
+        values = decode(x8, fmt)
         self._record({"step": dev.step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "scale": scale,
                       "amax": amax, "saturated": int(np.count_nonzero(flags & Flag.OVERFLOW)),
                       "nonfinite": int(np.count_nonzero(~np.isfinite(values)))})

@@ -72,7 +72,7 @@ class Format:
     def bias(self) -> int:
         if self.kind == "fnu":
             return 128  # code c is 2**(c - 127): the carrier's normals start at code 1
-        if self.emin_override is not None and self.kind == "tapered":
+        if self.kind == "tapered":
             return 1 - self.qmin  # the carrier: every value at or above 2**qmin is a carrier normal
         return (1 << (self.exp_bits - 1)) - 1
 
@@ -88,8 +88,6 @@ class Format:
             return self.emax_override
         if self.kind == "ieee":
             return self.bias
-        if self.kind == "fnu":
-            return 127
         return (1 << self.exp_bits) - 1 - self.bias
 
     @property
@@ -102,11 +100,6 @@ class Format:
         """Unsigned integer dtype holding the encoding's bits (the carrier's, for the 8-bit kinds
         that round through one), for bit views."""
         return np.dtype(f"u{max(1, -(-self.width // 8))}")
-
-    @property
-    def code(self) -> np.dtype:
-        """The unsigned integer dtype of the stored codes (uint8 for the 8-bit formats)."""
-        return np.dtype(f"u{self.dtype.itemsize}")
 
     @property
     def sign_bit(self) -> int:
@@ -211,7 +204,7 @@ class Format:
         """Every code's value as binary64 (the 8-bit formats), indexed by code."""
         if self.kind == "tapered":
             return _hifloat8_values()
-        codes = np.arange(1 << (8 * self.dtype.itemsize), dtype=self.code)
+        codes = np.arange(256, dtype=np.uint8)
         if self.kind == "finite":
             codes = codes & np.uint8(0xF)
         return codes.view(self.dtype).astype(np.float64)
@@ -276,7 +269,7 @@ BINARY64 = Format("binary64", 11, 52, np.dtype(np.float64))
 FLOAT8_E4M3FN = Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), "fn")
 FLOAT8_E5M2 = Format("float8_e5m2", 5, 2, np.dtype(ml_dtypes.float8_e5m2))
 FLOAT8_E8M0FNU = Format("float8_e8m0fnu", 9, 0, np.dtype(ml_dtypes.float8_e8m0fnu), "fnu",
-                        emin_override=-127, qmin_override=-127)
+                        emin_override=-127, qmin_override=-127, emax_override=127)
 FLOAT4_E2M1FN = Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), "finite")
 HIFLOAT8 = Format("hifloat8", 6, 3, np.dtype(np.uint8), "tapered", taper=(3, 7, 15),
                   emin_override=-15, qmin_override=-22, emax_override=15)
