@@ -228,7 +228,7 @@ def make_recipe(name: str | Recipe, **kwargs: Any) -> Recipe:
         if kwargs:
             raise ValueError("recipe arguments go with a recipe name")
         return name
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ValueError(f"unknown FP8 recipe {name!r}; valid: {', '.join(RECIPES)}")
     valid = [f.name for f in fields(RECIPES[name])]
     unknown = sorted(set(kwargs) - set(valid))

@@ -176,7 +176,7 @@ def check_arguments(args: dict[str, Any]) -> list[str]:
         lambda: get("overflow_mode") is None or OverflowMode.parse(get("overflow_mode")),
         lambda: get("detector") is None or make_detector(ALIASES.get(get("detector"), get("detector")),
                                                          OverflowMode.INF_NAN),
-        lambda: _fp8_check(get("fp8"), get("fp8_args")),
+        lambda: _fp8_recipe(get("fp8"), get("fp8_args")),
     ]
     if not isinstance(get("manager"), str):
         problems.append(f"manager must be a name; valid: {', '.join(MANAGERS)}")
@@ -221,15 +221,14 @@ class Run:
         return np.array([r[name] for r in self.records])
 
 
-def _fp8_check(name: Any, args: Any) -> None:
-    """ValueError where an FP8 recipe name or its arguments are wrong."""
-    if name is None:
+def _fp8_recipe(fp8: Any, args: Any) -> Recipe | None:
+    """The recipe ``simulate(fp8=..., fp8_args=...)`` runs (None: no FP8 matmuls); ValueError where
+    the recipe or its arguments are wrong."""
+    if fp8 is None:
         if args:
             raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
-        return
-    if not isinstance(name, str):
-        raise ValueError(f"fp8 must be a recipe name; valid: delayed, current, mx; got {name!r}")
-    make_recipe(name, **(args if isinstance(args, dict) else {}))
+        return None
+    return make_recipe(fp8, **(args if isinstance(args, dict) else {}))
 
 
 def _fp8_summary(recipe: Recipe | None, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -331,9 +330,7 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
             "ranks": ranks, "steps": steps, "seed": seed, "underflow_every": underflow_every,
             "workload_args": dict(workload_args or {}), "fp8": fp8 if isinstance(fp8, str) else None,
             "fp8_args": dict(fp8_args or {})}
-    if not isinstance(fp8, Recipe):
-        _fp8_check(fp8, fp8_args)
-    recipe = None if fp8 is None else make_recipe(fp8, **(fp8_args or {}))
+    recipe = _fp8_recipe(fp8, fp8_args)
     prof = profiles.get(profile)
     managers, manager_name = _managers(manager, manager_args, ranks, manager_defaults)  # refuse bad ones first
     args["manager"] = manager_name
