@@ -20,7 +20,7 @@ import warnings
 
 import ml_dtypes
 import numpy as np
-from timing import best_of_each
+from timing import best_of_each, print_ratios
 
 from sim import BINARY16, BINARY32, Fpu, OverflowMode
 
@@ -63,9 +63,7 @@ def main() -> None:
             t, base = best_of_each([fn, functools.partial(x.astype, dtype)], args.repeat)
             rows.append((f"{src} -> {fmt}", what, t / args.n * 1e9, t / base, base / args.n * 1e9))
     print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; {args.n} elements, best of {args.repeat}")
-    print(f"{'cast':<28}{'kind':<28}{'ns/elem':>9}{'x ml_dtypes':>13}{'ml_dtypes ns':>14}")
-    for cast, what, ns, ratio, base_ns in rows:
-        print(f"{cast:<28}{what:<28}{ns:>9.2f}{ratio:>13.2f}{base_ns:>14.2f}")
+    print_ratios(("cast", "kind", "ns/elem", "x ml_dtypes", "ml_dtypes ns"), (28, 28), rows)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import os
 import warnings
 
 import numpy as np
-from timing import best
+from timing import best, print_ratios
 
 from sim import SIX_MODES, Fpu, OverflowMode, Rounding
 
@@ -101,9 +101,7 @@ def main() -> None:
         t = best(fn, 1)
         rows.append(("typical", f"{name} (rounding only, mul)", t / m * 1e9, t / tb, tb / m * 1e9))
     print(f"load average at start: {load:.2f} on {os.cpu_count()} cores")
-    print(f"{'data':<11}{'operation':<42}{'ns/elem':>9}{'x numpy f16':>13}{'numpy ns':>10}")
-    for data, name, ns, ratio, np_ns in rows:
-        print(f"{data:<11}{name:<42}{ns:>9.2f}{ratio:>13.2f}{np_ns:>10.2f}")
+    print_ratios(("data", "operation", "ns/elem", "x numpy f16", "numpy ns"), (11, 42), rows)
 
 
 if __name__ == "__main__":

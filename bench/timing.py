@@ -37,3 +37,14 @@ def print_steps(title: str, baseline: tuple[str, float], steps: list[tuple[str, 
     print(f"{title:<{width}}{'ms':>9}{'ratio':>8}")
     for name, seconds in rows:
         print(f"{name:<{width}}{seconds * 1e3:>9.3f}{seconds / baseline[1]:>8.2f}")
+
+
+def print_ratios(columns: tuple[str, str, str, str, str], widths: tuple[int, int], rows) -> None:
+    """A table of (group, name, ns per element, ratio to the baseline, the baseline's ns) rows
+    under ``columns``; ``widths``: those of the two text columns."""
+    a, b = widths
+    names = columns[2:]
+    print(f"{columns[0]:<{a}}{columns[1]:<{b}}" + "".join(f"{c:>{max(len(c) + 2, 9)}}" for c in names))
+    for group, name, ns, ratio, base in rows:
+        cells = zip((ns, ratio, base), names, strict=True)
+        print(f"{group:<{a}}{name:<{b}}" + "".join(f"{v:>{max(len(c) + 2, 9)}.2f}" for v, c in cells))
