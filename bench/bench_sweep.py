@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lossscale.sweep import load_grid, points, run_sweep
+from lossscale.app.sweep import load_grid, points, run_sweep
 
 
 def main() -> None:

@@ -1,28 +1,32 @@
 """Loss scaling as the frameworks do it, exactly: the Ascend NPU managers and
 optimizer, the other frameworks' dynamic loss scalers, and plain optimizers.
 
-Three layers, each using only those above it (``tests/test_layers.py`` checks):
+Three layers, as subpackages, each importing only those below it (``tests/test_layers.py``
+checks, and that nothing imports in a circle):
 
-- core: ``policy`` (the protocol: a policy is a frozen value with a pure
-  ``next``; ``Manager`` is its stateful face), ``managers`` (the Ascend ones),
-  ``policies`` (the other frameworks'), ``optimizers``, ``detectors`` (each
-  framework's overflow check: where in the step it clears and reads the register),
-  ``fp8`` (the FP8 scaling recipes, per-tensor policies of the same kind, and the hook
-  that runs a device's matmuls in FP8);
-- training: ``simulate``, ``workloads`` (built in, and the ``Workload``
-  protocol for your own), ``torch_workloads``, ``jax_workloads``;
-- application: ``cli``, ``files``, ``plots``, ``sweep``, ``testing`` (the
-  property kit).
+- ``policy``: the protocol (a policy is a frozen value with a pure ``next``; ``Manager`` is
+  its stateful face), the registry, the Ascend managers (``policy.ascend``) and the other
+  frameworks' scalers (``policy.frameworks``);
+- ``training``: ``simulate`` (the step loop), ``workloads`` (built in, torch, JAX, and the
+  ``Workload`` protocol for your own), ``detectors`` (each framework's overflow check: where
+  in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 scaling
+  recipes and the hook that runs a device's matmuls in FP8);
+- ``app``: ``cli``, ``files``, ``plots``, ``sweep``.
+
+``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
+releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
+``lossscale.detectors``, ``lossscale.optimizers``, ``lossscale.managers``,
+``lossscale.policies``) still import: each is the module of its layer.
 """
 
-__version__ = "0.1.0"
+from .policy import Manager, Policy, PolicyManager, frameworks, trajectory
+from .policy.ascend import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from .training.optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
+from .version import __version__
 
-from . import policies  # noqa: E402
-from .managers import ExponentialUpdateLossScaleManager, FixedLossScaleManager
-from .optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
-from .policy import Manager, Policy, PolicyManager, trajectory
+policies = frameworks  # the earlier name of lossscale.policy.frameworks
 
 __all__ = [
     "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
-    "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies",
+    "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies", "__version__",
 ]

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from lossscale.cli import main
-from lossscale.files import read_run
-from lossscale.plots import figure_run
+from lossscale.app.cli import main
+from lossscale.app.files import read_run
+from lossscale.app.plots import figure_run
 from lossscale.simulate import COLUMNS, simulate
 
 FAST = ["--steps", "60", "--quiet", "--manager-arg", "incr_every_n_steps=10"]

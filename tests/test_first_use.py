@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from lossscale import ExponentialUpdateLossScaleManager, Momentum, NPULossScaleOptimizer
-from lossscale.cli import build_parser, main
+from lossscale.app.cli import build_parser, main
 from lossscale.optimizers import UnsupportedProductWarning
 from lossscale.simulate import MANAGERS, Interrupted, simulate
 from sim import Device
@@ -173,7 +173,7 @@ def test_ctrl_c_keeps_the_finished_steps(monkeypatch) -> None:
 
 
 def test_ctrl_c_in_the_cli_writes_the_partial_run(capsys, tmp_path, monkeypatch) -> None:
-    import lossscale.cli as cli
+    import lossscale.app.cli as cli
     monkeypatch.setattr(cli, "_progress", lambda quiet, name: lambda done, total: done == 7 and os.kill(
         os.getpid(), signal.SIGINT))
     code, out, err = run_cli(capsys, "run", "--steps", "40", "--out", tmp_path / "r")

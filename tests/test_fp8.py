@@ -203,8 +203,8 @@ def test_hifloat8_recipe_and_saturation() -> None:
 
 
 def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
-    from lossscale.cli import main
-    from lossscale.files import read_run
+    from lossscale.app.cli import main
+    from lossscale.app.files import read_run
 
     out = tmp_path / "run"
     assert main(["run", "--profile", "atlas-350", "--fp8", "current", "--fp8-arg", "fp8_format=E4M3", "--steps", "4",
@@ -226,7 +226,7 @@ def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
 def test_a_sweep_over_recipes_and_modes(capsys, tmp_path) -> None:
     import csv
 
-    from lossscale.cli import main
+    from lossscale.app.cli import main
 
     grid = tmp_path / "grid.toml"
     grid.write_text('[sweep]\nprofile = "atlas-350"\nsteps = 5\n'

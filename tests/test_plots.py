@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lossscale.plots import MARKS, figure_compare, figure_heatmaps, figure_run
+from lossscale.app.plots import MARKS, figure_compare, figure_heatmaps, figure_run
 from lossscale.simulate import simulate
 
 

@@ -55,7 +55,7 @@ def test_readme_documents_every_column_and_the_register() -> None:
     assert "`rank step phase label op flags elements`" in section and len(EVENT_COLUMNS) == 7
     from lossscale.fp8 import FP8_COLUMNS
     assert f"`{' '.join(FP8_COLUMNS)}`" in section
-    from lossscale.sweep import RESULT_COLUMNS
+    from lossscale.app.sweep import RESULT_COLUMNS
     for column in RESULT_COLUMNS:
         assert f"`{column}`" in section, column
     assert "0 OVERFLOW, 1 INVALID,\n2 DIVBYZERO" in section and "4-7 zero" in section

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lossscale.sweep import RESULT_COLUMNS, load_grid, points, run_sweep
+from lossscale.app.sweep import RESULT_COLUMNS, load_grid, points, run_sweep
 
 GRID = """
 [sweep]

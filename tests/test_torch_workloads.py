@@ -79,7 +79,7 @@ def test_bfloat16_compute_and_bad_arguments() -> None:
 
 
 def test_lossscale_run_names_the_modules_whose_operations_overflowed(capsys, tmp_path) -> None:
-    from lossscale.cli import main
+    from lossscale.app.cli import main
     code = main(["run", "--workload", "torch-cnn", "--profile", "atlas-training", "--steps", "12", "--quiet",
                  "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out

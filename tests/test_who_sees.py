@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from lossscale.cli import main
+from lossscale.app.cli import main
+from lossscale.app.files import read_run
 from lossscale.detectors import DETECTORS
-from lossscale.files import read_run
 from lossscale.simulate import EVENT_COLUMNS, simulate
 from sim import profiles
 

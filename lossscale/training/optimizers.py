@@ -25,7 +25,7 @@ import numpy as np
 
 from sim import Device, OverflowMode, current_device
 
-from .policy import Manager, Policy, check_positive, check_ratio
+from ..policy.core import Manager, Policy, check_positive, check_ratio
 
 __all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS",
            "UnsupportedProductWarning"]

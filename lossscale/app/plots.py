@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .simulate import Run  # noqa: E402
+from ..training.simulate import Run  # noqa: E402
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
            "figure_events", "figure_fp8", "plot_fp8", "FORMATS", "MARKS"]

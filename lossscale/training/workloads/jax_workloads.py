@@ -21,7 +21,7 @@ import numpy as np
 from sim import Device
 from sim.jax import on_device
 
-from .workloads import SampledWorkload
+from .base import SampledWorkload
 
 __all__ = ["JaxWorkload"]
 

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "Manager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register", "DEMO_SCALE",
-           "missing_scaler_methods"]
+__all__ = ["Policy", "Manager", "PolicyManager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register",
+           "DEMO_SCALE", "describe", "missing_scaler_methods"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 

@@ -37,7 +37,7 @@ from sim import Device, Flag, mx
 from sim.device import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
-from .policy import F32_MAX
+from ..policy.core import F32_MAX
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
            "FP8_FORMATS", "make_recipe", "amax_of", "FP8_COLUMNS"]

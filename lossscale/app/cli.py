@@ -19,10 +19,10 @@ from typing import Any
 
 from sim import profiles
 
-from .detectors import ALIASES, DETECTORS
-from .fp8 import RECIPES
-from .simulate import DEFAULTS, MANAGERS, Interrupted, Run, manager_arguments, simulate
-from .workloads import WORKLOADS
+from ..training.detectors import ALIASES, DETECTORS
+from ..training.fp8 import RECIPES
+from ..training.simulate import DEFAULTS, MANAGERS, Interrupted, Run, manager_arguments, simulate
+from ..training.workloads import WORKLOADS
 
 __all__ = ["main"]
 
@@ -126,7 +126,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ..version import __version__
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="lossscale", description="Loss scaling on simulated Ascend NPUs: train a workload in "
                      "binary16 on a simulated Atlas device under a framework's loss scaler and overflow check.",
@@ -360,14 +360,39 @@ def cmd_compare(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'compare.png'} and one folder per manager under {out}")
 
 
+def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
+    """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
+    paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
+    from .files import check_folder, read_run, write_atomic, write_plots
+    from .plots import FORMATS, plot_compare
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
+    folder = check_folder(folder, "the folder that lossscale run, compare or sweep wrote")
+    if (folder / "trajectory.csv").exists():
+        return write_plots(read_run(folder), folder, fmt)
+    if (folder / "results.csv").exists():
+        from .sweep import redraw_sweep
+
+        return [redraw_sweep(folder, fmt, heatmap)]
+    members = sorted(p for p in folder.iterdir() if (p / "trajectory.csv").exists())
+    if (folder / "compare.json").exists():  # the managers in the order compare ran them
+        order = json.loads((folder / "compare.json").read_text())["managers"]
+        members = [folder / name for name in order if (folder / name / "trajectory.csv").exists()]
+    if members:
+        path = folder / f"compare.{fmt}"
+        write_atomic(path, plot_compare([(p.name, read_run(p)) for p in members], fmt=fmt))
+        return [path]
+    raise ValueError(f"{str(folder)!r} holds no run, compare or sweep output (no trajectory.csv, no results.csv, "
+                     f"no run folders)")
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
-    from .files import redraw
     paths = redraw(args.folder, args.format, heatmap=args.heatmap)
     print("wrote " + ", ".join(str(p) for p in paths))
 
 
 def cmd_managers(args: argparse.Namespace) -> None:
-    from .policy import REQUIRED
+    from ..policy.core import REQUIRED
     for name, (cls, demo) in MANAGERS.items():
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         print(f"{name}: {cls.__name__}, {doc}")

@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .managers import ExponentialUpdate
-from .policy import (
+from .ascend import ExponentialUpdate
+from .core import (
     DEMO_SCALE,
     Manager,
     Policy,

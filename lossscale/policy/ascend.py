@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .policy import DEMO_SCALE, Manager, Policy, check_at_least, check_bool, check_period, check_ratio, f32, register
+from .core import DEMO_SCALE, Manager, Policy, check_at_least, check_bool, check_period, check_ratio, f32, register
 
 __all__ = ["FixedLossScale", "ExponentialUpdate", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
 

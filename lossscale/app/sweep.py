@@ -116,7 +116,7 @@ def _paired(point: dict[str, Any]) -> dict[str, Any]:
 
 def check_points(grid_points: list[dict[str, Any]]) -> list[str]:
     """Every distinct problem of the points' arguments, with how many points have it."""
-    from .simulate import check_arguments
+    from ..training.simulate import check_arguments
     seen: dict[str, int] = {}
     for p in grid_points:
         for problem in check_arguments(p):
@@ -128,7 +128,7 @@ def run_point(args: dict[str, Any]) -> dict[str, Any]:
     """One simulation; its metrics, or its error. Never raises."""
     import warnings
 
-    from .simulate import simulate
+    from ..training.simulate import simulate
     row: dict[str, Any] = {"key": key_of(args), "args": args, "status": "ok", "error": ""}
     try:
         with warnings.catch_warnings():

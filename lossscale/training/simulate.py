@@ -27,6 +27,7 @@ import collections
 import contextlib
 import copy
 import functools
+import inspect
 import json
 import signal
 import threading
@@ -37,14 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from sim import PHASES, Device, Group, profiles
+from sim import PHASES, Device, Group, OverflowMode, profiles
 
-from . import policies
-from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
+from ..policy import frameworks as policies
+from ..policy.core import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe, missing_scaler_methods
+from .detectors import ALIASES, DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
 from .fp8 import Fp8Matmuls, Recipe, make_recipe
 from .optimizers import LossScaleOptimizer
-from .policy import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe, missing_scaler_methods
-from .workloads import Workload, check_workload, make_workload
+from .workloads import WORKLOADS, Workload, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted"]
 
@@ -155,12 +156,6 @@ def check_arguments(args: dict[str, Any]) -> list[str]:
     """What is wrong with ``simulate(**args)``'s names, types and manager or workload arguments,
     found without running it (one sentence per problem; empty if none). Combinations that only
     a run can refuse (a mode the profile lacks) are not checked."""
-    import inspect
-
-    from sim import OverflowMode
-
-    from .detectors import ALIASES
-    from .workloads import WORKLOADS
     params = inspect.signature(simulate).parameters
     problems = [f"unknown argument {k!r}; valid: {', '.join(params)}" for k in args if k not in params]
     get = lambda k: args.get(k, params[k].default if k in params else None)  # noqa: E731
@@ -247,7 +242,7 @@ def _versions() -> dict[str, str]:
 
     import ml_dtypes
 
-    from . import __version__
+    from ..version import __version__
     return {"python": platform.python_version(), "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__,
             "lossscale": __version__}
 

@@ -18,10 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .fp8 import FP8_COLUMNS
-from .simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
+from ..training.fp8 import FP8_COLUMNS
+from ..training.simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
-__all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "write_plots", "json_text", "redraw"]
+__all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
+           "json_text"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -125,31 +126,7 @@ def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
     return paths
 
 
-def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
-    """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
-    paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
-    from .plots import FORMATS, plot_compare
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
-    folder = _folder(folder, "the folder that lossscale run, compare or sweep wrote")
-    if (folder / "trajectory.csv").exists():
-        return write_plots(read_run(folder), folder, fmt)
-    if (folder / "results.csv").exists():
-        from .sweep import redraw_sweep
-        return [redraw_sweep(folder, fmt, heatmap)]
-    members = sorted(p for p in folder.iterdir() if (p / "trajectory.csv").exists())
-    if (folder / "compare.json").exists():  # the managers in the order compare ran them
-        order = json.loads((folder / "compare.json").read_text())["managers"]
-        members = [folder / name for name in order if (folder / name / "trajectory.csv").exists()]
-    if members:
-        path = folder / f"compare.{fmt}"
-        write_atomic(path, plot_compare([(p.name, read_run(p)) for p in members], fmt=fmt))
-        return [path]
-    raise ValueError(f"{str(folder)!r} holds no run, compare or sweep output (no trajectory.csv, no results.csv, "
-                     f"no run folders)")
-
-
-def _folder(folder: Path, what: str) -> Path:
+def check_folder(folder: Path, what: str) -> Path:
     """``folder`` as a Path; ValueError if it does not exist or is not a folder (``what`` to give)."""
     folder = Path(folder)
     if not folder.exists():
@@ -162,7 +139,7 @@ def _folder(folder: Path, what: str) -> Path:
 def read_run(folder: Path) -> Run:
     """A run back from its files (for ``lossscale plot``); ValueError naming a missing or
     malformed file."""
-    folder = _folder(folder, "the run's folder (it holds trajectory.csv)")
+    folder = check_folder(folder, "the run's folder (it holds trajectory.csv)")
     try:
         text = (folder / "trajectory.csv").read_text()
         summary_text = (folder / "summary.json").read_text()

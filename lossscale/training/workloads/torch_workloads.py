@@ -30,8 +30,8 @@ import torch
 from sim import Device
 from sim.torch import DeviceMode
 
-from .policy import check_bool
-from .workloads import SampledWorkload, _digits
+from ...policy.core import check_bool
+from .base import SampledWorkload, digits
 
 __all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
@@ -153,7 +153,7 @@ def _cross_entropy(out, y):
 
 
 def _digit_data(shape: tuple[int, ...]):
-    x, y = _digits()
+    x, y = digits()
     order = np.random.default_rng(1234).permutation(len(y))  # the hand-written mlp's fixed split
     x, y = x[order].reshape(-1, *shape), y[order]
     return (x[:1500], y[:1500]), (x[1500:], y[1500:])

@@ -1,0 +1,196 @@
+"""The built-in workloads: ``mlp`` (a perceptron on the digits) and ``trace`` (synthetic
+gradients, cheap enough for sweeps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim import Device
+
+from ...policy.core import check_bool
+from ..optimizers import Adam, Momentum
+from .base import digits
+
+__all__ = ["Mlp", "Trace"]
+
+F32, H = np.float32, np.float16
+
+
+def _softmax32(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@dataclass
+class Mlp:
+    """A 64-``hidden``-10 perceptron on the digits; ``batch`` images per step.
+    ``log_perplexity``: also exp(sum of the batch's losses) in binary16, for logging."""
+
+    seed: int = 0
+    hidden: int = 32
+    batch: int = 64
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    log_perplexity: bool = False
+    name: str = "mlp"
+    has_accuracy: bool = True
+    marks_phases: bool = True
+    _data: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_bool("log_perplexity", self.log_perplexity)
+        x, y = digits()
+        order = np.random.default_rng(1234).permutation(len(y))  # a fixed split, whatever the seed
+        x, y = x[order], y[order]
+        self.train, self.test = (x[:1500], y[:1500]), (x[1500:], y[1500:])
+        self._rng = np.random.default_rng(self.seed)
+
+    def init_params(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        he = lambda n_in, n_out: (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(F32)  # noqa: E731
+        return [he(64, self.hidden), np.zeros(self.hidden, F32), he(self.hidden, 10), np.zeros(10, F32)]
+
+    def optimizer(self):
+        return Momentum(self.learning_rate, self.momentum)
+
+    def batches(self, steps: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed + 1)
+        return np.stack([rng.choice(len(self.train[1]), self.batch, replace=False) for _ in range(steps)])
+
+    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
+        """Each rank's images and its share of the global batch."""
+        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
+
+    def forward_backward(self, dev: Device, params: list[np.ndarray], scale: float, idx: np.ndarray,
+                         share: float = 1.0) -> tuple[float, list[np.ndarray]]:
+        """Loss (binary32) and binary16 gradients of S * loss for the images ``idx``,
+        a ``share`` of the global batch (the mean is over the global batch)."""
+        total = round(len(idx) / share)
+        x, y = self.train[0][idx], self.train[1][idx]
+        with dev.label("fc1"):
+            w1, b1, w2, b2 = (dev.cast(p, H) for p in params)
+            x16 = dev.cast(x, H)
+            z1 = dev.add(dev.matmul(x16, w1), b1)
+        with dev.label("relu"):
+            h = dev.relu(z1)
+        with dev.label("fc2"):
+            logits = dev.cast(dev.add(dev.matmul(h, w2), b2), F32)
+        dev.begin_phase("loss")
+        with dev.label("softmax"):
+            shifted = dev.sub(logits, logits.max(axis=1, keepdims=True))  # the max itself is exact
+            e = dev.exp(shifted)
+            p = dev.div(e, dev.sum(e, axis=1)[:, None])
+        with dev.label("loss"):
+            picked = p[np.arange(len(y)), y]
+            losses = dev.log(picked)
+            loss = -float(dev.sum(losses, accumulate=F32)) / total
+        if self.log_perplexity:
+            dev.begin_phase("log")
+            with dev.label("perplexity"):
+                dev.exp(dev.neg(dev.sum(dev.cast(losses, H))))
+        dev.begin_phase("scale")
+        with dev.label("loss"):
+            coef = dev.div(F32(scale), F32(total))
+        dev.begin_phase("backward")
+        with dev.label("softmax"):
+            onehot = np.zeros_like(p)
+            onehot[np.arange(len(y)), y] = 1
+            dlogits = dev.cast(dev.mul(dev.sub(p, onehot), coef), H)  # where a too-high scale overflows
+        with dev.label("fc2"):
+            dw2 = dev.matmul(np.ascontiguousarray(h.T), dlogits)
+            db2 = dev.sum(dlogits, axis=0, accumulate=F32, out_dtype=H)
+            dh = dev.matmul(dlogits, np.ascontiguousarray(w2.T))
+        dz1 = np.where(z1 > 0, dh, H(0))  # ReLU's gradient selects, it does not multiply
+        with dev.label("fc1"):
+            dw1 = dev.matmul(np.ascontiguousarray(x16.T), dz1)
+            db1 = dev.sum(dz1, axis=0, accumulate=F32, out_dtype=H)
+        return loss, [dw1, db1, dw2, db2]
+
+    def grads32(self, params: list[np.ndarray], idx: np.ndarray, share: float = 1.0) -> tuple[float, list[np.ndarray]]:
+        """The same loss and (unscaled) gradients in plain numpy binary32."""
+        total = round(len(idx) / share)
+        x, y = self.train[0][idx], self.train[1][idx]
+        w1, b1, w2, b2 = params
+        z1 = x @ w1 + b1
+        h = np.maximum(z1, 0)
+        p = _softmax32(h @ w2 + b2)
+        with np.errstate(divide="ignore"):  # a probability that underflowed to 0: the loss is Inf, as it is
+            loss = float(-np.log(p[np.arange(len(y)), y]).sum()) / total
+        d = p.copy()
+        d[np.arange(len(y)), y] -= 1
+        d /= F32(total)
+        dh = (d @ w2.T) * (z1 > 0)
+        return loss, [x.T @ dh, dh.sum(axis=0), h.T @ d, d.sum(axis=0)]
+
+    def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
+        """Test loss and accuracy of binary32 weights, computed in binary32."""
+        (x, y), (w1, b1, w2, b2) = self.test, params
+        with np.errstate(all="ignore"):
+            p = _softmax32(np.maximum(x @ w1 + b1, 0) @ w2 + b2)
+            loss = float(-np.log(np.maximum(p[np.arange(len(y)), y], np.finfo(F32).tiny)).mean())
+        return {"loss": loss, "accuracy": float((p.argmax(axis=1) == y).mean())}
+
+
+@dataclass
+class Trace:
+    """Synthetic gradients ``m_t * spread * (w - w*)`` with a drifting, spiking m_t."""
+
+    seed: int = 0
+    size: int = 4096
+    batch: int = 1
+    learning_rate: float = 0.01
+    drift: float = 0.15
+    spike_rate: float = 0.03
+    spread: float = 3.0
+    name: str = "trace"
+    has_accuracy: bool = False
+    marks_phases: bool = True
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        self.target = rng.standard_normal(self.size).astype(F32)
+        self.pattern = (2.0 ** (rng.standard_normal(self.size) * self.spread - 4)).astype(F32)
+
+    def init_params(self) -> list[np.ndarray]:
+        return [np.zeros(self.size, F32)]
+
+    def optimizer(self):
+        """Adam: its steps do not grow with the gradient's magnitude, so spikes that get
+        through do not blow the model up; lost (underflowed) elements and skipped steps
+        still slow it down."""
+        return Adam(self.learning_rate)
+
+    def batches(self, steps: int) -> np.ndarray:
+        """Per step, the gradient's overall magnitude m_t as log2 (the 'batch')."""
+        rng = np.random.default_rng(self.seed + 1)
+        walk = np.cumsum(rng.standard_normal(steps) * self.drift) - 2
+        spikes = (rng.random(steps) < self.spike_rate) * rng.uniform(6, 12, steps)
+        return (walk + spikes)[:, None]
+
+    def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
+        """Every rank sees the same magnitude and holds 1/ranks of the gradient."""
+        return [(batch, 1 / ranks)] * ranks
+
+    def forward_backward(self, dev: Device, params, scale: float, log2m: np.ndarray, share: float = 1.0):
+        g32 = self._grad(params, log2m, share)
+        dev.begin_phase("scale")
+        scaled = dev.mul(g32, F32(scale))
+        dev.begin_phase("backward")
+        return self._loss(params), [dev.cast(scaled, H)]
+
+    def _grad(self, params, log2m, share: float = 1.0) -> np.ndarray:
+        m = F32(2.0 ** float(log2m[0]) * share)
+        return (m * self.pattern * (params[0] - self.target)).astype(F32)
+
+    def _loss(self, params) -> float:
+        return float(0.5 * np.mean((params[0] - self.target) ** 2))
+
+    def grads32(self, params, log2m, share: float = 1.0):
+        return self._loss(params), [self._grad(params, log2m, share)]
+
+    def evaluate(self, params) -> dict[str, float]:
+        return {"loss": self._loss(params), "accuracy": float("nan")}
+
