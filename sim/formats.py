@@ -37,7 +37,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["Format", "Encoding", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64", "FLOAT8_E4M3FN", "FLOAT8_E5M2",
-           "FLOAT8_E8M0FNU", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS",
+           "FLOAT8_E8M0FNU", "FLOAT6_E3M2FN", "FLOAT6_E2M3FN", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS",
            "EIGHT_BIT", "NAN_ENCODINGS", "format_of", "decode"]
 
 NAN_ENCODINGS = ("ieee", "all_ones", "none", "negative_zero")
@@ -339,22 +339,25 @@ BINARY64 = Format("binary64", 11, 52, np.dtype(np.float64))
 FLOAT8_E4M3FN = Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), has_infs=False, nans="all_ones")
 FLOAT8_E5M2 = Format("float8_e5m2", 5, 2, np.dtype(ml_dtypes.float8_e5m2))
 # OCP MX v1.0: the E8M0 scale is 2**(code - 127), unsigned, no zero, 0xFF NaN; the element
-# format FP4 (E2M1) has no infinities and no NaN.
+# formats FP6 (E3M2, E2M3) and FP4 (E2M1) have no infinities and no NaN.
 FLOAT8_E8M0FNU = Format("float8_e8m0fnu", 8, 0, np.dtype(ml_dtypes.float8_e8m0fnu), exponent_bias=127,
                         has_infs=False, nans="all_ones", has_subnormals=False, signed=False, has_zero=False)
+FLOAT6_E3M2FN = Format("float6_e3m2fn", 3, 2, np.dtype(ml_dtypes.float6_e3m2fn), has_infs=False, nans="none")
+FLOAT6_E2M3FN = Format("float6_e2m3fn", 2, 3, np.dtype(ml_dtypes.float6_e2m3fn), has_infs=False, nans="none")
 FLOAT4_E2M1FN = Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), has_infs=False, nans="none")
 # arXiv 2409.16626: rounded as a carrier with 6 exponent and 3 fraction bits, one fraction bit
 # fewer above exponent magnitudes 3, 7 and 15; -0's code is NaN.
 HIFLOAT8 = Format("hifloat8", 6, 3, np.dtype(np.uint8), nans="negative_zero", taper=(3, 7, 15),
                   table=_hifloat8_values)
-EIGHT_BIT = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, FLOAT4_E2M1FN, HIFLOAT8)
+EIGHT_BIT = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, HIFLOAT8)
 FORMATS = (BINARY16, BFLOAT16, BINARY32, BINARY64, *EIGHT_BIT)
 
 _BY_DTYPE = {f.dtype: f for f in FORMATS if not f.tapered}
 _BY_NAME = {f.name: f for f in FORMATS} | {
     "float16": BINARY16, "half": BINARY16, "bf16": BFLOAT16,
     "float32": BINARY32, "float64": BINARY64, "hif8": HIFLOAT8, "e4m3": FLOAT8_E4M3FN,
-    "e5m2": FLOAT8_E5M2, "e8m0": FLOAT8_E8M0FNU, "e2m1": FLOAT4_E2M1FN,
+    "e5m2": FLOAT8_E5M2, "e8m0": FLOAT8_E8M0FNU, "e3m2": FLOAT6_E3M2FN, "e2m3": FLOAT6_E2M3FN,
+    "e2m1": FLOAT4_E2M1FN,
 }
 
 
