@@ -9,6 +9,8 @@ from .formats import (
     BINARY32,
     BINARY64,
     FLOAT4_E2M1FN,
+    FLOAT6_E2M3FN,
+    FLOAT6_E3M2FN,
     FLOAT8_E4M3FN,
     FLOAT8_E5M2,
     FLOAT8_E8M0FNU,
@@ -23,5 +25,6 @@ __all__ = [
     "Device", "Group", "current_device", "LegacyModeWarning", "profiles", "Event", "PHASES",
     "Fpu", "Flag", "Rounding", "SIX_MODES", "OverflowMode", "Tininess", "round_float64",
     "Format", "format_of", "formats", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64",
-    "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E8M0FNU", "FLOAT4_E2M1FN", "HIFLOAT8",
+    "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E8M0FNU", "FLOAT6_E3M2FN", "FLOAT6_E2M3FN", "FLOAT4_E2M1FN",
+    "HIFLOAT8",
 ]

@@ -579,9 +579,10 @@ class Device:
         """An 8-bit operand as the binary16 values it holds (exact for every 8-bit format)."""
         x = np.asarray(x)
         f = format_of(fmt) if fmt is not None else format_of(x.dtype) if x.dtype != np.uint8 else None
-        if f is None or f.dtype.itemsize != 1 or f.kind == "fnu":
-            raise TypeError(f"matmul_fp8: operand {name} must hold float8_e4m3fn, float8_e5m2, float4_e2m1fn or "
-                            f"hifloat8 values (uint8 codes need their format named), got {x.dtype}")
+        if f is None or f.dtype.itemsize != 1 or not f.signed:  # not the unsigned E8M0 scales
+            valid = ", ".join(f.name for f in formats.EIGHT_BIT if f.signed)
+            raise TypeError(f"matmul_fp8: operand {name} must hold {valid} values (uint8 codes need their "
+                            f"format named), got {x.dtype}")
         return formats.decode(x, f).astype(np.float16)
 
     def _product(self, name: str, a, b, accumulate, out_dtype) -> np.ndarray:

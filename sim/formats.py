@@ -1,67 +1,114 @@
-"""Floating-point formats as data.
+"""Floating-point formats as descriptions.
 
-A :class:`Format` is a small frozen value: the exponent and fraction widths, the
-numpy dtype that stores it, and what its encoding does with the patterns IEEE 754
-gives to infinities and NaNs (``kind``). Everything else (bias, limits, bit
-masks) is derived, so binary16, bfloat16, binary32 and the 8-bit formats are
-constants, not implementations. The compiled rounding routine takes a format as
-the small integer array :meth:`Format.kernel` describes.
+A :class:`Format` is a small frozen value of named, orthogonal fields, in the manner of
+Graphcore gfloat's ``FormatInfo``: the exponent and fraction widths, the exponent bias,
+whether it has infinities, how NaN is encoded, whether it has subnormals, a sign and a
+zero, and for a tapered format its precision by exponent and its value table. Every limit
+(max, smallest normal and subnormal, epsilon, emin, emax) and what the compiled rounding
+routine needs (:attr:`Format.encoding`, by name) are derived from those fields, so
+binary16, bfloat16, binary32 and the narrow formats are catalogue entries, not
+implementations. This module imports no compiled code.
 
-Kinds (the 8-bit encodings follow the OCP 8-bit Floating Point Specification v1.0,
-the OCP Microscaling Formats (MX) v1.0 specification, and for HiFloat8 arXiv
+NaN encodings (the narrow ones follow the OCP 8-bit Floating Point Specification (OFP8)
+v1.0, the OCP Microscaling Formats (MX) v1.0 specification, and for HiFloat8 arXiv
 2409.16626, "Ascend HiFloat8 Format for Deep Learning"):
 
-- ``ieee``: the all-ones exponent holds Inf and NaN (binary16, bfloat16, binary32,
-  E5M2).
-- ``fn``: finite and NaN: no infinities; the all-ones pattern S.1111.111 is NaN, so the
-  all-ones exponent also holds finite values (E4M3FN, max 448).
-- ``finite``: no Inf and no NaN (E2M1, max 6).
-- ``fnu``: unsigned powers of two 2**(e-127), no zero, 0xFF NaN (E8M0, the MX scale).
-- ``tapered``: HiFloat8, whose precision falls as the exponent's magnitude grows.
-  It is rounded as a wider carrier format (3 fraction bits, exponents -22..15) with
-  fewer fraction bits kept where ``taper`` says, and packed into its 8-bit codes by
-  a table built from its definition (:func:`decode`).
+- ``ieee``: the all-ones exponent with a non-zero fraction (binary16, bfloat16, binary32,
+  E5M2); with ``has_infs`` its zero fraction is Inf.
+- ``all_ones``: only the all-ones magnitude (S.1111.111 of E4M3FN, 0xFF of E8M0), so the
+  all-ones exponent also holds finite values.
+- ``none``: no NaN (E2M1, E3M2, E2M3: every pattern is a finite value).
+- ``negative_zero``: the pattern of -0 is the one NaN (HiFloat8's 0x80).
+
+Formats whose codes are not a sign, exponent and fraction (HiFloat8) or that have no zero
+(E8M0) are rounded as a wider signed carrier format (``width``, ``bias``, ``uint`` are the
+carrier's) and packed into their codes by a table (:attr:`Format.pack`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
-from .kernels import NO_TAPER
+__all__ = ["Format", "Encoding", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64", "FLOAT8_E4M3FN", "FLOAT8_E5M2",
+           "FLOAT8_E8M0FNU", "FLOAT6_E3M2FN", "FLOAT6_E2M3FN", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS",
+           "EIGHT_BIT", "NAN_ENCODINGS", "format_of", "decode"]
 
-__all__ = ["Format", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64", "FLOAT8_E4M3FN", "FLOAT8_E5M2",
-           "FLOAT8_E8M0FNU", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS", "EIGHT_BIT", "format_of", "decode"]
+NAN_ENCODINGS = ("ieee", "all_ones", "none", "negative_zero")
 
-KINDS = ("ieee", "fn", "finite", "fnu", "tapered")
+
+class Encoding(NamedTuple):
+    """What the rounding routine needs of a format, as carrier bit patterns (magnitudes):
+    ``limit``, the first that is no finite value; ``max``, the largest finite value;
+    ``overflow``, the result of an overflow that rounds away from zero when not
+    saturating; ``inf``, the result for an exact infinity; ``nan``, for a NaN (its sign
+    flipped by the operand's where ``nan_sign``); ``zero``, for an exact zero; ``taper``,
+    exponent magnitudes above which one fraction bit fewer is kept; ``tiny``, the exponent
+    of the smallest normal; ``qmin``, of the finest quantum."""
+
+    width: int
+    man: int
+    bias: int
+    limit: int
+    max: int
+    overflow: int
+    inf: int
+    nan: int
+    nan_sign: int
+    zero: int
+    taper: tuple[int, ...]
+    tiny: int
+    qmin: int
 
 
 @dataclass(frozen=True)
 class Format:
-    """A binary floating-point format: 1 sign bit (none for ``fnu``), ``exp_bits``, ``man_bits``.
+    """A binary floating-point format: a sign bit (unless not ``signed``), ``exp_bits`` of exponent
+    and ``man_bits`` of fraction (a tapered format: its carrier's, the most it keeps).
 
-    ``taper`` (tapered formats): exponent magnitudes above which one fraction bit fewer
-    is kept; ``emin``/``qmin`` overrides give the smallest normal exponent and the finest
-    quantum where the encoding is not IEEE's.
+    ``exponent_bias`` (None: IEEE's, 2**(exp_bits-1) - 1); ``has_infs``; ``nans``, one of
+    :data:`NAN_ENCODINGS`; ``has_subnormals``; ``signed``; ``has_zero``; for a tapered format
+    ``taper``, the exponent magnitudes above which one fraction bit fewer is kept, and
+    ``table``, which makes the value of every code (indexed by code).
     """
 
     name: str
     exp_bits: int
     man_bits: int
     dtype: np.dtype
-    kind: str = "ieee"
+    exponent_bias: int | None = None
+    has_infs: bool = True
+    nans: str = "ieee"
+    has_subnormals: bool = True
+    signed: bool = True
+    has_zero: bool = True
     taper: tuple[int, ...] = ()
-    emin_override: int | None = None
-    qmin_override: int | None = None
-    emax_override: int | None = None
+    table: Callable[[], np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if self.nans not in NAN_ENCODINGS:
+            raise ValueError(f"{self.name}: unknown NaN encoding {self.nans!r}; valid: {', '.join(NAN_ENCODINGS)}")
+        if self.nans == "ieee" and self.man_bits == 0:
+            raise ValueError(f"{self.name}: an IEEE NaN needs a fraction bit")
+
+    # -- the description's derived limits (numpy finfo's names where it has them) -------------
+    @property
+    def tapered(self) -> bool:
+        """Whether the precision falls with the exponent's magnitude (a value table describes it)."""
+        return self.table is not None
 
     @property
-    def width(self) -> int:
-        """Bits of the encoding (of the carrier, for tapered formats)."""
-        return 1 + self.exp_bits + self.man_bits
+    def bits(self) -> int:
+        """Bits of a stored code (8 for HiFloat8, 6 for the FP6 formats)."""
+        if self.tapered:
+            return 8 * self.dtype.itemsize
+        return int(self.signed) + self.exp_bits + self.man_bits
 
     @property
     def precision(self) -> int:
@@ -69,36 +116,104 @@ class Format:
         return self.man_bits + 1
 
     @property
-    def bias(self) -> int:
-        if self.kind == "fnu":
-            return 128  # code c is 2**(c - 127): the carrier's normals start at code 1
-        if self.kind == "tapered":
-            return 1 - self.qmin  # the carrier: every value at or above 2**qmin is a carrier normal
-        return (1 << (self.exp_bits - 1)) - 1
+    def _bias(self) -> int:
+        """The stored exponent field's bias."""
+        return (1 << (self.exp_bits - 1)) - 1 if self.exponent_bias is None else self.exponent_bias
+
+    @property
+    def _max_code(self) -> int:
+        """The magnitude code of the largest finite value: the all-ones magnitude less the
+        NaN codes above it and the infinity."""
+        nans = {"ieee": (1 << self.man_bits) - 1, "all_ones": 1}.get(self.nans, 0)
+        return (1 << (self.exp_bits + self.man_bits)) - 1 - nans - int(self.has_infs)
+
+    @cached_property
+    def _positive(self) -> np.ndarray:
+        """A tapered format's positive finite values, ascending."""
+        v = self.values
+        return np.unique(v[np.isfinite(v) & (v > 0)])
 
     @property
     def emin(self) -> int:
-        """Exponent of the smallest normal number (-14 for binary16)."""
-        return 2 - (1 << (self.exp_bits - 1)) if self.emin_override is None else self.emin_override
+        """Exponent of the smallest normal number (-14 for binary16; for a tapered format the
+        lowest binade holding more than one value: HiFloat8's denormals hold one each)."""
+        if self.tapered:
+            binades, counts = np.unique(np.floor(np.log2(self._positive)).astype(int), return_counts=True)
+            return int(binades[counts > 1].min())
+        return int(self.has_zero) - self._bias  # without a zero, exponent field 0 is normal (E8M0)
 
     @property
     def emax(self) -> int:
         """Exponent of the largest finite binade (15 for binary16, 8 for E4M3FN)."""
-        if self.emax_override is not None:
-            return self.emax_override
-        if self.kind == "ieee":
-            return self.bias
-        return (1 << self.exp_bits) - 1 - self.bias
+        if self.tapered:
+            return math.floor(math.log2(self._positive[-1]))
+        return (self._max_code >> self.man_bits) - self._bias
 
     @property
     def qmin(self) -> int:
         """Exponent of the smallest subnormal, the finest quantum (-24 for binary16)."""
-        return self.emin - self.man_bits if self.qmin_override is None else self.qmin_override
+        if self.tapered:
+            return math.floor(math.log2(self._positive[0]))
+        return self.emin - self.man_bits if self.has_subnormals else self.emin
+
+    @cached_property
+    def max(self) -> float:
+        """The largest finite value."""
+        if self.tapered:
+            return float(self._positive[-1])
+        fraction = self._max_code & ((1 << self.man_bits) - 1)
+        return math.ldexp(1 + fraction / 2.0**self.man_bits, self.emax)
+
+    @cached_property
+    def tiny(self) -> float:
+        """Smallest positive normal number."""
+        return 2.0**self.emin
+
+    @property
+    def smallest_subnormal(self) -> float:
+        """Smallest positive value (the smallest normal where there are no subnormals)."""
+        return 2.0**self.qmin
+
+    @property
+    def eps(self) -> float:
+        """The distance from 1 to the next larger value."""
+        return 2.0**-self.man_bits
+
+    @property
+    def has_inf(self) -> bool:
+        return self.has_infs
+
+    @property
+    def has_nan(self) -> bool:
+        return self.nans != "none"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.signed and self.has_zero and self.nans != "negative_zero"
+
+    @property
+    def sum_exact_in_float64(self) -> bool:
+        """Whether the sum of any two finite values is exact in binary64."""
+        return self.emax - self.qmin + 2 <= 53
+
+    # -- the carrier the rounding routine produces ---------------------------------------------
+    @property
+    def width(self) -> int:
+        """Bits of the rounding routine's result: the encoding's, or a carrier's (a sign, and for
+        a format with no zero one more exponent bit, to hold a zero below and the limit above)."""
+        return 1 + self.exp_bits + self.man_bits + int(not self.has_zero)
+
+    @property
+    def bias(self) -> int:
+        """The carrier's exponent bias: every value at or above 2**qmin of a tapered format is a
+        carrier normal; a format with no zero keeps exponent field 0 for the carrier's zero."""
+        if self.tapered:
+            return 1 - self.qmin
+        return self._bias + int(not self.has_zero)
 
     @cached_property
     def uint(self) -> np.dtype:
-        """Unsigned integer dtype holding the encoding's bits (the carrier's, for the 8-bit kinds
-        that round through one), for bit views."""
+        """Unsigned integer dtype holding the carrier's bits, for bit views."""
         return np.dtype(f"u{max(1, -(-self.width // 8))}")
 
     @property
@@ -108,13 +223,12 @@ class Format:
     @property
     def inf_bits(self) -> int:
         """Bit pattern of +Inf in IEEE formats; every magnitude at or above it is Inf or NaN."""
-        return ((1 << self.exp_bits) - 1) << self.man_bits
+        return ((1 << (self.width - 1 - self.man_bits)) - 1) << self.man_bits
 
     @property
     def max_bits(self) -> int:
-        """Bit pattern of the largest finite value (0x7BFF for binary16, 0x7E for E4M3FN; the
-        carrier's for E8M0 and HiFloat8)."""
-        return self.inf_bits - 1 if self.kind == "ieee" else self.kernel[2]
+        """Carrier bit pattern of the largest finite value (0x7BFF for binary16, 0x7E for E4M3FN)."""
+        return self._carrier(self.max)
 
     @property
     def quiet_bit(self) -> int:
@@ -126,74 +240,27 @@ class Format:
         return self.inf_bits | self.quiet_bit
 
     @cached_property
-    def max(self) -> float:
-        """The largest finite value."""
-        if self.kind == "tapered":
-            return 2.0**self.emax
-        if self.kind == "fn":
-            return float((2 - 2.0 ** (1 - self.man_bits)) * 2.0**self.emax)
-        return float((2 - 2.0**-self.man_bits) * 2.0**self.emax)
-
-    @cached_property
-    def tiny(self) -> float:
-        """Smallest positive normal number."""
-        return 2.0**self.emin
-
-    @property
-    def has_inf(self) -> bool:
-        return self.kind in ("ieee", "tapered")
-
-    @property
-    def has_nan(self) -> bool:
-        return self.kind != "finite"
-
-    @property
-    def signed(self) -> bool:
-        return self.kind != "fnu"
-
-    @property
-    def has_negative_zero(self) -> bool:
-        return self.kind not in ("fnu", "tapered")
-
-    @property
-    def has_subnormals(self) -> bool:
-        return self.kind not in ("fnu",)
-
-    @property
-    def sum_exact_in_float64(self) -> bool:
-        """Whether the sum of any two finite values is exact in binary64."""
-        return self.emax - self.qmin + 2 <= 53
-
-    @cached_property
-    def kernel(self) -> tuple[int, ...]:
-        """What the rounding routine needs beyond IEEE's widths, as magnitudes in the carrier:
-        (bias, limit, max, overflow, inf, nan, nan takes the sign, zero, taper thresholds x3,
-        tiny exponent, finest quantum). ``limit``: the first magnitude that is no finite value;
-        ``overflow``: the result of an overflow that rounds away from zero when not saturating;
-        ``inf``: the result for an exact infinity; ``zero``: for an exact zero."""
-        inf = self.inf_bits
-        t = (*self.taper, NO_TAPER, NO_TAPER, NO_TAPER)[:3]
-        eight = self.dtype.itemsize == 1
-        if self.kind == "ieee":
-            limit, top, over, infb, nan, zero = inf, inf - 1, inf, inf, self.default_nan, 0
-        elif self.kind == "fn":  # S.1111.111 is NaN: overflow and infinities become it
-            limit = (1 << (self.width - 1)) - 1
-            limit, top, over, infb, nan, zero = limit, limit - 1, limit, limit, limit, 0
-        elif self.kind == "finite":  # nothing beyond MAX: overflow and Inf saturate
-            limit = 1 << (self.width - 1)
-            # ml_dtypes (0.5+) maps a NaN of sign s to the zero of the other sign; its casts are the
-            # reference, and a format without NaN has no better answer (OCP MX leaves it open).
-            limit, top, over, infb, nan, zero = limit, limit - 1, limit - 1, limit - 1, limit, 0
-        elif self.kind == "fnu":  # carrier magnitude 256 stands for NaN (0xFF); no zero
-            limit, top, over, infb, nan, zero = 256, 255, 256, 256, 256, 256
-        else:  # tapered: the carrier bits of 2**emax; the next grid point is the Inf code
-            top = self._carrier(2.0**self.emax)
-            limit = self._carrier(1.5 * 2.0**self.emax)
-            over, infb, nan, zero = limit, limit, limit + 1, 0
-        return (self.bias, limit, top, over, infb, nan, int(eight), zero, *t, self.emin, self.qmin)
+    def encoding(self) -> Encoding:
+        """What the rounding routine needs, derived from the fields (see :class:`Encoding`).
+        Past MAX: Inf where there is one, else NaN where there is one, else MAX (saturation).
+        A NaN of a format without one becomes the zero of the other sign, as ml_dtypes (0.5+)
+        casts (OCP MX v1.0 leaves it open); a one-byte format's NaN keeps its operand's sign,
+        as ml_dtypes' casts do."""
+        top = self.max_bits
+        if self.tapered:  # the next carrier grid point above MAX, at the top binade's precision
+            man = self.man_bits - sum(self.emax > t for t in self.taper)
+            limit = self._carrier(self.max * (1 + 2.0**-man))
+        else:
+            limit = top + 1
+        over = limit if self.has_infs or self.has_nan else top
+        nan = self.default_nan if self.nans == "ieee" else \
+            {"all_ones": limit, "none": self.sign_bit, "negative_zero": limit + 1}[self.nans]
+        return Encoding(width=self.width, man=self.man_bits, bias=self.bias, limit=limit, max=top, overflow=over,
+                        inf=over, nan=nan, nan_sign=int(self.dtype.itemsize == 1),
+                        zero=0 if self.has_zero else nan, taper=self.taper, tiny=self.emin, qmin=self.qmin)
 
     def _carrier(self, v: float) -> int:
-        """The carrier bits of a positive value of a tapered format."""
+        """The carrier bits of a positive normal value."""
         m, e = np.frexp(v)
         e = int(e) - 1
         frac = int((float(m) * 2 - 1) * 2**self.man_bits)
@@ -201,36 +268,38 @@ class Format:
 
     @cached_property
     def values(self) -> np.ndarray:
-        """Every code's value as binary64 (the 8-bit formats), indexed by code."""
-        if self.kind == "tapered":
-            return _hifloat8_values()
-        codes = np.arange(256, dtype=np.uint8)
-        if self.kind == "finite":
-            codes = codes & np.uint8(0xF)
+        """Every code's value as binary64 (the one-byte formats), indexed by code."""
+        if self.tapered:
+            return self.table()
+        codes = np.arange(256, dtype=np.uint8) & np.uint8((1 << self.bits) - 1)
         return codes.view(self.dtype).astype(np.float64)
 
     @cached_property
     def pack(self) -> np.ndarray | None:
-        """Carrier bits to stored code, for the kinds that round through a carrier (None otherwise)."""
-        if self.kind == "fnu":
-            table = np.full(1 << self.width, 0xFF, np.uint8)
-            table[0] = 0  # an underflow: there is no zero, 2**-127 is the nearest code
-            table[1:256] = np.arange(255, dtype=np.uint8)
-            return table
-        if self.kind != "tapered":
+        """Carrier bits to stored code, for the formats that round through a carrier (None otherwise)."""
+        if self.has_zero and not self.tapered:
             return None
-        table = np.zeros(1 << self.width, np.uint8)
-        limit, nan = self.kernel[1], self.kernel[5]
+        enc = self.encoding
+        nan = int(np.flatnonzero(np.isnan(self.values))[0])
+        table = np.full(1 << self.width, 0 if self.signed else nan, np.uint8)  # unsigned: the rest is NaN
         for code, v in enumerate(self.values):
-            if np.isfinite(v) and v != 0:
-                table[self._carrier(abs(v)) | (self.sign_bit if v < 0 else 0)] = code
-        table[limit], table[limit | self.sign_bit] = 0x6F, 0xEF
-        table[nan], table[nan | self.sign_bit] = 0x80, 0x80
+            if np.isfinite(v) and v > 0:
+                table[self._carrier(v)] = code
+            elif np.isfinite(v) and v < 0:
+                table[self._carrier(-v) | self.sign_bit] = code
+        if not self.has_zero:  # an underflow: there is no zero, the smallest value is the nearest code
+            table[0] = int(np.argmin(np.where(self.values > 0, self.values, np.inf)))
+        if self.has_infs:
+            table[enc.inf] = int(np.flatnonzero(self.values == np.inf)[0])
+            table[enc.inf | self.sign_bit] = int(np.flatnonzero(self.values == -np.inf)[0])
+        table[enc.nan] = table[enc.nan | self.sign_bit] = nan
         return table
 
     def __repr__(self) -> str:
-        kind = "" if self.kind == "ieee" else f" {self.kind}"
-        return f"Format({self.name!r}: e{self.exp_bits}m{self.man_bits}{kind})"
+        if self.tapered:
+            return f"Format({self.name!r}: tapered, {self.bits} bits)"
+        traits = [] if self.has_infs and self.nans == "ieee" else [f"infs={self.has_infs}", f"nans={self.nans}"]
+        return f"Format({self.name!r}: e{self.exp_bits}m{self.man_bits}{''.join(' ' + t for t in traits)})"
 
 
 def _hifloat8_values() -> np.ndarray:
@@ -266,21 +335,29 @@ BINARY16 = Format("binary16", 5, 10, np.dtype(np.float16))
 BFLOAT16 = Format("bfloat16", 8, 7, np.dtype(ml_dtypes.bfloat16))
 BINARY32 = Format("binary32", 8, 23, np.dtype(np.float32))
 BINARY64 = Format("binary64", 11, 52, np.dtype(np.float64))
-FLOAT8_E4M3FN = Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), "fn")
+# OCP OFP8 v1.0: E4M3 has no infinities and one NaN magnitude; E5M2 is IEEE-like.
+FLOAT8_E4M3FN = Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), has_infs=False, nans="all_ones")
 FLOAT8_E5M2 = Format("float8_e5m2", 5, 2, np.dtype(ml_dtypes.float8_e5m2))
-FLOAT8_E8M0FNU = Format("float8_e8m0fnu", 9, 0, np.dtype(ml_dtypes.float8_e8m0fnu), "fnu",
-                        emin_override=-127, qmin_override=-127, emax_override=127)
-FLOAT4_E2M1FN = Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), "finite")
-HIFLOAT8 = Format("hifloat8", 6, 3, np.dtype(np.uint8), "tapered", taper=(3, 7, 15),
-                  emin_override=-15, qmin_override=-22, emax_override=15)
-EIGHT_BIT = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, FLOAT4_E2M1FN, HIFLOAT8)
+# OCP MX v1.0: the E8M0 scale is 2**(code - 127), unsigned, no zero, 0xFF NaN; the element
+# formats FP6 (E3M2, E2M3) and FP4 (E2M1) have no infinities and no NaN.
+FLOAT8_E8M0FNU = Format("float8_e8m0fnu", 8, 0, np.dtype(ml_dtypes.float8_e8m0fnu), exponent_bias=127,
+                        has_infs=False, nans="all_ones", has_subnormals=False, signed=False, has_zero=False)
+FLOAT6_E3M2FN = Format("float6_e3m2fn", 3, 2, np.dtype(ml_dtypes.float6_e3m2fn), has_infs=False, nans="none")
+FLOAT6_E2M3FN = Format("float6_e2m3fn", 2, 3, np.dtype(ml_dtypes.float6_e2m3fn), has_infs=False, nans="none")
+FLOAT4_E2M1FN = Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), has_infs=False, nans="none")
+# arXiv 2409.16626: rounded as a carrier with 6 exponent and 3 fraction bits, one fraction bit
+# fewer above exponent magnitudes 3, 7 and 15; -0's code is NaN.
+HIFLOAT8 = Format("hifloat8", 6, 3, np.dtype(np.uint8), nans="negative_zero", taper=(3, 7, 15),
+                  table=_hifloat8_values)
+EIGHT_BIT = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, HIFLOAT8)
 FORMATS = (BINARY16, BFLOAT16, BINARY32, BINARY64, *EIGHT_BIT)
 
-_BY_DTYPE = {f.dtype: f for f in FORMATS if f is not HIFLOAT8}
+_BY_DTYPE = {f.dtype: f for f in FORMATS if not f.tapered}
 _BY_NAME = {f.name: f for f in FORMATS} | {
     "float16": BINARY16, "half": BINARY16, "bf16": BFLOAT16,
     "float32": BINARY32, "float64": BINARY64, "hif8": HIFLOAT8, "e4m3": FLOAT8_E4M3FN,
-    "e5m2": FLOAT8_E5M2, "e8m0": FLOAT8_E8M0FNU, "e2m1": FLOAT4_E2M1FN,
+    "e5m2": FLOAT8_E5M2, "e8m0": FLOAT8_E8M0FNU, "e3m2": FLOAT6_E3M2FN, "e2m3": FLOAT6_E2M3FN,
+    "e2m1": FLOAT4_E2M1FN,
 }
 
 
@@ -299,10 +376,10 @@ def format_of(spec: Format | str | np.dtype | type) -> Format:
 
 
 def decode(codes, fmt: Format | str) -> np.ndarray:
-    """The binary64 values of an 8-bit format's codes (uint8 arrays, or the ml_dtypes arrays)."""
+    """The binary64 values of a one-byte format's codes (uint8 arrays, or the ml_dtypes arrays)."""
     fmt = format_of(fmt)
     if fmt.dtype.itemsize != 1:
-        raise ValueError(f"decode takes the 8-bit formats ({', '.join(f.name for f in EIGHT_BIT)}), "
+        raise ValueError(f"decode takes the one-byte formats ({', '.join(f.name for f in EIGHT_BIT)}), "
                          f"not {fmt.name}")
     codes = np.asarray(codes)
     if codes.dtype != fmt.dtype and codes.dtype != np.uint8:

@@ -58,10 +58,23 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+from numba.np.unsafe.ndarray import to_fixed_tuple
 
 # -- settings layout ---------------------------------------------------------------------
-(WIDTH, MAN, BIAS, MODE, SAT, BEFORE, NAN_BITS, NAN_TO_ZERO, QUANTUM, KEEP,
- LIMIT, MAXB, OVER, INFB, NAN_SIGN, ZERO, TAPER1, TAPER2, TAPER3, TINY, KEY, RBITS, SOURCE, SOURCE_QMIN) = range(24)
+#: The settings array's fields, by name, in their places: the one place that knows the order.
+#: The format's come from :class:`sim.formats.Encoding` (``taper`` fills taper1..3), the
+#: rest from the rounding settings (:func:`config`).
+SETTINGS = ("width", "man", "bias", "mode", "saturate", "before", "nan_bits", "nan_to_zero", "quantum", "keep",
+            "limit", "max", "overflow", "inf", "nan_sign", "zero", "taper1", "taper2", "taper3", "tiny", "key",
+            "random_bits", "source", "source_qmin")
+_INDEX = {name: i for i, name in enumerate(SETTINGS)}
+_N_SETTINGS = len(SETTINGS)
+#: The places as the kernels' constants (numba folds module-level integers into the loops).
+WIDTH, MAN, BIAS, MODE, SAT, BEFORE = (_INDEX[n] for n in ("width", "man", "bias", "mode", "saturate", "before"))
+NAN_BITS, NAN_TO_ZERO, QUANTUM, KEEP = (_INDEX[n] for n in ("nan_bits", "nan_to_zero", "quantum", "keep"))
+LIMIT, MAXB, OVER, INFB, NAN_SIGN, ZERO = (_INDEX[n] for n in ("limit", "max", "overflow", "inf", "nan_sign", "zero"))
+TAPER1, TAPER2, TAPER3, TINY, KEY = (_INDEX[n] for n in ("taper1", "taper2", "taper3", "tiny", "key"))
+RBITS, SOURCE, SOURCE_QMIN = (_INDEX[n] for n in ("random_bits", "source", "source_qmin"))
 RNE, RTZ, DOWN, UP, RNA, ODD, STOCHASTIC, HYBRID = range(8)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
@@ -134,20 +147,31 @@ _bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
 NO_TAPER = 1 << 30
 
 
-def config(width: int, man: int, mode: int, saturate: bool, before: bool, nan_bits: int | None, nan_to_zero: bool,
-           quantum: int | None, keep: int, encoding: tuple, random_bits: int = 0,
-           source: tuple[int, int] = (0, 0)) -> np.ndarray:
-    """The settings array every kernel takes: a format (its widths and ``encoding``, see
-    :attr:`sim.formats.Format.kernel`), a rounding mode, the overflow mode, tininess, the NaN
-    it produces (None: the encoding's), for rounding to an integral value the coarsest quantum
+def config(encoding, mode: int, saturate: bool, before: bool, nan_bits: int | None, nan_to_zero: bool,
+           quantum: int | None, keep: int, random_bits: int = 0, source: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """The settings array every kernel takes: a format's ``encoding`` (a
+    :class:`sim.formats.Encoding`), a rounding mode, the overflow mode, tininess, the NaN it
+    produces (None: the encoding's), for rounding to an integral value the coarsest quantum
     and the flags kept; for stochastic rounding the number of random bits (the key is set
     per operation: :data:`KEY`); for HiFloat8's hybrid rounding the source format's fraction
-    bits and finest quantum."""
-    bias, limit, top, over, infb, nan, nan_sign, zero, t1, t2, t3, tiny, qmin = encoding
-    q = qmin if quantum is None else quantum
-    return np.array([width, man, bias, mode, saturate, before, nan if nan_bits is None else nan_bits, nan_to_zero,
-                     q, keep, limit, top, over, infb, nan_sign, zero, t1, t2, t3, tiny, 0, random_bits, *source],
-                    np.int64)
+    bits and finest quantum. Filled by name from :data:`SETTINGS`."""
+    if len(encoding.taper) > 3:
+        raise ValueError(f"the rounding routine takes at most 3 taper thresholds, got {encoding.taper}")
+    taper = (*encoding.taper, NO_TAPER, NO_TAPER, NO_TAPER)
+    fields = {
+        "width": encoding.width, "man": encoding.man, "bias": encoding.bias, "limit": encoding.limit,
+        "max": encoding.max, "overflow": encoding.overflow, "inf": encoding.inf, "nan_sign": encoding.nan_sign,
+        "zero": encoding.zero, "taper1": taper[0], "taper2": taper[1], "taper3": taper[2], "tiny": encoding.tiny,
+        "mode": mode, "saturate": saturate, "before": before, "nan_to_zero": nan_to_zero, "keep": keep,
+        "nan_bits": encoding.nan if nan_bits is None else nan_bits,
+        "quantum": encoding.qmin if quantum is None else quantum,
+        "key": 0, "random_bits": random_bits, "source": source[0], "source_qmin": source[1],
+    }
+    assert fields.keys() == _INDEX.keys(), sorted(fields.keys() ^ _INDEX.keys())
+    cfg = np.empty(len(SETTINGS), np.int64)
+    for name, value in fields.items():
+        cfg[_INDEX[name]] = value
+    return cfg
 
 
 # -- the one rounding routine ---------------------------------------------------------------
@@ -156,8 +180,7 @@ def config(width: int, man: int, mode: int, saturate: bool, before: bool, nan_bi
 @inline
 def settings(cfg):
     """The settings array as a tuple: helpers take values, not arrays (no reference counting)."""
-    return (cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], cfg[8], cfg[9], cfg[10], cfg[11],
-            cfg[12], cfg[13], cfg[14], cfg[15], cfg[16], cfg[17], cfg[18], cfg[19], cfg[20], cfg[21], cfg[22], cfg[23])
+    return to_fixed_tuple(cfg, _N_SETTINGS)
 
 
 @inline
@@ -225,7 +248,7 @@ def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
     infinite or NaN result (exact; NaN becomes the configured NaN bits). Every
     rounding, tininess, overflow and inexact decision is made here, and the
     overflow mode is applied here; the operation adds INVALID and DIVBYZERO.
-    Formats beyond IEEE's enter as data (:attr:`sim.formats.Format.kernel`): where
+    Formats beyond IEEE's enter as data (:attr:`sim.formats.Format.encoding`): where
     overflow starts and what it, an infinity, a NaN and a zero become, and for a
     tapered format the exponent magnitudes above which a fraction bit fewer is kept.
     ``rand``: the element's random bits, for stochastic rounding.

@@ -125,7 +125,7 @@ def config(fmt: Format, rounding: Rounding = Rounding.NEAREST_EVEN, overflow: Ov
         raise ValueError(f"the rounding routine handles formats of at most 53 significand bits, "
                          f"{fmt.name} has {fmt.precision}")
     if rounding is Rounding.HYBRID:
-        if fmt.kind != "tapered":
+        if not fmt.tapered:
             raise ValueError(f"hybrid rounding (HR) is HiFloat8's; {fmt.name} takes "
                              f"{', '.join(m.name for m in SIX_MODES)} or STOCHASTIC")
         if source is None or source.man_bits > 23:
@@ -133,9 +133,8 @@ def config(fmt: Format, rounding: Rounding = Rounding.NEAREST_EVEN, overflow: Ov
         random_bits, src = (14 if source.man_bits == 23 else 2), (source.man_bits, source.qmin)
     else:
         src = (0, 0)
-    return kernels.config(fmt.width, fmt.man_bits, _MODE_CODE[rounding], overflow is OverflowMode.SATURATION,
-                          tininess is Tininess.BEFORE, nan_bits, nan_to_zero, quantum, keep, fmt.kernel,
-                          random_bits, src)
+    return kernels.config(fmt.encoding, _MODE_CODE[rounding], overflow is OverflowMode.SATURATION,
+                          tininess is Tininess.BEFORE, nan_bits, nan_to_zero, quantum, keep, random_bits, src)
 
 
 def round_float64(

@@ -241,11 +241,9 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
     2**-127, as ml_dtypes does); the IEEE-like formats keep their precision down to qmin."""
     v = mpfr(x, 64)
     e = int(gmpy2.floor(gmpy2.log2(abs(v))))
-    if fmt.kind == "tapered":
+    if fmt.tapered:
         p, q = hifloat8_precision(e), -22
-    elif fmt.kind == "fnu":
-        p, q = 1, -127
-    else:
+    else:  # E8M0: one bit, down to 2**-127
         p, q = fmt.precision, fmt.qmin
     if e - (p - 1) < q:  # the quantum 2**q is coarser than p bits here
         p = e - q + 1
@@ -259,7 +257,7 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
     # Tininess after rounding: to the binade's precision with an unbounded exponent.
     tiny_limit = mpfr(2) ** fmt.emin
     if tininess is Tininess.AFTER:
-        pt = hifloat8_precision(e) if fmt.kind == "tapered" else (1 if fmt.kind == "fnu" else fmt.precision)
+        pt = hifloat8_precision(e) if fmt.tapered else fmt.precision
         lo_u, hi_u = _neighbours(v, pt)
         tiny = abs(_pick(v, lo_u, hi_u, mode, _lsb(lo_u, pt))) < tiny_limit
     else:
@@ -267,7 +265,7 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
     flags = 0
     if r != v:
         flags |= Flag.INEXACT | (Flag.UNDERFLOW if tiny else 0)
-    if fmt.kind == "fnu" and r == 0:
+    if not fmt.has_zero and r == 0:
         r = mpfr(2) ** -127
     if abs(r) > fmt.max:
         flags |= Flag.OVERFLOW | Flag.INEXACT

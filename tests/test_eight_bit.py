@@ -1,5 +1,5 @@
-"""Casts into the 8-bit formats: E4M3FN, E5M2, E2M1 and E8M0 against ml_dtypes (every binary16
-input, 10**6 binary32 values) and against MPFR in every mode with flags; HiFloat8 against its
+"""Casts into the narrow formats: E4M3FN, E5M2, E3M2, E2M3, E2M1 and E8M0 against ml_dtypes (every
+binary16 input, NaNs included, 10**6 binary32 values) and against MPFR in every mode with flags; HiFloat8 against its
 definition in TA, HR and every other mode; the three overflow behaviours; the device's register."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from sim import (
     BINARY16,
     BINARY32,
     FLOAT4_E2M1FN,
+    FLOAT6_E2M3FN,
+    FLOAT6_E3M2FN,
     FLOAT8_E4M3FN,
     FLOAT8_E5M2,
     FLOAT8_E8M0FNU,
@@ -32,7 +34,9 @@ from sim import (
 
 from oracle import hifloat8_table, reference8
 
-OCP = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT4_E2M1FN)
+# The formats without NaN (E3M2, E2M3, E2M1) take a NaN of sign s to the zero of the other sign and
+# saturate Inf and overflow to +-MAX, as ml_dtypes casts.
+OCP = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN)
 ALL16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
 HIF8 = hifloat8_table()
 HIF8_CODE = {v: c for c, v in HIF8.items() if not math.isnan(v)} | {0.0: 0}

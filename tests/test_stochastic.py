@@ -37,6 +37,8 @@ def _neighbours(x: float, fmt_name: str) -> tuple[float, float]:
 CASES = [
     ("float8_e4m3fn", 1.0 + 1 / 64), ("float8_e4m3fn", 1.125 - 2**-20), ("float8_e4m3fn", 1.95),
     ("float8_e4m3fn", 3 * 2.0**-10), ("float8_e5m2", 1.3), ("float8_e5m2", 50000.0),
+    ("float6_e3m2fn", 0.3), ("float6_e3m2fn", 21.0), ("float6_e3m2fn", 0.1), ("float6_e2m3fn", 0.3),
+    ("float6_e2m3fn", 6.9), ("float6_e2m3fn", 0.06),
     ("float4_e2m1fn", 0.3), ("float4_e2m1fn", 5.0), ("hifloat8", 1.01), ("hifloat8", 300.0),
     ("hifloat8", 20000.0), ("hifloat8", 3 * 2.0**-21), ("bfloat16", 1.0 + 2**-9), ("binary16", 1.0 + 2**-13),
     # below half the finest quantum: rounds up with the value's own (small) odds, not never
@@ -120,5 +122,5 @@ def test_device_casts_stochastically_from_its_seed() -> None:
 
 
 def test_formats_are_covered() -> None:
-    assert {f for f, _ in CASES} == {f.name for f in formats.EIGHT_BIT if f.kind != "fnu"} | {BINARY16.name,
+    assert {f for f, _ in CASES} == {f.name for f in formats.EIGHT_BIT if f.signed} | {BINARY16.name,
                                                                                                BFLOAT16.name}

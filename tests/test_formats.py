@@ -1,0 +1,92 @@
+"""The format catalogue: every limit derived from a format's fields agrees with ml_dtypes' finfo
+where it has the format and with the published tables (OCP OFP8 v1.0, OCP MX v1.0, the
+HiFloat8 paper, arXiv 2409.16626) typed in here; the description module imports no compiled
+code; the FP6 formats are reachable by name and by dtype."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from sim import FLOAT6_E2M3FN, FLOAT6_E3M2FN, Device, Fpu, formats
+
+WITH_FINFO = [f for f in formats.FORMATS if not f.tapered]
+
+# (max, smallest normal, smallest subnormal) as published.
+PUBLISHED = {
+    "float8_e4m3fn": (448, 2.0**-6, 2.0**-9),  # OCP OFP8 v1.0, table 1
+    "float8_e5m2": (57344, 2.0**-14, 2.0**-16),  # OCP OFP8 v1.0, table 1
+    "float4_e2m1fn": (6, 1, 0.5),  # OCP MX v1.0, section 5.3.3
+    "float6_e3m2fn": (28, 2.0**-2, 2.0**-4),  # OCP MX v1.0, section 5.3.2
+    "float6_e2m3fn": (7.5, 1, 0.125),  # OCP MX v1.0, section 5.3.2
+    "float8_e8m0fnu": (2.0**127, 2.0**-127, 2.0**-127),  # OCP MX v1.0, section 5.4.1: no subnormals
+    "hifloat8": (32768, 2.0**-15, 2.0**-22),  # arXiv 2409.16626, section 3
+}
+
+
+@pytest.mark.parametrize("fmt", WITH_FINFO, ids=lambda f: f.name)
+def test_limits_agree_with_ml_dtypes_finfo(fmt) -> None:
+    info = ml_dtypes.finfo(fmt.dtype)
+    assert fmt.max == float(info.max)
+    assert fmt.tiny == float(info.tiny)
+    assert fmt.smallest_subnormal == float(info.smallest_subnormal)
+    assert fmt.eps == float(info.eps)
+    assert (fmt.emin, fmt.emax) == (info.minexp, info.maxexp - 1)
+    assert fmt.man_bits == info.nmant
+    assert fmt.has_inf == bool(np.isinf(np.array([np.inf]).astype(fmt.dtype).astype(np.float64))[0])
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_limits_agree_with_the_published_tables(name: str) -> None:
+    fmt = formats.format_of(name)
+    assert (fmt.max, fmt.tiny, fmt.smallest_subnormal) == PUBLISHED[name]
+    finite = fmt.values[np.isfinite(fmt.values)]
+    assert finite.max() == fmt.max and finite[finite > 0].min() == fmt.smallest_subnormal
+
+
+def test_hifloat8_limits_from_its_table() -> None:
+    fmt = formats.HIFLOAT8
+    positive = fmt.values[np.isfinite(fmt.values) & (fmt.values > 0)]
+    assert positive.size == 126 and np.unique(np.floor(np.log2(positive))).size == 38  # 126 values, 38 binades
+    assert (fmt.emax, fmt.qmin, fmt.max) == (15, -22, 32768)
+    assert not fmt.has_negative_zero and fmt.has_inf and fmt.has_nan
+
+
+def test_fp6_descriptions() -> None:
+    for fmt, values in ((FLOAT6_E3M2FN, [0.0625, 0.25, 1.75, 28.0]), (FLOAT6_E2M3FN, [0.125, 1.0, 1.875, 7.5])):
+        assert fmt.bits == 6 and not fmt.has_inf and not fmt.has_nan and fmt.has_negative_zero
+        decoded = formats.decode(np.arange(64, dtype=np.uint8), fmt)
+        assert np.all(np.isfinite(decoded)) and np.unique(decoded).size == 63  # +0 and -0 compare equal
+        assert set(values) <= set(decoded)
+
+
+def test_fp6_by_name_and_by_dtype() -> None:
+    x = np.array([0.3, -5.0, 100.0], np.float16)
+    a = Fpu().convert(x, "float6_e3m2fn")
+    assert a.dtype == ml_dtypes.float6_e3m2fn and a.astype(np.float64).tolist() == [0.3125, -5.0, 28.0]
+    b = Device("atlas-350").cast(x, ml_dtypes.float6_e2m3fn)
+    assert b.dtype == ml_dtypes.float6_e2m3fn and b.astype(np.float64).tolist() == [0.25, -5.0, 7.5]
+    assert formats.format_of("e3m2") is FLOAT6_E3M2FN and formats.format_of(ml_dtypes.float6_e2m3fn) is FLOAT6_E2M3FN
+
+
+def test_descriptions_import_no_compiled_code() -> None:
+    """sim/formats.py loads on its own without numba (the kernels build their settings from it)."""
+    path = Path(__file__).resolve().parent.parent / "sim" / "formats.py"
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('formats', {str(path)!r})\n"
+            "m = sys.modules['formats'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "assert m.FLOAT6_E3M2FN.max == 28\n"
+            "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'compiled code imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_descriptions_are_named() -> None:
+    with pytest.raises(ValueError, match="NaN encoding"):
+        formats.Format("x", 3, 2, np.dtype(np.uint8), nans="some")
+    assert math.isclose(formats.BINARY16.eps, 2.0**-10)
