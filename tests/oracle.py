@@ -18,6 +18,7 @@ import numpy as np
 from gmpy2 import mpfr
 
 from sim import Flag, Format, Rounding, Tininess
+from sim.ops import OPS
 
 MPFR_MODE = {
     Rounding.NEAREST_EVEN: gmpy2.RoundToNearest,
@@ -71,9 +72,9 @@ def _sigmoid(ctx, x: mpfr) -> mpfr:
 
 
 #: Functions whose value is exact only at these arguments (transcendental elsewhere).
-EXACT_AT = {"exp": (0,), "log": (1,), "tanh": (0,), "sigmoid": (0,), "erf": (0,)}
+EXACT_AT = {op.name: op.exact_at for op in OPS if op.exact_at}
 #: Operations whose MPFR name differs.
-MPFR_NAMES = {"rsqrt": "rec_sqrt"}
+MPFR_NAMES = {op.name: op.mpfr for op in OPS if op.mpfr}
 
 
 def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
