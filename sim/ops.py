@@ -81,6 +81,7 @@ OPS: tuple[Op, ...] = (
                 ("sqrt",), ("sqrt",)),
     _elementary("rsqrt", K.RSQRT, "1/sqrt(a), correctly rounded (one rounding); +-0 gives +-Inf with "
                 "DIVBYZERO (IEEE 754 rSqrt).", ("rsqrt",), ("rsqrt",), mpfr="rec_sqrt"),
+    _elementary("reciprocal", K.RECIPROCAL, "1/a, rounded once; 1/+-0 = +-Inf raises DIVBYZERO.", ("reciprocal",)),
     _elementary("erf", K.ERF, "The error function, correctly rounded.", ("erf",), ("erf",), exact_at=(0,)),
     _elementary("exp", K.EXP, "e**a, correctly rounded in every mode.", ("exp",), ("exp",), exact_at=(0,)),
     _elementary("log", K.LOG, "Natural log, correctly rounded; log(0) = -Inf raises DIVBYZERO, log(<0) is "
