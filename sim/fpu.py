@@ -72,6 +72,11 @@ class Fpu:
     array's chunking. ``random_bits``: how many random bits are added below the kept
     ones (None: all that are dropped, which makes the rounding exactly unbiased; K bits
     leave a bias below 2**-K ulp, as hardware with K random bits has).
+
+    The elementwise methods are made from :data:`sim.ops.OPS`. Within sim, the device
+    computes through :meth:`run`, :meth:`operands`, :meth:`settings_for`, :meth:`cast_to`,
+    the attributes ``settings``, ``kernels`` and ``uint``, and this module's :func:`finish`
+    and :func:`filled`.
     """
 
     def __init__(
@@ -325,6 +330,7 @@ class Fpu:
         return Result(out.view(dst.dtype), flags, status), shape, scalar
 
     def _apply(self, op: str, args: tuple, want_flags: bool, **kw) -> tuple[Result, tuple[int, ...], bool]:
+        """:meth:`run`, by the name the conversions call."""
         return self.run(op, args, **kw)
 
     def cast_to(self, x, dst: Format, rounding: Rounding | None,
