@@ -71,10 +71,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import formats, mx, profiles
+from . import formats, mx, ops, profiles
 from . import kernels as K
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
-from .fpu import _ELEMENTARY, Fpu, _filled
+from .fpu import Fpu, filled, finish
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "PHASES"]
@@ -321,9 +321,9 @@ class Device:
 
     def _op(self, op: str, *args, **kw) -> np.ndarray:
         """Run one elementwise operation in the settings of its operands' format."""
-        result, shape, scalar = self._on(args[0])._apply(op, args, False, **kw)
+        result, shape, scalar = self._on(args[0]).run(op, args, **kw)
         self._record(result.status, op, math.prod(shape))
-        return Fpu._finish(result, shape, scalar, False)
+        return finish(result, shape, scalar, False)
 
     def _flat(self, op: str, call, n: int, dst: Format, shape: tuple[int, ...]) -> np.ndarray:
         """The short path: ``call(out, flags)`` runs one kernel on n elements into fresh arrays
@@ -332,12 +332,13 @@ class Device:
         self._record(call(out, np.empty(n, np.uint8)), op, n)
         return out.view(dst.dtype).reshape(shape)
 
-    def _elementary(self, op: str, a) -> np.ndarray:
-        """A transcendental or similar one-operand operation; arrays take the short path."""
+    def _elementary(self, op: str, code: int, a) -> np.ndarray:
+        """A transcendental or similar one-operand operation (``code``: its kernel's); arrays take
+        the short path."""
         fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
         if fpu is None:
             return self._op(op, a)
-        bits, code, cfg = a.reshape(-1).view(fpu.format.uint), _ELEMENTARY[op], fpu._own
+        bits, cfg = a.reshape(-1).view(fpu.uint), fpu.settings
         return self._flat(op, lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size,
                           fpu.format, a.shape)
 
@@ -357,11 +358,11 @@ class Device:
                 shape = np.broadcast(a, b).shape
             except ValueError:
                 return self._op(op, a, b)
-            a = a if a.shape == shape else _filled(a, shape)
-            b = b if b.shape == shape else _filled(b, shape)
-        uint, out = fpu._uint, np.empty(shape, a.dtype)
-        self._record(fpu._kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
-                                      np.empty(out.size, np.uint8), fpu._own), op, out.size)
+            a = a if a.shape == shape else filled(a, shape)
+            b = b if b.shape == shape else filled(b, shape)
+        uint, out = fpu.uint, np.empty(shape, a.dtype)
+        self._record(fpu.kernels[op](a.ravel().view(uint), b.ravel().view(uint), out.ravel().view(uint),
+                                     np.empty(out.size, np.uint8), fpu.settings), op, out.size)
         return out if shape or a.__class__ is np.ndarray or b.__class__ is np.ndarray else out[()]
 
     # -- context ------------------------------------------------------------------
@@ -372,91 +373,13 @@ class Device:
     def __exit__(self, *exc) -> None:
         _current.reset(self._tokens.pop())
 
-    # -- elementwise --------------------------------------------------------------
-    def add(self, a, b) -> np.ndarray:
-        return self._binary("add", a, b)
-
-    def sub(self, a, b) -> np.ndarray:
-        return self._binary("sub", a, b)
-
-    def mul(self, a, b) -> np.ndarray:
-        return self._binary("mul", a, b)
-
-    def div(self, a, b) -> np.ndarray:
-        return self._binary("div", a, b)
-
-    def neg(self, a) -> np.ndarray:
-        """-a, a sign-bit operation (NaNs included)."""
-        return self._op("neg", a)
-
-    def abs(self, a) -> np.ndarray:
-        """|a|, a sign-bit operation (NaNs included)."""
-        return self._op("abs", a)
-
-    def maximum(self, a, b) -> np.ndarray:
-        """IEEE 754-2019 maximum: NaN if either is NaN; maximum(+0, -0) = +0."""
-        return self._op("maximum", a, b)
-
-    def minimum(self, a, b) -> np.ndarray:
-        """IEEE 754-2019 minimum: NaN if either is NaN; minimum(+0, -0) = -0."""
-        return self._op("minimum", a, b)
-
-    def exp(self, a) -> np.ndarray:
-        return self._elementary("exp", a)
-
-    def log(self, a) -> np.ndarray:
-        """Natural log; log(0) = -Inf raises DIVBYZERO, log(<0) is INVALID."""
-        return self._elementary("log", a)
-
-    def tanh(self, a) -> np.ndarray:
-        return self._elementary("tanh", a)
-
-    def sigmoid(self, a) -> np.ndarray:
-        return self._elementary("sigmoid", a)
-
-    def sqrt(self, a) -> np.ndarray:
-        """Square root, correctly rounded; sqrt(-0) = -0, sqrt(<0) is INVALID."""
-        return self._elementary("sqrt", a)
-
-    def rsqrt(self, a) -> np.ndarray:
-        """1/sqrt(a), correctly rounded (one rounding); +-0 gives +-Inf with DIVBYZERO (IEEE 754 rSqrt)."""
-        return self._elementary("rsqrt", a)
-
-    def erf(self, a) -> np.ndarray:
-        """The error function, correctly rounded."""
-        return self._elementary("erf", a)
-
-    # -- comparisons: IEEE predicates, bool results --------------------------------
-    def eq(self, a, b) -> np.ndarray:
-        """a == b, quiet: INVALID only for a signaling NaN operand; NaN equals nothing."""
-        return self._compare("eq", K.EQ, False, a, b)
-
-    def ne(self, a, b) -> np.ndarray:
-        """not (a == b), quiet."""
-        return ~self._compare("ne", K.EQ, False, a, b)
-
-    def lt(self, a, b) -> np.ndarray:
-        """a < b, signaling: any NaN operand raises INVALID (IEEE 754 compareSignalingLess)."""
-        return self._compare("lt", K.LT, True, a, b)
-
-    def le(self, a, b) -> np.ndarray:
-        """a <= b, signaling."""
-        return self._compare("le", K.LE, True, a, b)
-
-    def gt(self, a, b) -> np.ndarray:
-        """a > b, signaling."""
-        return self._compare("gt", K.LT, True, b, a)
-
-    def ge(self, a, b) -> np.ndarray:
-        """a >= b, signaling."""
-        return self._compare("ge", K.LE, True, b, a)
-
+    # -- elementwise: the methods of sim.ops's operations are made below the class ----------
     def _compare(self, name: str, op: int, signaling: bool, a, b) -> np.ndarray:
         fpu = self._on(a)
-        flat, shape, scalar = fpu._operands("compare", (a, b), fpu.format)
+        flat, shape, scalar = fpu.operands("compare", (a, b), fpu.format)
         out = np.empty(flat[0].size, bool)
-        self._record(K.compare(op, signaling, flat[0], flat[1], out, np.empty(out.size, np.uint8), fpu._own), name,
-                     out.size)
+        self._record(K.compare(op, signaling, flat[0], flat[1], out, np.empty(out.size, np.uint8), fpu.settings),
+                     name, out.size)
         return out[0] if scalar else out.reshape(shape)
 
     def relu(self, a) -> np.ndarray:
@@ -478,29 +401,29 @@ class Device:
         if dst.dtype.itemsize == 1 or overflow is not None:
             src_fpu = self._on(x)
             mode = None if rounding is None else Rounding.parse(rounding)
-            result, shape, scalar = src_fpu._cast(x, src_fpu.format, dst, mode, overflow or self._overflow_of(dst))
+            result, shape, scalar = src_fpu.cast_to(x, dst, mode, overflow or self._overflow_of(dst))
             self._record(result.status, "cast", math.prod(shape))
-            return Fpu._finish(result, shape, scalar, return_flags)
+            return finish(result, shape, scalar, return_flags)
         if return_flags:
             raise ValueError("cast returns flags for casts into the 8-bit formats "
                              "(Fpu.convert has them for every cast)")
         if getattr(x, "dtype", None) == np.float64 and dst is not BINARY64:
             fpu = self._unit(dtype, "cast's dtype")
-            cfg = fpu._config(fpu.format, None if rounding is None else Rounding.parse(rounding))
-            result, shape, scalar = fpu._apply("convert", (x,), False, src=BINARY64, dst=fpu.format, cfg=cfg)
+            cfg = fpu.settings_for(fpu.format, None if rounding is None else Rounding.parse(rounding))
+            result, shape, scalar = fpu.run("convert", (x,), src=BINARY64, dst=fpu.format, cfg=cfg)
             self._record(result.status, "cast", math.prod(shape))
-            return Fpu._finish(result, shape, scalar, False)
+            return finish(result, shape, scalar, False)
         src_fpu = self._on(x)
         src = src_fpu.format
         fpu = self._fpus.get(dst.dtype, src_fpu)
         if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:
             bits = x.reshape(-1).view(src.uint)
-            return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_fpu._own, fpu._own),
+            return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_fpu.settings, fpu.settings),
                               x.size, dst, x.shape)
-        cfg = fpu._config(dst, None if rounding is None else Rounding.parse(rounding))
-        result, shape, scalar = fpu._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
+        cfg = fpu.settings_for(dst, None if rounding is None else Rounding.parse(rounding))
+        result, shape, scalar = fpu.run("convert", (x,), src=src, dst=dst, cfg=cfg)
         self._record(result.status, "cast", math.prod(shape))
-        return Fpu._finish(result, shape, scalar, False)
+        return finish(result, shape, scalar, False)
 
     def _overflow_of(self, dst: Format) -> OverflowMode:
         """The overflow mode of results in ``dst``: the device's (binary32 follows ``saturate_float32``)."""
@@ -619,11 +542,11 @@ class Device:
         m, n = a.shape[0], b.shape[1]
         out = np.empty(m * n, out_fpu.format.uint)
         flags = np.empty(m * n, np.uint8)
-        settings = acc_fpu._own, out_fpu._own
+        settings = acc_fpu.settings, out_fpu.settings
         workers = min(self.threads, m) if a.size * n >= THREADED_MATMUL else 1
         if acc_fpu is self.fpu:
             total = np.empty(m * n, np.uint16)
-            status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu._own)
+            status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu.settings)
             return out, status | K.convert(total, out, flags, *settings)
         if workers == 1:
             status, special = K.matmul(a16, b16, out, flags, *settings)
@@ -637,7 +560,7 @@ class Device:
             status = functools.reduce(operator.or_, (p[0] for p in parts))
             special = any(p[1] for p in parts)
         if special:  # Inf or NaN operands: INVALID inside the sums
-            status |= K.matmul32_flags(a16, b16, self.fpu._own)
+            status |= K.matmul32_flags(a16, b16, self.fpu.settings)
         return out, status
 
     def conv2d(self, x, w, stride: int = 1, padding: int = 0, dilation: int = 1, accumulate=None,
@@ -698,7 +621,7 @@ class Device:
             raise ValueError(f"{op} reduction of an empty axis has no result (no identity)")
         # Pairs of rows in INF/NaN mode, so that a NaN is not saturated to 0 half-way; the
         # device's mode applies to the result.
-        ieee, kernel = self._ieee(fmt), fpu._kernels[op]
+        ieee, kernel = self._ieee(fmt), fpu.kernels[op]
         status = 0
         while v.shape[0] > 1:
             half = v.shape[0] // 2
@@ -707,8 +630,8 @@ class Device:
                              np.empty(pair.size, np.uint8), ieee)
             v = np.concatenate([pair, v[2 * half:]]) if v.shape[0] % 2 else pair
         out = np.empty(v.shape[1], fmt.uint)
-        self._record(status | K.convert(v.reshape(-1), out, np.empty(out.size, np.uint8), fpu._own, fpu._own), name,
-                     out.size)
+        self._record(status | K.convert(v.reshape(-1), out, np.empty(out.size, np.uint8), fpu.settings, fpu.settings),
+                     name, out.size)
         result = out.view(fmt.dtype)
         return result[0] if axis is None else result.reshape(rest)
 
@@ -723,7 +646,42 @@ class Device:
         dst = src if out_dtype is None else self._unit(out_dtype, "out_dtype")
         v, rest = _columns(x, axis, src.format)
         out = np.empty(v.shape[1], dst.format.uint)
-        status = K.tree_sum(v, out, src._own, acc._own, dst._own, mean)
+        status = K.tree_sum(v, out, src.settings, acc.settings, dst.settings, mean)
         self._record(status, "mean" if mean else "sum", out.size)
         total = out.view(dst.format.dtype)
         return total[0] if axis is None else total.reshape(rest)
+
+
+# -- the methods of the table's operations ---------------------------------------------------
+def _method(op: ops.Op) -> Callable:
+    """The Device method of ``op``: one call into the device's path for its kind, its signature
+    and docstring as if written out by hand."""
+    name, code, signaling = op.name, op.code, op.signaling
+    if op.kind == ops.COMPARE and op.negate:
+        def method(self, a, b) -> np.ndarray:
+            return ~self._compare(name, code, signaling, a, b)
+    elif op.kind == ops.COMPARE and op.swap:
+        def method(self, a, b) -> np.ndarray:
+            return self._compare(name, code, signaling, b, a)
+    elif op.kind == ops.COMPARE:
+        def method(self, a, b) -> np.ndarray:
+            return self._compare(name, code, signaling, a, b)
+    elif op.kind == ops.ELEMENTARY:
+        def method(self, a) -> np.ndarray:
+            return self._elementary(name, code, a)
+    elif op.kind == ops.BINARY and op.short:
+        def method(self, a, b) -> np.ndarray:
+            return self._binary(name, a, b)
+    elif op.arity == 1:
+        def method(self, a) -> np.ndarray:
+            return self._op(name, a)
+    else:
+        def method(self, a, b) -> np.ndarray:
+            return self._op(name, a, b)
+    method.__name__, method.__qualname__, method.__doc__ = name, f"Device.{name}", op.doc
+    return method
+
+
+for _op in ops.OPS:
+    if _op.device and _op.elementwise and _op.kind != ops.OTHER:
+        setattr(Device, _op.name, _method(_op))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import kernels as K
+from . import ops
 from .formats import BINARY16, Format, format_of
 from .rounding import Flag, OverflowMode, Rounding, Tininess, config
 
@@ -15,21 +16,20 @@ __all__ = ["Fpu"]
 
 _Out = np.ndarray | tuple[np.ndarray, np.ndarray]
 
-_BINARY = {"add": K.add, "sub": K.sub, "mul": K.mul, "div": K.div, "maximum": K.maximum, "minimum": K.minimum}
+_BINARY = {op.name: op.kernel for op in ops.of_kind(ops.BINARY)}
 #: Where binary64 adds a format's values exactly (binary16), sums skip the TwoSum.
-_EXACT_SUMS = {"add": K.add_exact, "sub": K.sub_exact}
+_EXACT_SUMS = {op.name: op.exact_kernel for op in ops.of_kind(ops.BINARY) if op.exact_kernel is not None}
 
 
 def binary_kernel(op: str, fmt: Format):
     """The compiled kernel of a binary operation on values of ``fmt``."""
     return _EXACT_SUMS[op] if op in _EXACT_SUMS and fmt.sum_exact_in_float64 else _BINARY[op]
-_ELEMENTARY = {"sqrt": K.SQRT, "exp": K.EXP, "log": K.LOG, "tanh": K.TANH, "sigmoid": K.SIGMOID, "rsqrt": K.RSQRT,
-               "erf": K.ERF}
-_COMPARE = {"eq": K.EQ, "lt": K.LT, "le": K.LE}
+_ELEMENTARY = {op.name: op.code for op in ops.of_kind(ops.ELEMENTARY)}
+_COMPARE = {op.name: op.code for op in ops.of_kind(ops.COMPARE, where="fpu")}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
 
 
-def _filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """x broadcast to ``shape`` as a new contiguous array (the kernels loop over contiguous memory)."""
     out = np.empty(shape, x.dtype)
     np.copyto(out, x)
@@ -42,6 +42,16 @@ class Result(NamedTuple):
     value: np.ndarray
     flags: np.ndarray
     status: int
+
+
+def finish(result: Result, shape: tuple[int, ...], scalar: bool, return_flags: bool) -> _Out:
+    """A flat result as callers get it: shaped, a scalar where every operand was one, with its
+    flags where asked."""
+    out = result.value.reshape(shape)
+    if not return_flags:
+        return out[()] if scalar else out
+    flags = result.flags.reshape(shape)
+    return (out[()], flags[()]) if scalar else (out, flags)
 
 
 class Fpu:
@@ -62,6 +72,11 @@ class Fpu:
     array's chunking. ``random_bits``: how many random bits are added below the kept
     ones (None: all that are dropped, which makes the rounding exactly unbiased; K bits
     leave a bias below 2**-K ulp, as hardware with K random bits has).
+
+    The elementwise methods are made from :data:`sim.ops.OPS`. Within sim, the device
+    computes through :meth:`run`, :meth:`operands`, :meth:`settings_for`, :meth:`cast_to`,
+    the attributes ``settings``, ``kernels`` and ``uint``, and this module's :func:`finish`
+    and :func:`filled`.
     """
 
     def __init__(
@@ -98,8 +113,12 @@ class Fpu:
         self._configs: dict[tuple, np.ndarray] = {}
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
                            self.nan_to_zero, random_bits=self._bits)
-        self._kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
-        self._uint = self.format.uint
+        #: The kernels' settings for results in this unit's format (see :meth:`settings_for`).
+        self.settings = self._own
+        #: The compiled kernel of each binary operation on this unit's format.
+        self.kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
+        #: The unsigned integer dtype of the format's bits.
+        self.uint = self.format.uint
 
     def __repr__(self) -> str:
         return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
@@ -130,38 +149,6 @@ class Fpu:
         self._status = 0
 
     # -- arithmetic -------------------------------------------------------------
-    def add(self, a, b, *, return_flags: bool = False) -> _Out:
-        """a + b, rounded once."""
-        return self._public("add", (a, b), return_flags)
-
-    def sub(self, a, b, *, return_flags: bool = False) -> _Out:
-        """a - b, rounded once."""
-        return self._public("sub", (a, b), return_flags)
-
-    def mul(self, a, b, *, return_flags: bool = False) -> _Out:
-        """a * b, rounded once."""
-        return self._public("mul", (a, b), return_flags)
-
-    def div(self, a, b, *, return_flags: bool = False) -> _Out:
-        """a / b, rounded once."""
-        return self._public("div", (a, b), return_flags)
-
-    def sqrt(self, a, *, return_flags: bool = False) -> _Out:
-        """Square root, rounded once; sqrt(-0) is -0."""
-        return self._public("sqrt", (a,), return_flags)
-
-    def rsqrt(self, a, *, return_flags: bool = False) -> _Out:
-        """1/sqrt(a), rounded once (IEEE 754 rSqrt: +-0 gives +-Inf with DIVBYZERO)."""
-        return self._public("rsqrt", (a,), return_flags)
-
-    def erf(self, a, *, return_flags: bool = False) -> _Out:
-        """The error function, correctly rounded."""
-        return self._public("erf", (a,), return_flags)
-
-    def fma(self, a, b, c, *, return_flags: bool = False) -> _Out:
-        """a * b + c with a single rounding."""
-        return self._public("fma", (a, b, c), return_flags)
-
     def rint(self, a, *, exact: bool = False, return_flags: bool = False) -> _Out:
         """Round to an integral value in the current rounding mode.
 
@@ -169,31 +156,7 @@ class Fpu:
         (``roundToIntegralExact``); never UNDERFLOW.
         """
         keep = _NO_INEXACT | (Flag.INEXACT if exact else 0)
-        return self._public("rint", (a,), return_flags, cfg=self._config(self.format, quantum=0, keep=keep))
-
-    def maximum(self, a, b, *, return_flags: bool = False) -> _Out:
-        """IEEE 754-2019 maximum: NaN if either is NaN, maximum(+0, -0) = +0."""
-        return self._public("maximum", (a, b), return_flags)
-
-    def minimum(self, a, b, *, return_flags: bool = False) -> _Out:
-        """IEEE 754-2019 minimum: NaN if either is NaN, minimum(+0, -0) = -0."""
-        return self._public("minimum", (a, b), return_flags)
-
-    def exp(self, a, *, return_flags: bool = False) -> _Out:
-        """e**a, correctly rounded in every mode."""
-        return self._public("exp", (a,), return_flags)
-
-    def log(self, a, *, return_flags: bool = False) -> _Out:
-        """Natural log, correctly rounded; log(0) = -Inf raises DIVBYZERO, log(<0) is INVALID."""
-        return self._public("log", (a,), return_flags)
-
-    def tanh(self, a, *, return_flags: bool = False) -> _Out:
-        """Hyperbolic tangent, correctly rounded in every mode."""
-        return self._public("tanh", (a,), return_flags)
-
-    def sigmoid(self, a, *, return_flags: bool = False) -> _Out:
-        """1 / (1 + e**-a), correctly rounded in every mode."""
-        return self._public("sigmoid", (a,), return_flags)
+        return self._public("rint", (a,), return_flags, cfg=self.settings_for(self.format, quantum=0, keep=keep))
 
     def relu(self, a, *, return_flags: bool = False) -> _Out:
         """max(a, 0) with +0 for -0; NaN stays NaN (the default NaN): IEEE 754-2019 maximum(a, +0)."""
@@ -209,7 +172,7 @@ class Fpu:
         operands is INVALID, and so is a signaling NaN operand.
         """
         fmt = self.format
-        flat, shape, scalar = self._operands("via_float64", args, fmt)
+        flat, shape, scalar = self.operands("via_float64", args, fmt)
         xs = [b.view(fmt.dtype).astype(np.float64) for b in flat]
         with np.errstate(all="ignore"):
             r = np.asarray(fn(*xs), np.float64)
@@ -223,23 +186,15 @@ class Fpu:
             special |= self._is_snan(b) * np.uint8(Flag.INVALID)
         bits = np.empty(r.size, fmt.uint)
         flags = np.empty(r.size, np.uint8)
-        K.round_values(np.ascontiguousarray(r).reshape(-1), bits, flags, self._keyed(self._config(fmt)))
+        K.round_values(np.ascontiguousarray(r).reshape(-1), bits, flags, self._keyed(self.settings_for(fmt)))
         flags |= special
         self._status |= int(np.bitwise_or.reduce(flags, initial=0))
-        return self._finish(Result(bits.view(fmt.dtype), flags, 0), shape, scalar, return_flags)
+        return finish(Result(bits.view(fmt.dtype), flags, 0), shape, scalar, return_flags)
 
     def _is_snan(self, bits: np.ndarray) -> np.ndarray:
         fmt = self.format
         mag = bits & fmt.uint.type(fmt.sign_bit - 1)
         return (mag > fmt.inf_bits) & ((mag & fmt.uint.type(fmt.quiet_bit)) == 0)
-
-    def neg(self, a, *, return_flags: bool = False) -> _Out:
-        """-a: the sign bit flipped, NaNs included; quiet (no flags, even for a signaling NaN)."""
-        return self._public("neg", (a,), return_flags)
-
-    def abs(self, a, *, return_flags: bool = False) -> _Out:
-        """|a|: the sign bit cleared, NaNs included; quiet."""
-        return self._public("abs", (a,), return_flags)
 
     # -- conversions ------------------------------------------------------------
     def convert(self, x, dtype, *, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None,
@@ -264,7 +219,7 @@ class Fpu:
         mode = None if rounding is None else Rounding.parse(rounding)
         if dst.dtype.itemsize == 1 or mode is not None or overflow is not None:
             result, shape, scalar = self._cast(x, src, dst, mode, overflow)
-            return self._finish(result, shape, scalar, return_flags)
+            return finish(result, shape, scalar, return_flags)
         return self._public("convert", (x,), return_flags, src=src, dst=dst)
 
     def _cast(self, x, src: Format, dst: Format, rounding: Rounding | None,
@@ -294,22 +249,9 @@ class Fpu:
         self._status |= status
         return Result(codes.view(dst.dtype), flags, status), shape, scalar
 
-    # -- comparisons ------------------------------------------------------------
-    def eq(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
-        """a == b; quiet (INVALID only for a signaling NaN) unless ``signaling``."""
-        return self._compare("eq", a, b, signaling, return_flags)
-
-    def lt(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
-        """a < b; signaling (INVALID for any NaN) unless ``signaling=False``."""
-        return self._compare("lt", a, b, signaling, return_flags)
-
-    def le(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
-        """a <= b; signaling (INVALID for any NaN) unless ``signaling=False``."""
-        return self._compare("le", a, b, signaling, return_flags)
-
-    # -- machinery --------------------------------------------------------------
-    def _config(self, fmt: Format, rounding: Rounding | None = None, quantum: int | None = None,
-                keep: int = 0x1F) -> np.ndarray:
+    # -- machinery: its public names (and settings, kernels) are the device's interface --------
+    def settings_for(self, fmt: Format, rounding: Rounding | None = None, quantum: int | None = None,
+                     keep: int = 0x1F) -> np.ndarray:
         """The kernels' settings for results in ``fmt`` (cached: it is made on every call's path)."""
         if fmt is self.format and rounding is None and quantum is None and keep == 0x1F:
             return self._own
@@ -331,7 +273,7 @@ class Fpu:
         except ValueError:
             raise TypeError(f"{op}: unsupported dtype {x.dtype}; valid: float16, bfloat16, float32, float64") from None
 
-    def _operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
+    def operands(self, op: str, args: tuple, fmt: Format) -> tuple[list[np.ndarray], tuple[int, ...], bool]:
         """The operands as flat contiguous arrays of bits, the broadcast shape, and whether all were scalars."""
         dtype = fmt.dtype
         a = args[0]
@@ -354,31 +296,32 @@ class Fpu:
             except ValueError:
                 shapes = ", ".join(str(x.shape) for x in args)
                 raise ValueError(f"{op}: operand shapes {shapes} do not broadcast together") from None
-            args = tuple(x if x.shape == shape else _filled(x, shape) for x in args)
+            args = tuple(x if x.shape == shape else filled(x, shape) for x in args)
         uint = fmt.uint
         flat = [np.asarray(x).reshape(-1).view(uint) for x in args]  # a copy only where not contiguous
         scalar = all(isinstance(x, np.generic) for x in args)
         return flat, shape, scalar
 
-    def _apply(self, op: str, args: tuple, want_flags: bool, *, src: Format | None = None,
-               dst: Format | None = None, cfg: np.ndarray | None = None) -> tuple[Result, tuple[int, ...], bool]:
-        """One kernel call: the result (flat), its shape, and whether the operands were all scalars."""
+    def run(self, op: str, args: tuple, *, src: Format | None = None, dst: Format | None = None,
+            cfg: np.ndarray | None = None) -> tuple[Result, tuple[int, ...], bool]:
+        """One kernel call of ``op`` (a name in :data:`sim.ops.OPS`, ``convert`` or ``rint``), its flags
+        into the status: the result (flat), its shape, and whether the operands were all scalars."""
         src = src or self.format
         dst = dst or self.format
-        flat, shape, scalar = self._operands(op, args, src)
+        flat, shape, scalar = self.operands(op, args, src)
         n = flat[0].size
         out = np.empty(n, dst.uint)
         flags = np.empty(n, np.uint8)
         if cfg is None:
-            cfg = self._own if dst is self.format else self._config(dst)
+            cfg = self._own if dst is self.format else self.settings_for(dst)
         cfg = self._keyed(cfg)
         if op in _BINARY:
-            kernel = self._kernels[op] if src is self.format else binary_kernel(op, src)
+            kernel = self.kernels[op] if src is self.format else binary_kernel(op, src)
             status = kernel(flat[0], flat[1], out, flags, cfg)
         elif op in _ELEMENTARY:
-            status = K.elementary(_ELEMENTARY[op], flat[0], out, flags, self._config(src), cfg)
+            status = K.elementary(_ELEMENTARY[op], flat[0], out, flags, self.settings_for(src), cfg)
         elif op == "convert" or op == "rint":
-            status = K.convert(flat[0], out, flags, self._config(src), cfg)
+            status = K.convert(flat[0], out, flags, self.settings_for(src), cfg)
         elif op == "fma":
             status = K.fma(flat[0], flat[1], flat[2], out, flags, cfg)
         else:  # neg, abs
@@ -386,22 +329,56 @@ class Fpu:
         self._status |= status
         return Result(out.view(dst.dtype), flags, status), shape, scalar
 
-    def _public(self, op: str, args: tuple, return_flags: bool, **kw) -> _Out:
-        result, shape, scalar = self._apply(op, args, return_flags, **kw)
-        return self._finish(result, shape, scalar, return_flags)
+    def _apply(self, op: str, args: tuple, want_flags: bool, **kw) -> tuple[Result, tuple[int, ...], bool]:
+        """:meth:`run`, by the name the conversions call."""
+        return self.run(op, args, **kw)
 
-    @staticmethod
-    def _finish(result: Result, shape: tuple[int, ...], scalar: bool, return_flags: bool) -> _Out:
-        out = result.value.reshape(shape)
-        if not return_flags:
-            return out[()] if scalar else out
-        flags = result.flags.reshape(shape)
-        return (out[()], flags[()]) if scalar else (out, flags)
+    def cast_to(self, x, dst: Format, rounding: Rounding | None,
+                overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
+        """``x`` (this unit's format) converted into ``dst`` with its own rounding and overflow mode,
+        packed into ``dst``'s codes, flags into the status: as :meth:`run` returns."""
+        return self._cast(x, self.format, dst, rounding, overflow)
+
+    def _public(self, op: str, args: tuple, return_flags: bool, **kw) -> _Out:
+        result, shape, scalar = self.run(op, args, **kw)
+        return finish(result, shape, scalar, return_flags)
 
     def _compare(self, op: str, a, b, signaling: bool, return_flags: bool) -> _Out:
         fmt = self.format
-        flat, shape, scalar = self._operands(op, (a, b), fmt)
+        flat, shape, scalar = self.operands(op, (a, b), fmt)
         out = np.empty(flat[0].size, bool)
         flags = np.empty(out.size, np.uint8)
-        self._status |= K.compare(_COMPARE[op], signaling, flat[0], flat[1], out, flags, self._config(fmt))
-        return self._finish(Result(out, flags, 0), shape, scalar, return_flags)
+        self._status |= K.compare(_COMPARE[op], signaling, flat[0], flat[1], out, flags, self.settings_for(fmt))
+        return finish(Result(out, flags, 0), shape, scalar, return_flags)
+
+
+# -- the methods of the table's operations ---------------------------------------------------
+def _method(op: ops.Op) -> Callable:
+    """The Fpu method of ``op``: its signature and docstring as if written out by hand."""
+    name = op.name
+    if op.kind == ops.COMPARE:
+        if op.signaling:
+            def method(self, a, b, *, signaling: bool = True, return_flags: bool = False) -> _Out:
+                return self._compare(name, a, b, signaling, return_flags)
+        else:
+            def method(self, a, b, *, signaling: bool = False, return_flags: bool = False) -> _Out:
+                return self._compare(name, a, b, signaling, return_flags)
+        doc = f"{op.doc} ``signaling``: INVALID for any NaN operand, not only a signaling one."
+    elif op.arity == 1:
+        def method(self, a, *, return_flags: bool = False) -> _Out:
+            return self._public(name, (a,), return_flags)
+    elif op.arity == 2:
+        def method(self, a, b, *, return_flags: bool = False) -> _Out:
+            return self._public(name, (a, b), return_flags)
+    else:
+        def method(self, a, b, c, *, return_flags: bool = False) -> _Out:
+            return self._public(name, (a, b, c), return_flags)
+    if op.kind != ops.COMPARE:
+        doc = op.doc
+    method.__name__, method.__qualname__, method.__doc__ = name, f"Fpu.{name}", doc
+    return method
+
+
+for _op in ops.OPS:
+    if _op.fpu and _op.kind != ops.OTHER:
+        setattr(Fpu, _op.name, _method(_op))

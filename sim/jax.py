@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
+from . import ops
 from .device import Device
 
 __all__ = ["on_device", "coverage", "DEVICE", "EXACT"]
@@ -87,17 +88,20 @@ def _convert(dev: Device, x, new_dtype, **_):
     return dev.cast(x, new)
 
 
-#: Primitives with a device equivalent.
-DEVICE: dict[str, Callable] = {
-    **{p: _binary(n) for p, n in (("add", "add"), ("add_any", "add"), ("sub", "sub"), ("mul", "mul"),
-                                  ("div", "div"), ("max", "maximum"), ("min", "minimum"), ("eq", "eq"),
-                                  ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"))},
-    **{p: _unary(n) for p, n in (("neg", "neg"), ("abs", "abs"), ("exp", "exp"), ("log", "log"),
-                                 ("tanh", "tanh"), ("logistic", "sigmoid"), ("sqrt", "sqrt"),
-                                 ("rsqrt", "rsqrt"), ("erf", "erf"))},
-    "dot_general": _dot, "reduce_sum": _reduce("sum"), "reduce_max": _reduce("amax"),
-    "reduce_min": _reduce("amin"), "convert_element_type": _convert,
-}
+#: The primitives whose equations need more than the device method of the same operation.
+_HANDLERS: dict[str, Callable] = {"dot_general": _dot, "convert_element_type": _convert}
+
+
+def _handler(op: ops.Op) -> Callable:
+    """The route of an equation of ``op``'s device method, by its kind."""
+    if op.kind == ops.REDUCTION:
+        return _reduce(op.name)
+    return _binary(op.name) if op.arity == 2 else _unary(op.name)
+
+
+#: Primitives with a device equivalent (from the table of sim.ops).
+DEVICE: dict[str, Callable] = {prim: _HANDLERS[prim] if prim in _HANDLERS else _handler(op)
+                               for op in ops.OPS if op.device for prim in op.jax}
 
 #: Primitives that move or select values: exact as JAX evaluates them.
 EXACT = frozenset({

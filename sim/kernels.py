@@ -79,7 +79,7 @@ RNE, RTZ, DOWN, UP, RNA, ODD, STOCHASTIC, HYBRID = range(8)
 INEXACT, UNDERFLOW, OVERFLOW, DIVBYZERO, INVALID = 1, 2, 4, 8, 16
 # Operation codes.
 ADD, SUB, MUL, DIV, MAX, MIN = range(6)
-SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF = range(7)
+SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF, RECIPROCAL = range(8)
 EQ, LT, LE = range(3)
 
 EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
@@ -625,6 +625,8 @@ def _unary_value(op, x, man):
     if op == SQRT:
         r = math.sqrt(x)
         return r, (INVALID if math.isnan(r) else 0)
+    if op == RECIPROCAL:  # a quotient of such values: binary64's / serves
+        return 1.0 / x, DIVBYZERO * (x == 0)
     if op == RSQRT:
         if x == 0:
             return math.copysign(np.inf, x), DIVBYZERO  # IEEE 754 rSqrt(+-0) = +-Inf
@@ -717,7 +719,7 @@ def _elementary_at(operands, i, cfg, full):
 
 @jit
 def elementary(op, a, out, flags, src, cfg):
-    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF (a's bits in format ``src``), its
+    """out = op(a) for SQRT, EXP, LOG, TANH, SIGMOID, RSQRT, ERF, RECIPROCAL (a's bits in format ``src``), its
     flags; returns the OR of the flags."""
     return _rounded(_elementary_at, (op, a, settings(src)), out, flags, settings(cfg))
 

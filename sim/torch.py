@@ -53,6 +53,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
+from . import ops
 from .device import Device
 
 __all__ = ["DeviceMode", "ROUTES", "EXACT"]
@@ -194,19 +195,24 @@ class _Exact(Exception):
     """This call is exact as torch computes it: take the exact route."""
 
 
-#: Operations with a device equivalent, by aten overload packet.
-ROUTES: dict[Any, Callable] = {
-    aten.add: _binary("add"), aten.sub: _binary("sub"), aten.mul: _binary("mul"), aten.div: _binary("div"),
-    aten.maximum: _binary("maximum"), aten.minimum: _binary("minimum"),
-    aten.neg: _unary("neg"), aten.abs: _unary("abs"), aten.exp: _unary("exp"), aten.log: _unary("log"),
-    aten.tanh: _unary("tanh"), aten.sigmoid: _unary("sigmoid"), aten.sqrt: _unary("sqrt"),
-    aten.rsqrt: _unary("rsqrt"), aten.erf: _unary("erf"), aten.relu: _unary("relu"),
-    aten.eq: _compare("eq"), aten.ne: _compare("ne"), aten.lt: _compare("lt"), aten.le: _compare("le"),
-    aten.gt: _compare("gt"), aten.ge: _compare("ge"),
-    aten.sum: _reduce("sum"), aten.mean: _reduce("mean"), aten.amax: _reduce("amax"), aten.amin: _reduce("amin"),
-    aten.mm: _mm, aten.bmm: _mm, aten.addmm: _addmm, aten._to_copy: _to_copy, aten.copy_: _copy_,
-    aten.convolution: _convolution,
-}
+#: The packets whose calls need more than the device method of the same name (sim.ops says which
+#: operation each packet is).
+_HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
+                                  "convolution": _convolution}
+
+
+def _handler(op: ops.Op) -> Callable:
+    """The route of a call to ``op``'s device method, by its kind."""
+    if op.kind == ops.COMPARE:
+        return _compare(op.name)
+    if op.kind == ops.REDUCTION:
+        return _reduce(op.name)
+    return _binary(op.name) if op.arity == 2 else _unary(op.name)
+
+
+#: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
+ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
+                               for op in ops.OPS if op.device for packet in op.aten}
 
 #: Operations that move or select values without arithmetic: exact as torch computes them.
 EXACT = frozenset({

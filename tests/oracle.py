@@ -18,6 +18,7 @@ import numpy as np
 from gmpy2 import mpfr
 
 from sim import Flag, Format, Rounding, Tininess
+from sim.ops import OPS
 
 MPFR_MODE = {
     Rounding.NEAREST_EVEN: gmpy2.RoundToNearest,
@@ -71,9 +72,9 @@ def _sigmoid(ctx, x: mpfr) -> mpfr:
 
 
 #: Functions whose value is exact only at these arguments (transcendental elsewhere).
-EXACT_AT = {"exp": (0,), "log": (1,), "tanh": (0,), "sigmoid": (0,), "erf": (0,)}
+EXACT_AT = {op.name: op.exact_at for op in OPS if op.exact_at}
 #: Operations whose MPFR name differs.
-MPFR_NAMES = {"rsqrt": "rec_sqrt"}
+MPFR_NAMES = {op.name: op.mpfr for op in OPS if op.mpfr}
 
 
 def _apply(ctx, op: str, xs: list[mpfr]) -> mpfr:
@@ -120,7 +121,7 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
               tininess: Tininess = Tininess.AFTER, src: Format | None = None) -> tuple[int, int]:
     """(result bits, flags) of ``op`` on bit patterns, IEEE semantics.
 
-    op: add sub mul div sqrt fma exp log tanh erf (MPFR names), "rsqrt", "sigmoid", "convert"
+    op: add sub mul div sqrt fma exp log tanh erf (MPFR names), "rsqrt", "sigmoid", "reciprocal", "convert"
     (from ``src``) or "rint" (round to integral, no INEXACT).
     """
     src = src or fmt
@@ -139,6 +140,8 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
         if mode is Rounding.ODD and r != exact and int(r) % 2 == 0:
             r = EXACT.add(r, gmpy2.copy_sign(mpfr(1), exact))
         return encode(gmpy2.copy_sign(r, exact), fmt), flags
+    if op == "reciprocal":
+        op, xs = "div", [mpfr(1), *xs]
     if op == "rsqrt" and gmpy2.is_zero(xs[0]):  # IEEE 754 rSqrt(+-0) = +-Inf (MPFR gives +Inf for both)
         return encode(gmpy2.copy_sign(mpfr("inf"), xs[0]), fmt), flags | Flag.DIVBYZERO
     if op == "fma" and any(gmpy2.is_infinite(x) for x in xs[:2]) and any(gmpy2.is_zero(x) for x in xs[:2]):

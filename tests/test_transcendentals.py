@@ -1,4 +1,4 @@
-"""exp, log, tanh, sigmoid, erf, rsqrt and sqrt against MPFR (tests/oracle.py): correctly
+"""exp, log, tanh, sigmoid, erf, rsqrt, sqrt and reciprocal against MPFR (tests/oracle.py): correctly
 rounded in every mode, with flags.
 
 Every binary16 and bfloat16 input in all six modes (marker ``exhaustive``, run by
@@ -20,7 +20,7 @@ from sim import BFLOAT16, BINARY16, BINARY32, SIX_MODES, Format, Fpu, OverflowMo
 
 from oracle import reference, saturated
 
-FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "erf", "rsqrt", "sqrt"]
+FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "erf", "rsqrt", "sqrt", "reciprocal"]
 FORMATS = {"binary16": BINARY16, "bfloat16": BFLOAT16, "binary32": BINARY32}
 
 
