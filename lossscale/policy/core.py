@@ -75,10 +75,11 @@ def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
 
 
 class Manager:
-    """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``.
+    """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``, and
+    checkpoints with ``state_dict()`` / ``load_state_dict()``.
 
-    Subclasses name their policy type in ``policy_type``; the constructor takes
-    that policy's arguments.
+    Subclasses name their policy type in ``policy_type`` (:func:`face` makes them); the
+    constructor takes that policy's arguments.
     """
 
     policy_type: ClassVar[type[Policy]]
