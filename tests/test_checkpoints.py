@@ -3,7 +3,10 @@ continues the same trajectory bit for bit; bad dicts are refused whole."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from hypothesis import strategies as st
 
 from lossscale import SGD, ExponentialUpdateLossScaleManager, LossScaleOptimizer, NPULossScaleOptimizer, PolicyManager
 from lossscale.policies import JmpDynamicLossScale, MinimumScaleError, TorchGradScaler, TorchPolicy
-from lossscale.policy import MANAGERS
+from lossscale.policy import MANAGERS, Manager, face
 from sim import Device, OverflowMode
 
 
@@ -128,3 +131,21 @@ def test_the_optimizers_round_trip_their_manager() -> None:
         opt.loss_scale_manager.state
     with pytest.raises(ValueError, match="valid keys: loss_scale_manager"):
         other.load_state_dict({"manager": saved["loss_scale_manager"]})
+
+
+@pytest.mark.parametrize("name", list(MANAGERS))
+def test_every_face_is_made_from_its_policy(name) -> None:
+    cls, demo = MANAGERS[name]
+    assert inspect.signature(cls) == inspect.signature(cls.policy_type) and cls.__doc__.strip()
+    assert getattr(importlib.import_module(cls.__module__), cls.__qualname__) is cls
+    m = cls(**demo)
+    m.update_loss_scale(False)
+    copy = pickle.loads(pickle.dumps(m))
+    assert repr(copy) == repr(m) and type(copy) is cls
+
+
+def test_a_face_takes_a_framework_s_own_method_names() -> None:
+    Scaler = face(TorchPolicy, "Scaler", "A scaler with torch's names.", get_scale=Manager.get_loss_scale)
+    assert Scaler(init_scale=8.0).get_scale() == 8.0 and Scaler.__module__ == __name__
+    with pytest.raises(TypeError, match="face takes a Policy subclass"):
+        face(dict, "Bad", "")
