@@ -8,17 +8,19 @@ property-test, to replay on a recorded overflow sequence, and to sweep.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "Manager", "PolicyManager", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED", "register",
-           "DEMO_SCALE", "describe", "missing_scaler_methods"]
+__all__ = ["Policy", "Manager", "PolicyManager", "face", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED",
+           "register", "DEMO_SCALE", "describe", "missing_scaler_methods"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -73,10 +75,11 @@ def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
 
 
 class Manager:
-    """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``.
+    """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``, and
+    checkpoints with ``state_dict()`` / ``load_state_dict()``.
 
-    Subclasses name their policy type in ``policy_type``; the constructor takes
-    that policy's arguments.
+    Subclasses name their policy type in ``policy_type`` (:func:`face` makes them); the
+    constructor takes that policy's arguments.
     """
 
     policy_type: ClassVar[type[Policy]]
@@ -105,6 +108,106 @@ class Manager:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.policy}, state={self.state})"
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint of plain Python values, as torch's ``GradScaler.state_dict``
+        (``torch/amp/grad_scaler.py``) holds its factors, interval, scale and tracker:
+        ``{"policy": name, "arguments": {...}, "state": {...}}``. A binary32 scale is a
+        Python float (exactly: binary64 holds every binary32 value)."""
+        if not hasattr(self.state, "_fields"):
+            raise TypeError(f"{type(self).__name__}: state_dict needs the policy's state as a NamedTuple, "
+                            f"got {type(self.state).__name__}")
+        return {"policy": type(self.policy).__name__,
+                "arguments": {k: _plain(v) for k, v in describe(self.policy).items()},
+                "state": {k: _plain(getattr(self.state, k)) for k in self.state._fields}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`: the arguments (as torch's ``load_state_dict`` restores
+        its factors and interval) and the state, so the run continues bit for bit. Everything
+        is checked before anything changes: a dict of another policy, with missing or extra
+        keys, or with values of the wrong kind raises ValueError and leaves the face as it was."""
+        self.policy, self.state = restore(self.policy, state_dict)
+
+
+#: The keys of a :meth:`Manager.state_dict`.
+STATE_DICT_KEYS = ("policy", "arguments", "state")
+
+
+def _plain(value: Any) -> Any:
+    """A number as the Python value that holds it exactly (bool, int or float); others as they are."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def _check_keys(what: str, given: Any, valid: Iterable[str]) -> None:
+    valid = list(valid)
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{what} must be a dict with keys {', '.join(valid)}; got {type(given).__name__}")
+    missing = [k for k in valid if k not in given]
+    extra = [repr(k) for k in given if k not in valid]
+    if missing or extra:
+        wrong = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) +
+                          ([f"unknown {', '.join(extra)}"] if extra else []))
+        raise ValueError(f"{what}: {wrong}; valid keys: {', '.join(valid)}")
+
+
+def _state_value(name: str, value: Any, kind: type) -> Any:
+    """``value`` as the type ``kind`` of the policy's own state field, refused if that would change it."""
+    if issubclass(kind, (bool, np.bool_)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"state_dict state {name}: must be a bool, got {value!r}")
+        return kind(value)
+    if not issubclass(kind, numbers.Real):
+        return value
+    integral = issubclass(kind, numbers.Integral)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral if integral else numbers.Real):
+        raise ValueError(f"state_dict state {name}: must be {'an integer' if integral else 'a real number'}, "
+                         f"got {value!r}")
+    converted = kind(value)
+    if not integral and not math.isnan(float(value)) and float(converted) != float(value):
+        raise ValueError(f"state_dict state {name}: {value!r} is not a {kind.__name__} value "
+                         f"(a state_dict holds the exact scale)")
+    return converted
+
+
+def restore(policy: Policy, state_dict: Mapping[str, Any]) -> tuple[Policy, Any]:
+    """The policy and state a :meth:`Manager.state_dict` describes, checked against ``policy``
+    (the same policy type; its arguments, keys and kinds of values)."""
+    _check_keys("state_dict", state_dict, STATE_DICT_KEYS)
+    name = type(policy).__name__
+    if state_dict["policy"] != name:
+        raise ValueError(f"state_dict is of policy {state_dict['policy']!r}, this face runs {name}: "
+                         f"load a state_dict saved from a face on {name}")
+    _check_keys("state_dict arguments", state_dict["arguments"], (f.name for f in fields(policy)))
+    try:
+        restored = dataclasses.replace(policy, **state_dict["arguments"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"state_dict arguments: {err}") from err
+    initial = restored.initial()
+    _check_keys("state_dict state", state_dict["state"], initial._fields)
+    values = [_state_value(k, state_dict["state"][k], type(getattr(initial, k))) for k in initial._fields]
+    return restored, type(initial)(*values)
+
+
+def face(policy_type: type[Policy], name: str, doc: str, *, module: str | None = None,
+         **methods: Callable[..., Any]) -> type[Manager]:
+    """The stateful face on a policy type, as a :class:`Manager` class named ``name``: its
+    constructor takes the policy's arguments (their names, defaults and signature), ``doc`` is
+    its docstring, ``methods`` are added to it (a framework's own names for them, say).
+
+    Every manager class is made here, so each has the same protocol and checkpoints.
+    ``module`` is where it is defined (default: the caller's module, as ``namedtuple`` does)."""
+    if not (isinstance(policy_type, type) and issubclass(policy_type, Policy)):
+        raise TypeError(f"face takes a Policy subclass, got {policy_type!r}")
+    if module is None:
+        module = sys._getframe(1).f_globals.get("__name__", __name__)
+    namespace = {"policy_type": policy_type, "__doc__": doc, "__module__": module, "__qualname__": name, **methods}
+    return type(name, (Manager,), namespace)
 
 
 # -- argument checks ------------------------------------------------------------------

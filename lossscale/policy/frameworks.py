@@ -1,6 +1,7 @@
 """The other frameworks' dynamic loss scalers, with their argument names,
-defaults and arithmetic. Each is a pure policy core and a stateful face with
-``get_loss_scale()`` / ``update_loss_scale(finite)``.
+defaults and arithmetic. Each is a pure policy core and a stateful face made from it
+(:func:`~lossscale.policy.core.face`) with ``get_loss_scale()`` / ``update_loss_scale(finite)``
+and ``state_dict()`` / ``load_state_dict()``.
 
 Sources (each rule below is that file's): PyTorch ``torch/amp/grad_scaler.py`` and
 ``aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`` (``_amp_update_scale``); Keras 2 /
@@ -33,7 +34,6 @@ import numpy as np
 from .ascend import ExponentialUpdate
 from .core import (
     DEMO_SCALE,
-    Manager,
     Policy,
     check_at_least,
     check_bool,
@@ -41,6 +41,7 @@ from .core import (
     check_positive,
     check_ratio,
     f32,
+    face,
     register,
 )
 
@@ -397,75 +398,52 @@ class TF1ExponentialUpdate(ExponentialUpdate):
         return candidate if np.isfinite(candidate) else scale
 
 
-@register("torch", init_scale=DEMO_SCALE, growth_interval=50)
-class TorchGradScaler(Manager):
-    """``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."""
+# -- the stateful faces, made from the policies (``face``) and registered by their short names ----------
 
-    policy_type = TorchPolicy
+TorchGradScaler = register("torch", init_scale=DEMO_SCALE, growth_interval=50)(face(
+    TorchPolicy, "TorchGradScaler",
+    "``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."))
 
-
-@register("torch-npu", init_scale=DEMO_SCALE, growth_interval=50)
-class TorchNpuGradScaler(Manager):
+TorchNpuGradScaler = register("torch-npu", init_scale=DEMO_SCALE, growth_interval=50)(face(
+    TorchNpuPolicy, "TorchNpuGradScaler",
     """torch_npu ``GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000,
-    dynamic=True, enabled=True)``; its overflow check is the ``torch-npu`` detector."""
+    dynamic=True, enabled=True)``; its overflow check is the ``torch-npu`` detector."""))
 
-    policy_type = TorchNpuPolicy
+KerasDynamicLossScale = register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(face(
+    KerasPolicy, "KerasDynamicLossScale",
+    "Keras 2 / TF2 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``, multiplier 2."))
 
+Keras3LossScale = register("keras3", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(face(
+    Keras3Policy, "Keras3LossScale",
+    "Keras 3 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``."))
 
-@register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)
-class KerasDynamicLossScale(Manager):
-    """Keras 2 / TF2 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``, multiplier 2."""
+DeepSpeedLossScaler = register("deepspeed", init_scale=DEMO_SCALE, scale_window=50)(face(
+    DeepSpeedPolicy, "DeepSpeedLossScaler",
+    "DeepSpeed ``DynamicLossScaler`` (binary64); raises MinimumScaleError at the floor."))
 
-    policy_type = KerasPolicy
-
-
-@register("keras3", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)
-class Keras3LossScale(Manager):
-    """Keras 3 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``."""
-
-    policy_type = Keras3Policy
-
-
-@register("deepspeed", init_scale=DEMO_SCALE, scale_window=50)
-class DeepSpeedLossScaler(Manager):
-    """DeepSpeed ``DynamicLossScaler`` (binary64); raises MinimumScaleError at the floor."""
-
-    policy_type = DeepSpeedPolicy
-
-
-@register("megatron", initial_scale=DEMO_SCALE, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
-          growth_interval=50, hysteresis=2,
-          required=({"initial_scale": 2.0**32, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                     "growth_interval": 1000, "hysteresis": 2},
-                    "Megatron-LM's command-line defaults (--initial-loss-scale 2**32, --min-loss-scale 1, "
-                    "--loss-scale-window 1000, --hysteresis 2; factors 2 and 0.5)"))
-class MegatronGradScaler(Manager):
+MegatronGradScaler = register(
+    "megatron", initial_scale=DEMO_SCALE, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+    growth_interval=50, hysteresis=2,
+    required=({"initial_scale": 2.0**32, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+               "growth_interval": 1000, "hysteresis": 2},
+              "Megatron-LM's command-line defaults (--initial-loss-scale 2**32, --min-loss-scale 1, "
+              "--loss-scale-window 1000, --hysteresis 2; factors 2 and 0.5)"))(face(
+    MegatronPolicy, "MegatronGradScaler",
     """Megatron-LM ``DynamicGradScaler(initial_scale, min_scale, growth_factor, backoff_factor,
-    growth_interval, hysteresis)``."""
+    growth_interval, hysteresis)``."""))
 
-    policy_type = MegatronPolicy
+MindSporeDynamicLossScale = register("mindspore", init_loss_scale=DEMO_SCALE, scale_window=50)(face(
+    MindSporePolicy, "MindSporeDynamicLossScale",
+    "MindSpore ``DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)``."))
 
+JmpDynamicLossScale = register("jmp", loss_scale=DEMO_SCALE, period=50,
+                               required=({"loss_scale": 2.0**15}, "jmp's README example: 2**15"))(face(
+    JmpPolicy, "JmpDynamicLossScale",
+    "jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."))
 
-@register("mindspore", init_loss_scale=DEMO_SCALE, scale_window=50)
-class MindSporeDynamicLossScale(Manager):
-    """MindSpore ``DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)``."""
-
-    policy_type = MindSporePolicy
-
-
-@register("jmp", loss_scale=DEMO_SCALE, period=50,
-          required=({"loss_scale": 2.0**15}, "jmp's README example: 2**15"))
-class JmpDynamicLossScale(Manager):
-    """jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."""
-
-
-    policy_type = JmpPolicy
-
-
-@register("tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5,
-          required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
-                    "as Ascend's (the seed's example: 2**32 and 1000)"))
-class TF1ExponentialUpdateLossScaleManager(Manager):
-    """TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."""
-
-    policy_type = TF1ExponentialUpdate
+TF1ExponentialUpdateLossScaleManager = register(
+    "tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5,
+    required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
+              "as Ascend's (the seed's example: 2**32 and 1000)"))(face(
+    TF1ExponentialUpdate, "TF1ExponentialUpdateLossScaleManager",
+    "TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."))

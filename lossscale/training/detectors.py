@@ -41,7 +41,7 @@ The windows, with their sources: ``docs/semantics.md``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -49,7 +49,7 @@ import numpy as np
 from sim import PHASES, Device, OverflowMode
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
-           "MindSpore", "MindSporeAllFinite", "IsFinite"]
+           "MindSpore", "MindSporeAllFinite", "IsFinite", "ascend_register_check"]
 
 #: The phase of a workload that does not mark its phases: its whole forward and backward.
 #: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
@@ -121,6 +121,23 @@ class Detector:
         return [total] * len(values)
 
 
+def ascend_register_check(devices: Sequence[Device],
+                          reduce: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None,
+                          ) -> tuple[list[bool], list[np.ndarray]]:
+    """The Ascend TensorFlow adapter's overflow check (``NPULossScaleOptimizer.apply_gradients``,
+    ``npu_loss_scale_optimizer.py``): read each device's float-status register
+    (``npu_get_float_status_v2``), all-reduce the values with ``reduce`` if given, clear each
+    register (``npu_clear_float_status_v2``); a rank's step is finite iff its value is all zero.
+    Returns each rank's decision and the value it decided on. The one implementation, used by
+    the ``tf-npu`` detector and by ``NPULossScaleOptimizer``."""
+    status = [dev.get_float_status() for dev in devices]
+    if reduce is not None:
+        status = reduce(status)
+    for dev in devices:
+        dev.clear_float_status()
+    return [not s.any() for s in status], status
+
+
 class TfNpu(Detector):
     name = "tf-npu"
 
@@ -128,10 +145,7 @@ class TfNpu(Detector):
         return True
 
     def _read(self, devices):
-        status = [dev.get_float_status() for dev in devices]
-        for dev in devices:
-            dev.clear_float_status()
-        return [not s.any() for s in self._reduce(status)]
+        return ascend_register_check(devices, self._reduce)[0]
 
 
 class TorchNpu(Detector):

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from sim import Device, OverflowMode, current_device
 
 from ..policy.core import Manager, Policy, check_positive, check_ratio
+from .detectors import ascend_register_check
 
 __all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS",
            "UnsupportedProductWarning"]
@@ -197,6 +199,31 @@ class LossScaleOptimizer:
     def minimize(self, grad_fn: Callable[[float], Sequence[np.ndarray | None]], var_list: Sequence[np.ndarray]) -> bool:
         return self.apply_gradients(self.compute_gradients(grad_fn, var_list))
 
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint of the loss scaling: ``{"loss_scale_manager": its state_dict()}``.
+
+        It holds the manager's arguments and state only. The wrapped optimizer's own state
+        (its learning rate, momentum and Adam slots, Adam's step count) and the variables are
+        not in it (checkpoint them beside it), nor are the settings given to the constructor
+        (``is_distributed``, ``detector``, ``device``) or ``last_status``, a record of the
+        last read."""
+        save = getattr(self._loss_scale_manager, "state_dict", None)
+        if not callable(save):
+            raise TypeError(f"{type(self._loss_scale_manager).__name__} has no state_dict()")
+        return {"loss_scale_manager": save()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into the manager (checked by it: ValueError, and nothing
+        changed, if the dict is of another manager or malformed)."""
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"loss_scale_manager"}:
+            keys = list(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(f"an optimizer's state_dict is a dict with one key; valid keys: loss_scale_manager; "
+                             f"got {keys}")
+        load = getattr(self._loss_scale_manager, "load_state_dict", None)
+        if not callable(load):
+            raise TypeError(f"{type(self._loss_scale_manager).__name__} has no load_state_dict()")
+        load(state_dict["loss_scale_manager"])
+
 
 class NPULossScaleOptimizer(LossScaleOptimizer):
     """The Ascend adapter's ``NPULossScaleOptimizer(opt, loss_scale_manager, is_distributed=False)``.
@@ -263,11 +290,8 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
         if self.detector_for(dev) == "isfinite":
             self.last_status = None
             return self._finite(grads_and_vars)
-        status = dev.get_float_status()
-        if self._is_distributed:
-            if dev.group is None:
-                raise RuntimeError(f"is_distributed=True, but {dev!r} is not a rank of a sim.Group")
-            status = dev.group.allreduce_float_status(dev)
-        dev.clear_float_status()
-        self.last_status = status
-        return not status.any()
+        if self._is_distributed and dev.group is None:
+            raise RuntimeError(f"is_distributed=True, but {dev!r} is not a rank of a sim.Group")
+        reduce = (lambda statuses: [dev.group.allreduce_float_status(dev)]) if self._is_distributed else None
+        [finite], [self.last_status] = ascend_register_check([dev], reduce)
+        return finite
