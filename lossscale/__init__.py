@@ -22,6 +22,7 @@ releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
 from .policy import Manager, Policy, PolicyManager, frameworks, trajectory
 from .policy.ascend import ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from .training.optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
+from .training.phases import PHASES, begin_phase
 from .version import __version__
 
 policies = frameworks  # the earlier name of lossscale.policy.frameworks
@@ -29,4 +30,5 @@ policies = frameworks  # the earlier name of lossscale.policy.frameworks
 __all__ = [
     "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
     "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies", "__version__",
+    "PHASES", "begin_phase",
 ]
