@@ -10,7 +10,8 @@ checks, and that nothing imports in a circle):
 - ``training``: ``simulate`` (the step loop), ``workloads`` (built in, torch, JAX, and the
   ``Workload`` protocol for your own), ``detectors`` (each framework's overflow check: where
   in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 scaling
-  recipes and the hook that runs a device's matmuls in FP8);
+  recipes and the substitute that runs a device's matmuls in FP8), ``phases`` (``PHASES`` and
+  ``begin_phase``: the step's phases as the device's context tags);
 - ``app``: ``cli``, ``files``, ``plots``, ``sweep``.
 
 ``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
