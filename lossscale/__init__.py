@@ -10,7 +10,8 @@ checks, and that nothing imports in a circle):
 - ``training``: ``simulate`` (the step loop), ``workloads`` (built in, torch, JAX, and the
   ``Workload`` protocol for your own), ``detectors`` (each framework's overflow check: where
   in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 scaling
-  recipes and the hook that runs a device's matmuls in FP8);
+  recipes and the substitute that runs a device's matmuls in FP8), ``phases`` (``PHASES`` and
+  ``begin_phase``: the step's phases as the device's context tags);
 - ``app``: ``cli``, ``files``, ``plots``, ``sweep``.
 
 ``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
@@ -22,6 +23,7 @@ releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
 from .policy import Manager, Policy, PolicyManager, frameworks, trajectory
 from .policy.ascend import ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from .training.optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
+from .training.phases import PHASES, begin_phase
 from .version import __version__
 
 policies = frameworks  # the earlier name of lossscale.policy.frameworks
@@ -29,4 +31,5 @@ policies = frameworks  # the earlier name of lossscale.policy.frameworks
 __all__ = [
     "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
     "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies", "__version__",
+    "PHASES", "begin_phase",
 ]

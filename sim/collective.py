@@ -31,7 +31,7 @@ class Group:
         self._round = [0] * len(devices)
         self._snapshots: dict[int, np.ndarray] = {}
         for rank, dev in enumerate(devices):
-            dev.group, dev.rank = self, rank
+            dev.join(self, rank)
 
     def __len__(self) -> int:
         return len(self.devices)

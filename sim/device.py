@@ -24,19 +24,23 @@ operation).
 
 Which operation raised an event: each operation runs under the device's
 current *label* (``with device.label("fc1"):``; ``sim.torch`` labels with the
-issuing module's path) and *phase* of the training step
-(:meth:`Device.begin_phase`: ``forward``, ``loss``, ``log``, ``scale``,
-``backward``, ``allreduce``, ``unscale``, ``apply``, as the step's driver
-says). With ``record_events=True`` the device keeps a log,
-:attr:`Device.events`: one :class:`Event` (step, phase, label, op, flags,
-elements) per operation that raised a register event. Whether or not it
-logs, it counts such operations per phase of the current step
-(:attr:`Device.phase_events`). Hooks on phase changes
-(:attr:`Device.phase_hooks`) let a framework's overflow check clear or read
-the register at the point of the step where that framework does.
- Beside the register the device keeps the sticky IEEE status of
-everything it ran (:attr:`Device.status`, all five flags), cleared only by
+issuing module's path) and its *context tags*, names and values that whoever
+drives the device sets to say where it is (:meth:`Device.set_tags`, such as
+``step=3, phase="forward"`` for a training step; the device gives them no
+meaning). With ``record_events=True`` the device keeps a log,
+:attr:`Device.events`: one :class:`Event` (tags, label, op, flags, elements)
+per operation that raised a register event. *Observers* (:class:`Observer`,
+given to the constructor or :meth:`Device.add_observer`) are told of every
+such event and of every change of tags, so that they can count events or
+clear and read the register at the points where a framework does. Beside the
+register the device keeps the sticky IEEE status of everything it ran
+(:attr:`Device.status`, all five flags), cleared only by
 :meth:`Device.clear_status`.
+
+An operation can be routed to another implementation
+(:meth:`Device.substitute`; ``matmul`` only, as FP8 training runs a model's
+matmuls in FP8), and a device can be a rank of a collective
+(:meth:`Device.join`, which ``sim.Group`` calls).
 
 Arithmetic is binary16 (and binary32 or bfloat16 where the operands are),
 in the device's overflow mode; binary32 results saturate too in saturation
@@ -65,9 +69,10 @@ import math
 import operator
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -77,7 +82,7 @@ from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import Fpu, filled, finish
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
 
-__all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "PHASES"]
+__all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "Observer", "SUBSTITUTABLE"]
 
 #: The flags that reach the float-status register.
 EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
@@ -122,20 +127,31 @@ def _columns(x, axis: int | None, fmt: Format) -> tuple[np.ndarray, tuple[int, .
     return np.ascontiguousarray(v.reshape(v.shape[0], math.prod(rest))).view(fmt.uint), rest
 
 
-#: The phases of a training step, in order (names for :meth:`Device.begin_phase`; others are
-#: allowed too). ``log``: computations for logging only, which feed no gradient.
-PHASES = ("forward", "loss", "log", "scale", "backward", "allreduce", "unscale", "apply")
+#: The operations :meth:`Device.substitute` can route elsewhere.
+SUBSTITUTABLE = frozenset({"matmul"})
+_NO_TAGS: Mapping[str, Any] = MappingProxyType({})
 
 
 class Event(NamedTuple):
     """One device operation that raised a register event."""
 
-    step: int | None  #: the step the device was in (:meth:`Device.begin_phase`), or None
-    phase: str | None  #: the phase of the step, or None outside phases
+    tags: Mapping[str, Any]  #: the device's context tags when it ran (:meth:`Device.set_tags`)
     label: str | None  #: the innermost :meth:`Device.label`, or None
     op: str  #: the device operation (``matmul``, ``exp``, ``cast``, ...)
     flags: Flag  #: every IEEE flag the operation raised
     elements: int  #: the number of elements the operation produced
+
+
+class Observer(Protocol):
+    """What a device tells its observers (:meth:`Device.add_observer`). Both methods are
+    optional: a device calls only those an observer has, so that one which does not watch
+    events costs the operations nothing."""
+
+    def on_event(self, device: Device, event: Event) -> None:
+        """An operation raised a register event (called whether or not the device logs)."""
+
+    def on_tags(self, device: Device, previous: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+        """:meth:`Device.set_tags` was called (``previous`` and ``current`` may be equal)."""
 
 
 class _Label:
@@ -170,7 +186,8 @@ class Device:
 
     def __init__(self, profile: str | profiles.Profile = "atlas-a2", overflow: OverflowMode | str | None = None,
                  *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool = True,
-                 name: str | None = None, threads: int = 1, record_events: bool = False, seed: int = 0) -> None:
+                 name: str | None = None, threads: int = 1, record_events: bool = False, seed: int = 0,
+                 observers: Iterable[Observer] = (), substitutes: Mapping[str, Callable] | None = None) -> None:
         self.profile = profiles.get(profile)
         mode = self.profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
         if mode not in self.profile.overflow_modes:
@@ -203,22 +220,23 @@ class Device:
         self._register = np.zeros(8, np.int32)
         self._status = 0
         self._label: str | None = None
-        self._phase: str | None = None
-        #: The step the device is in (set by :meth:`begin_phase`); recorded in events.
-        self.step: int | None = None
-        #: Operations that raised a register event in each phase of the current step.
-        self.phase_events: dict[str | None, int] = {}
-        #: Called as ``hook(device, previous_phase, phase)`` by :meth:`begin_phase`.
-        self.phase_hooks: list[Callable[[Device, str | None, str], None]] = []
+        self._tags: Mapping[str, Any] = _NO_TAGS  # replaced, never changed: events share it
+        self._observers: tuple[Observer, ...] = ()
+        # The bound methods the observers have, so that an event without observers costs nothing.
+        self._on_event: tuple[Callable[[Device, Event], None], ...] = ()
+        self._on_tags: tuple[Callable[[Device, Mapping[str, Any], Mapping[str, Any]], None], ...] = ()
         if not isinstance(record_events, (bool, np.bool_)):
             raise ValueError(f"record_events must be a bool, got {record_events!r}")
         self._log: list[Event] | None = [] if record_events else None
-        #: Where set, ``matmul`` calls it instead (see :meth:`matmul`).
-        self.matmul_hook: Callable | None = None
+        self._substitutes: dict[str, Callable] = {}
         self._mx_unit: Fpu | None = None  # quantize_mx's unit, made on first use
-        self.group = None  # set by sim.Group: the collective this device is a rank of
-        self.rank: int | None = None
+        self._group: Any = None
+        self._rank: int | None = None
         self._lock = threading.RLock()
+        for observer in observers:
+            self.add_observer(observer)
+        for op, fn in (substitutes or {}).items():
+            self.substitute(op, fn)
         self._tokens: list[contextvars.Token] = []
 
     def __repr__(self) -> str:
@@ -236,25 +254,87 @@ class Device:
         """The label of the innermost :meth:`label` block, or None."""
         return self._label
 
-    # -- phases of a training step, and the event log ------------------------------
-    def begin_phase(self, phase: str, step: int | None = None) -> None:
-        """Mark the start of ``phase`` (one of :data:`PHASES`, or a name of yours) of the
-        training step; ``step`` starts a new step (its per-phase event counts start at zero).
-        Then every hook in :attr:`phase_hooks` runs, in order."""
-        if not isinstance(phase, str) or not phase:
-            raise ValueError(f"phase must be a non-empty string such as {', '.join(PHASES)}; got {phase!r}")
-        if step is not None:
-            if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-                raise ValueError(f"step must be a non-negative integer, got {step!r}")
-            self.step, self.phase_events = int(step), {}
-        previous, self._phase = self._phase, phase
-        for hook in list(self.phase_hooks):
-            hook(self, previous, phase)
+    # -- context tags, observers, substitutes, group ---------------------------------
+    def set_tags(self, **tags: Any) -> None:
+        """Update the context tags that events record (``dev.set_tags(step=3, phase="forward")``;
+        a tag set to None is removed). The device gives them no meaning: they say where its
+        driver is, for the log and the observers. Then each observer's ``on_tags`` runs, in
+        the order they were added, on every call."""
+        with self._lock:
+            previous = self._tags
+            merged = {**previous, **tags}
+            self._tags = MappingProxyType({k: v for k, v in merged.items() if v is not None})
+            for notify in self._on_tags:
+                notify(self, previous, self._tags)
 
     @property
-    def current_phase(self) -> str | None:
-        """The phase last begun with :meth:`begin_phase`, or None."""
-        return self._phase
+    def tags(self) -> Mapping[str, Any]:
+        """The current context tags (a read-only mapping; :meth:`set_tags` changes them)."""
+        return self._tags
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers, in the order they were added."""
+        return self._observers
+
+    def add_observer(self, observer: Observer) -> None:
+        """Tell ``observer`` of this device's register events and tag changes (see
+        :class:`Observer`); an observer already added stays where it is."""
+        if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_tags", None))):
+            raise ValueError(f"an observer needs an on_event or on_tags method, got {observer!r}")
+        with self._lock:
+            if not any(o is observer for o in self._observers):
+                self._set_observers((*self._observers, observer))
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Stop telling ``observer``; ValueError if it was not added."""
+        with self._lock:
+            if not any(o is observer for o in self._observers):
+                raise ValueError(f"{observer!r} is not an observer of {self!r}")
+            self._set_observers(tuple(o for o in self._observers if o is not observer))
+
+    def _set_observers(self, observers: tuple[Observer, ...]) -> None:
+        self._observers = observers
+        self._on_event = tuple(o.on_event for o in observers if callable(getattr(o, "on_event", None)))
+        self._on_tags = tuple(o.on_tags for o in observers if callable(getattr(o, "on_tags", None)))
+
+    def substitute(self, op: str, fn: Callable | None) -> None:
+        """Route operation ``op`` (one of :data:`SUBSTITUTABLE`) to ``fn``, called with the
+        device first and the operation's arguments as they were given (``matmul``:
+        ``fn(device, a, b, accumulate, out_dtype)``), its result returned as the operation's;
+        None restores the device's own. For a different implementation of a whole operation,
+        such as a model's matmuls run in FP8 (``fn`` must not call the substituted operation:
+        it would call itself)."""
+        if op not in SUBSTITUTABLE:
+            raise ValueError(f"cannot substitute {op!r}; substitutable: {', '.join(sorted(SUBSTITUTABLE))}")
+        if fn is None:
+            self._substitutes.pop(op, None)
+        elif not callable(fn):
+            raise ValueError(f"a substitute for {op} must be callable, got {fn!r}")
+        else:
+            self._substitutes[op] = fn
+
+    def substitute_of(self, op: str) -> Callable | None:
+        """What ``op`` is routed to (:meth:`substitute`), or None."""
+        return self._substitutes.get(op)
+
+    def join(self, group: Any, rank: int) -> None:
+        """Become rank ``rank`` of the collective ``group`` (``sim.Group`` calls it)."""
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
+            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        self._group, self._rank = group, int(rank)
+
+    @property
+    def group(self) -> Any:
+        """The collective this device is a rank of (:meth:`join`), or None."""
+        return self._group
+
+    @property
+    def rank(self) -> int | None:
+        """This device's rank in :attr:`group`, or None."""
+        return self._rank
+
+    # -- the event log ----------------------------------------------------------------
 
     @property
     def events(self) -> list[Event]:
@@ -287,7 +367,7 @@ class Device:
 
     def _record(self, status: int, op: str, elements: int) -> None:
         """One operation's flags: into the IEEE status, and its events into the register
-        (and the phase counts and the log)."""
+        (and the log and the observers)."""
         with self._lock:
             self._status |= status
             if status & _EVENTS:
@@ -299,10 +379,12 @@ class Device:
         reg[1] |= (status & _INVALID) != 0
         reg[2] |= (status & _DIVBYZERO) != 0
         reg[3] = min(int(reg[3]) + 1, _INT32_MAX)
-        phase = self._phase
-        self.phase_events[phase] = self.phase_events.get(phase, 0) + 1
-        if self._log is not None:
-            self._log.append(Event(self.step, phase, self._label, op, Flag(status), int(elements)))
+        if self._log is not None or self._on_event:
+            event = Event(self._tags, self._label, op, Flag(status), int(elements))
+            if self._log is not None:
+                self._log.append(event)
+            for notify in self._on_event:
+                notify(self, event)
 
     def _on(self, x) -> Fpu:
         try:
@@ -441,11 +523,12 @@ class Device:
         mode at every step); the sum is rounded once to ``out_dtype`` in the
         device's settings for that format.
 
-        Where ``matmul_hook`` is set (as a training simulator does to run a model's matmuls
-        in FP8), the call goes to ``matmul_hook(device, a, b, accumulate, out_dtype)`` instead.
+        Where a substitute is set (:meth:`substitute`, as a training simulator does to run a
+        model's matmuls in FP8), the call goes to ``fn(device, a, b, accumulate, out_dtype)`` instead.
         """
-        if self.matmul_hook is not None:
-            return self.matmul_hook(self, a, b, accumulate, out_dtype)
+        fn = self._substitutes.get("matmul")
+        if fn is not None:
+            return fn(self, a, b, accumulate, out_dtype)
         return self._product("matmul", a, b, accumulate, out_dtype)
 
     def matmul_fp8(self, a, b, a_format: Format | str | None = None, b_format: Format | str | None = None,

@@ -15,6 +15,7 @@ import pytest
 from lossscale.detectors import DETECTORS, MindSporeAllFinite, TfNpu, make_detector
 from lossscale.managers import ExponentialUpdateLossScaleManager
 from lossscale.optimizers import SGD, NPULossScaleOptimizer
+from lossscale.training.phases import PhaseEvents, begin_phase
 from sim import Device, Event, Flag, Group, OverflowMode, profiles
 
 H = np.float16
@@ -32,12 +33,12 @@ def run_step(devices, detector, step: int, event_in: dict[int, str | None], grad
     phase; the detector's decisions at the unscale phase."""
     for phase in STEP:
         for r, dev in enumerate(devices):
-            dev.begin_phase(phase, step=step if phase == "forward" else None)
+            begin_phase(dev, phase, step=step if phase == "forward" else None)
             if event_in.get(r) == phase:
                 overflow(dev)
     decisions = detector.check(devices, grads or [FINITE] * len(devices))
     for dev in devices:
-        dev.begin_phase("apply")
+        begin_phase(dev, "apply")
         if event_in.get("after") == "apply":
             overflow(dev)
     return decisions
@@ -150,11 +151,11 @@ def test_once_per_step_clear_and_unknown_phases() -> None:
     # scale and a second scale-or-later phase stays; custom phase names do not clear.
     devices, det = setup("torch-npu")
     dev = devices[0]
-    dev.begin_phase("forward", step=0)
-    dev.begin_phase("scale")
+    begin_phase(dev, "forward", step=0)
+    begin_phase(dev, "scale")
     overflow(dev)
-    dev.begin_phase("my-phase")
-    dev.begin_phase("backward")
+    begin_phase(dev, "my-phase")
+    begin_phase(dev, "backward")
     assert det.check(devices, [FINITE]) == [False]
 
 
@@ -172,38 +173,40 @@ def test_make_detector_defaults_and_errors() -> None:
 
 # -- the event log ---------------------------------------------------------------------
 def test_event_log_names_the_operation() -> None:
-    dev = Device("atlas-training", record_events=True)
+    counts = PhaseEvents()
+    dev = Device("atlas-training", record_events=True, observers=[counts])
     x = np.array([30000, 1, 2], H)
-    dev.begin_phase("forward", step=7)
+    begin_phase(dev, "forward", step=7)
     dev.add(x, x)  # fine in float32 terms, 60000 rounds to 60000: no overflow
     with dev.label("fc1"):
         dev.mul(x, x)  # 9e8: overflows (saturates), three elements produced
-    dev.begin_phase("backward")
+    begin_phase(dev, "backward")
     with dev.label("head"), dev.label("head.inner"):
         dev.div(np.array([1.0], H), np.array([0.0], H))
     assert dev.events == [
-        Event(7, "forward", "fc1", "mul", Flag.OVERFLOW | Flag.INEXACT, 3),
-        Event(7, "backward", "head.inner", "div", Flag.DIVBYZERO, 1),
+        Event({"step": 7, "phase": "forward"}, "fc1", "mul", Flag.OVERFLOW | Flag.INEXACT, 3),
+        Event({"step": 7, "phase": "backward"}, "head.inner", "div", Flag.DIVBYZERO, 1),
     ]
-    assert dev.phase_events == {"forward": 1, "backward": 1} and dev.current_label is None
-    dev.begin_phase("forward", step=8)
-    assert dev.phase_events == {} and len(dev.events) == 2
+    assert counts.counts == {"forward": 1, "backward": 1} and dev.current_label is None
+    begin_phase(dev, "forward", step=8)
+    assert counts.counts == {} and len(dev.events) == 2
     dev.clear_events()
     assert dev.events == []
 
 
 def test_no_log_unless_asked_but_phase_counts_kept() -> None:
-    dev = Device("atlas-training")
-    dev.begin_phase("loss", step=0)
+    counts = PhaseEvents()
+    dev = Device("atlas-training", observers=[counts])
+    begin_phase(dev, "loss", step=0)
     overflow(dev)
     dev.matmul(np.full((2, 2), 60000, H), np.full((2, 2), 2, H))
-    assert dev.events == [] and dev.phase_events == {"loss": 2}
+    assert dev.events == [] and counts.counts == {"loss": 2}
     with pytest.raises(ValueError, match="record_events must be a bool"):
         Device(record_events="yes")
     with pytest.raises(ValueError, match="phase must be a non-empty string"):
-        dev.begin_phase("")
+        begin_phase(dev, "")
     with pytest.raises(ValueError, match="step must be a non-negative integer"):
-        dev.begin_phase("forward", step=-1)
+        begin_phase(dev, "forward", step=-1)
 
 
 def test_event_log_op_names() -> None:

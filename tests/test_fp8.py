@@ -22,6 +22,7 @@ from lossscale.fp8 import (
 )
 from lossscale.simulate import simulate
 from lossscale.testing import PolicyError, check_policy
+from lossscale.training.phases import begin_phase
 from sim import Device
 
 F32 = np.float32
@@ -144,8 +145,8 @@ def test_the_hook_quantises_each_operand_with_its_scale() -> None:
     a = rng.standard_normal((4, 64)).astype(np.float16)
     b = rng.standard_normal((64, 3)).astype(np.float16)
     dev, hook = Device("atlas-350"), Fp8Matmuls(CurrentScaling())
-    dev.matmul_hook = hook
-    dev.begin_phase("forward", step=0)
+    dev.substitute("matmul", hook)
+    begin_phase(dev, "forward", step=0)
     got = dev.matmul(a, b)
     ref = Device("atlas-350")
     sa, sb = F32(448) / F32(amax_of(a)), F32(448) / F32(amax_of(b))
@@ -176,8 +177,8 @@ def test_mx_runs_stacked_matmuls_matrix_by_matrix() -> None:
     a = rng.standard_normal((3, 4, 64)).astype(np.float16)
     b = rng.standard_normal((64, 5)).astype(np.float16)  # broadcast against the stack
     dev, hook = Device("atlas-350"), Fp8Matmuls(MXScaling())
-    dev.matmul_hook = hook
-    dev.begin_phase("forward", step=0)
+    dev.substitute("matmul", hook)
+    begin_phase(dev, "forward", step=0)
     got = dev.matmul(a, b)
     ref = Device("atlas-350")
     want = [ref.cast(ref.matmul_mx(ref.quantize_mx(x, axis=1), ref.quantize_mx(b, axis=0)), np.float16) for x in a]

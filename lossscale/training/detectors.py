@@ -5,7 +5,7 @@ The register is sticky: every device operation since the last clear sets it, the
 pass and logging included. So what a framework catches, and which harmless events make it
 skip a good step, depends on where in the step it clears and reads. A detector is that
 framework's piece of the step: what it does when a phase of the step begins (the simulator
-and the workloads mark phases with ``Device.begin_phase``) and its check at the unscale
+and the workloads mark phases with ``phases.begin_phase``) and its check at the unscale
 step, for all ranks at once (ranks run one after another in the simulator, so a detector
 sees every rank's register before it reduces them).
 
@@ -41,12 +41,14 @@ The windows, with their sources: ``docs/semantics.md``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from sim import PHASES, Device, OverflowMode
+from sim import Device, OverflowMode
+
+from .phases import PHASES, current_step
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
            "MindSpore", "MindSporeAllFinite", "IsFinite", "ascend_register_check"]
@@ -88,19 +90,20 @@ class Detector:
         return device.overflow is OverflowMode.SATURATION
 
     def attach(self, devices: Sequence[Device]) -> None:
-        """Hook into each rank's phases (once per device)."""
+        """Observe each rank's phases (once per device)."""
         for dev in devices:
-            if self._begin not in dev.phase_hooks:
-                dev.phase_hooks.append(self._begin)
+            dev.add_observer(self)
 
-    def _begin(self, device: Device, previous: str | None, phase: str) -> None:
+    def on_tags(self, device: Device, previous: Mapping[str, Any], current: Mapping[str, Any]) -> None:
         """At a phase's beginning: clear once per step at ``clears_at`` (or the first phase after
         it that the step reaches), if this framework does."""
+        phase = current.get("phase")
         if self.clears_at is None or phase not in _ORDER or _ORDER[phase] < _ORDER[self.clears_at]:
             return
-        if self._cleared.get(device, -1) != device.step and self.reads_register(device):
+        step = current_step(device)
+        if self._cleared.get(device, -1) != step and self.reads_register(device):
             device.clear_float_status()
-        self._cleared[device] = device.step
+        self._cleared[device] = step
 
     def check(self, devices: Sequence[Device], grads: Sequence[Sequence[np.ndarray]]) -> list[bool]:
         """Each rank's decision (True: finite, apply the step), at the unscale step: from the

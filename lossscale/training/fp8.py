@@ -38,6 +38,7 @@ from sim.device import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
 from ..policy.core import F32_MAX
+from .phases import current_phase, current_step
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
            "FP8_FORMATS", "make_recipe", "amax_of", "FP8_COLUMNS"]
@@ -245,12 +246,13 @@ FP8_COLUMNS = ("step", "rank", "tensor", "format", "scale", "amax", "saturated",
 
 
 class Fp8Matmuls:
-    """A device's ``matmul_hook``: every matmul's two binary16 operands are scaled per tensor by
-    the recipe, cast into the pass's 8-bit format on the device (the register sees the casts'
-    overflows; the device's overflow mode saturates them or not), multiplied by
-    :meth:`sim.Device.matmul_fp8` (or ``matmul_mx``), and the result cast to the requested
-    dtype. A tensor is named by the device's label, the phase, the matmul's ordinal among those
-    of that label and phase in the step, and the operand (a or b)."""
+    """A device's substitute for ``matmul`` (``dev.substitute("matmul", Fp8Matmuls(recipe))``):
+    every matmul's two binary16 operands are scaled per tensor by the recipe, cast into the
+    pass's 8-bit format on the device (the register sees the casts' overflows; the device's
+    overflow mode saturates them or not), multiplied by :meth:`sim.Device.matmul_fp8` (or
+    ``matmul_mx``), and the result cast to the requested dtype. A tensor is named by the
+    device's label, the phase, the matmul's ordinal among those of that label and phase in the
+    step, and the operand (a or b)."""
 
     def __init__(self, recipe: Recipe, rank: int = 0,
                  record: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -262,9 +264,10 @@ class Fp8Matmuls:
         self._step: int | None = None
 
     def __call__(self, dev: Device, a, b, accumulate, out_dtype) -> np.ndarray:
-        if dev.step != self._step:
-            self._step, self._seen = dev.step, {}
-        label, phase = dev.current_label or "matmul", dev.current_phase or "forward"
+        step = current_step(dev)
+        if step != self._step:
+            self._step, self._seen = step, {}
+        label, phase = dev.current_label or "matmul", current_phase(dev) or "forward"
         n = self._seen.get((label, phase), 0)
         self._seen[(label, phase)] = n + 1
         fwd, bwd = self.recipe.formats()
@@ -287,7 +290,7 @@ class Fp8Matmuls:
         rounding = "rna" if fmt is HIFLOAT8 else None
         x8, flags = dev.cast(scaled, fmt, rounding=rounding, return_flags=True)
         values = decode(x8, fmt)
-        self._record({"step": dev.step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "scale": scale,
+        self._record({"step": self._step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "scale": scale,
                       "amax": amax, "saturated": int(np.count_nonzero(flags & Flag.OVERFLOW)),
                       "nonfinite": int(np.count_nonzero(~np.isfinite(values)))})
         scaler.update(amax)
@@ -311,7 +314,7 @@ class Fp8Matmuls:
             codes = np.concatenate([q.scales.reshape(-1) for q in qs])
             top = int(codes.max()) if codes.size else 127
             scale = 2.0 ** (127 - top) if top != 0xFF else float("nan")  # the largest block scale's reciprocal
-            self._record({"step": dev.step, "rank": self.rank, "tensor": f"{name}.{operand}", "format": fmt.name,
+            self._record({"step": self._step, "rank": self.rank, "tensor": f"{name}.{operand}", "format": fmt.name,
                           "scale": scale, "amax": amax_of(x), "saturated": sum(q.saturated for q in qs),
                           "nonfinite": sum(int(np.count_nonzero(~np.isfinite(mx.dequantize(q)))) for q in qs)})
         out = np.stack(products).reshape(*lead, a.shape[-2], b.shape[-1])

@@ -1,6 +1,6 @@
 """Mixed-precision training on simulated Atlas devices, one loss-scale policy at a time.
 
-Each step, on every rank, in phases that the devices see (``Device.begin_phase``):
+Each step, on every rank, in phases that the devices see (``phases.begin_phase``):
 ``forward``, ``loss``, ``log``, ``scale`` and ``backward`` inside the workload's
 ``forward_backward`` (the built-in workloads mark them; an unmarked workload's whole call
 is one phase, ``forward_backward``), then ``allreduce`` (the binary16 gradients summed
@@ -38,13 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from sim import PHASES, Device, Group, OverflowMode, profiles
+from sim import Device, Group, OverflowMode, profiles
 
 from ..policy import frameworks as policies
 from ..policy.core import MANAGERS, REQUIRED, Manager, Policy, PolicyManager, describe, missing_scaler_methods
 from .detectors import ALIASES, DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
 from .fp8 import Fp8Matmuls, Recipe, make_recipe
 from .optimizers import LossScaleOptimizer
+from .phases import PHASES, PhaseEvents, begin_phase
 from .workloads import WORKLOADS, Workload, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted"]
@@ -256,7 +257,8 @@ def _event_log(devices: list[Device]) -> list[dict[str, Any]]:
     """Every rank's events, in step order, then phase order, then rank (ranks run side by
     side: within a phase no rank's events come before another's)."""
     order = {p: i for i, p in enumerate(PHASES)}
-    rows = [{"rank": r, **e._asdict(), "flags": "|".join(sorted((e.flags.name or "").split("|")))}
+    rows = [{"rank": r, "step": e.tags.get("step"), "phase": e.tags.get("phase"), "label": e.label, "op": e.op,
+             "flags": "|".join(sorted((e.flags.name or "").split("|"))), "elements": e.elements}
             for r, dev in enumerate(devices) for e in dev.events]
     rows.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, order.get(e["phase"], len(order)),
                              e["rank"]))
@@ -331,7 +333,9 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     args["manager"] = manager_name
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events) for r in range(ranks)]
+        counts = [PhaseEvents() for _ in range(ranks)]
+        devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events, observers=[c])
+                   for r, c in enumerate(counts)]
         det = make_detector(detector, devices[0].overflow)
         if det.name == "tf-npu" and not prof.supports_npu_loss_scale_optimizer:
             refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the seed's "
@@ -345,7 +349,7 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
     fp8_rows: list[dict[str, Any]] = []
     if recipe is not None:
         for r, dev in enumerate(devices):
-            dev.matmul_hook = Fp8Matmuls(recipe, rank=r, record=fp8_rows.append)
+            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append))
     if ranks > 1:
         Group(devices)
     marks = bool(getattr(wl, "marks_phases", False))
@@ -365,14 +369,14 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
             shards = wl.shards(batches[t], ranks)
             losses, grads = [], []
             for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
-                dev.begin_phase("forward" if marks else UNMARKED, step=t)
+                begin_phase(dev, "forward" if marks else UNMARKED, step=t)
                 with dev:
                     loss, g = wl.forward_backward(dev, p, s, part, share)
                 losses.append(loss)
                 grads.append(g)
             local0 = grads[0]
             for dev in devices:
-                dev.begin_phase("allreduce")
+                begin_phase(dev, "allreduce")
             if ranks > 1:
                 with contextlib.ExitStack() as stack:
                     for dev in devices:
@@ -381,11 +385,11 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
                 grads = [[s[r] for s in summed] for r in range(ranks)]
             register = np.sum([dev.get_float_status() for dev in devices], axis=0)
             for dev in devices:
-                dev.begin_phase("unscale")
+                begin_phase(dev, "unscale")
             finite = det.check(devices, grads) if any(checks) else [True] * ranks
             decisions = [bool(f) or not c for f, c in zip(finite, checks, strict=True)]
             for dev in devices:
-                dev.begin_phase("apply")
+                begin_phase(dev, "apply")
             try:
                 for opt, g, p, ok in zip(opts, grads, params, decisions, strict=True):
                     opt.apply_decided(opt.compute_gradients(lambda _s, g=g: g, p), ok)
@@ -402,7 +406,7 @@ def simulate(workload: str | Workload = "mlp", profile: str = "atlas-a2", overfl
                 underflow = lost / nonzero if nonzero else 0.0
             base_loss, base_grads = wl.grads32(base_params, batches[t])
             base_opt.apply_gradients(list(zip(base_grads, base_params, strict=True)))
-            phases = [p for p in dict.fromkeys(p for dev in devices for p in dev.phase_events)]
+            phases = [p for p in dict.fromkeys(p for c in counts for p in c.counts)]
             feeds = any(p not in FEEDS_NOTHING for p in phases)
             applied = decisions[0]
             records.append({

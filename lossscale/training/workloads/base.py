@@ -37,8 +37,8 @@ class Workload(Protocol):
       binary32 (the reference for underflow; with the whole batch, the baseline's step).
     - ``evaluate(params)``: ``{"loss": ..., "accuracy": ...}`` of binary32 parameters.
     - optionally ``marks_phases`` (bool, default False): whether ``forward_backward``
-      marks the phases of the step with ``dev.begin_phase("loss")``, ``"log"``, ``"scale"``
-      and ``"backward"`` (the simulator begins ``"forward"``). Unmarked, the whole call is
+      marks the phases of the step with ``lossscale.training.phases.begin_phase(dev, "loss")``,
+      ``"log"``, ``"scale"`` and ``"backward"`` (the simulator begins ``"forward"``). Unmarked, the whole call is
       one phase, ``forward_backward``, that every detector's window holds. Labels
       (``with dev.label("fc1"):``) name the operations in the event log.
     """

@@ -12,6 +12,7 @@ from sim import Device
 
 from ...policy.core import check_bool
 from ..optimizers import Adam, Momentum
+from ..phases import begin_phase
 from .base import digits
 
 __all__ = ["Mlp", "Trace"]
@@ -78,7 +79,7 @@ class Mlp:
             h = dev.relu(z1)
         with dev.label("fc2"):
             logits = dev.cast(dev.add(dev.matmul(h, w2), b2), F32)
-        dev.begin_phase("loss")
+        begin_phase(dev, "loss")
         with dev.label("softmax"):
             shifted = dev.sub(logits, logits.max(axis=1, keepdims=True))  # the max itself is exact
             e = dev.exp(shifted)
@@ -88,13 +89,13 @@ class Mlp:
             losses = dev.log(picked)
             loss = -float(dev.sum(losses, accumulate=F32)) / total
         if self.log_perplexity:
-            dev.begin_phase("log")
+            begin_phase(dev, "log")
             with dev.label("perplexity"):
                 dev.exp(dev.neg(dev.sum(dev.cast(losses, H))))
-        dev.begin_phase("scale")
+        begin_phase(dev, "scale")
         with dev.label("loss"):
             coef = dev.div(F32(scale), F32(total))
-        dev.begin_phase("backward")
+        begin_phase(dev, "backward")
         with dev.label("softmax"):
             onehot = np.zeros_like(p)
             onehot[np.arange(len(y)), y] = 1
@@ -176,9 +177,9 @@ class Trace:
 
     def forward_backward(self, dev: Device, params, scale: float, log2m: np.ndarray, share: float = 1.0):
         g32 = self._grad(params, log2m, share)
-        dev.begin_phase("scale")
+        begin_phase(dev, "scale")
         scaled = dev.mul(g32, F32(scale))
-        dev.begin_phase("backward")
+        begin_phase(dev, "backward")
         return self._loss(params), [dev.cast(scaled, H)]
 
     def _grad(self, params, log2m, share: float = 1.0) -> np.ndarray:

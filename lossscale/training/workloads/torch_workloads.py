@@ -31,6 +31,7 @@ from sim import Device
 from sim.torch import DeviceMode
 
 from ...policy.core import check_bool
+from ..phases import begin_phase
 from .base import SampledWorkload, digits
 
 __all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
@@ -94,16 +95,16 @@ class TorchWorkload(SampledWorkload):
         with torch.random.fork_rng(), DeviceMode(dev, strict=self.strict) as mode:
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
             out = self.model(x.to(self.dtype) if x.is_floating_point() else x)
-            dev.begin_phase("loss")
+            begin_phase(dev, "loss")
             with dev.label("loss"):  # operations outside the model's modules, both ways
                 loss = self.loss_fn(out, y)
             if self.log_perplexity:
-                dev.begin_phase("log")
+                begin_phase(dev, "log")
                 with dev.label("perplexity"), torch.no_grad():
                     torch.exp((loss * y.numel()).to(self.dtype))
-            dev.begin_phase("scale")
+            begin_phase(dev, "scale")
             scaled = loss * (scale * share)
-            dev.begin_phase("backward")
+            begin_phase(dev, "backward")
             with dev.label("loss"):
                 scaled.backward()
         self.routes, self.events = dict(mode.routes), dict(mode.events)
