@@ -14,15 +14,14 @@ import os
 import re
 import sys
 import time
+from dataclasses import Field
 from pathlib import Path
 from typing import Any
 
 from sim import profiles
 
-from ..training.detectors import ALIASES, DETECTORS
-from ..training.fp8 import RECIPES
-from ..training.simulate import DEFAULTS, MANAGERS, Interrupted, Run, manager_arguments, simulate
-from ..training.workloads import WORKLOADS
+from ..training.config import settings
+from ..training.simulate import MANAGERS, Interrupted, Run, manager_arguments, simulate
 
 __all__ = ["main"]
 
@@ -88,37 +87,35 @@ def _axis_pair(text: str) -> tuple[str, str]:
     return names[0], names[1]
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="mlp", choices=list(WORKLOADS), help="the model and data")
-    p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", default=[],
-                   help="a workload argument (repeatable), such as log_perplexity=true")
-    p.add_argument("--profile", default="atlas-a2", choices=profiles.names(), help="the Atlas product")
-    p.add_argument("--overflow-mode", choices=["saturation", "inf_nan"], default=None,
-                   help="the device's float16 overflow mode (default: the profile's)")
-    p.add_argument("--manager-arg", action="append", metavar="[MANAGER:]KEY=VALUE", default=[],
-                   help="a manager argument (repeatable; 2**16 and true/false are fine); with MANAGER: it goes "
-                        "to that manager only")
-    p.add_argument("--defaults", choices=list(DEFAULTS), default="demo",
-                   help="the managers' unset arguments: demo (the seed's 2**32 and growth after 50 steps, so that "
-                        "a short run shows backoff and growth) or framework (each framework's own defaults)")
-    p.add_argument("--detector", choices=[*DETECTORS, *ALIASES], default=None,
-                   help="whose overflow check decides (status is tf-npu; default: tf-npu in saturation mode, "
-                        "isfinite in INF/NaN mode)")
-    p.add_argument("--allow-unsupported", action="store_true",
-                   help="run the tf-npu detector on a product that does not support NPULossScaleOptimizer")
-    p.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the devices' event log (events.csv, events.png)")
-    p.add_argument("--fp8", choices=list(RECIPES), default=None,
-                   help="run the workload's matmuls in FP8 under this scaling recipe (delayed, current: "
-                        "Transformer Engine's; mx: OCP MX blocks); writes fp8.csv and fp8.png, every tensor's scale")
-    p.add_argument("--fp8-arg", action="append", metavar="KEY=VALUE", default=[],
-                   help="a recipe argument (repeatable), such as fp8_format=HIF8, margin=1, amax_history_len=16, "
-                        "rule=ceil")
-    p.add_argument("--ranks", type=_integer(1), default=1, help="data-parallel ranks (devices)")
-    p.add_argument("--steps", type=_integer(1), default=300, help="training steps")
-    p.add_argument("--seed", type=_integer(0), default=0, help="the workload's seed")
-    p.add_argument("--underflow-every", type=_integer(1), default=10,
-                   help="measure the gradients' underflow every N steps")
+def _option(f: Field) -> str:
+    """A setting's command-line option."""
+    return f.metadata["option"] or "--" + f.name.replace("_", "-")
+
+
+def _dest(f: Field) -> str:
+    return _option(f)[2:].replace("-", "_")
+
+
+def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """Every run setting that has an option (see ``RunConfig``); with ``several``, ``--manager``
+    is given once per manager to compare."""
+    for f in settings():
+        meta = f.metadata
+        if meta["option"] is None:
+            continue
+        kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"]}
+        if meta["table"]:
+            metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
+            kwargs.update(action="append", metavar=metavar, default=[])
+        elif meta["low"] is not None:
+            kwargs.update(type=_integer(meta["low"]))
+        elif isinstance(f.default, bool):
+            kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
+        if meta["choices"] is not None:
+            kwargs.update(choices=list(meta["choices"]()))
+        if f.name == "manager" and several:
+            kwargs.update(action="append", required=True, default=None, help="a manager to compare (give two or more)")
+        p.add_argument(_option(f), **kwargs)
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (its parent must exist; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
@@ -141,13 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "Train a workload on simulated devices under one manager, beside a binary32 baseline; write "
                   "trajectory.csv, summary.json, events.csv and the plots to a run folder.")
     _common(run)
-    run.add_argument("--manager", default="exponential", choices=list(MANAGERS), help="the loss-scale manager")
     cmp = command("compare", "the same run under several managers: one plot, one table",
                   "The same workload, data and seed under several managers; one folder per manager and "
                   "compare.png.")
-    _common(cmp)
-    cmp.add_argument("--manager", action="append", choices=list(MANAGERS), required=True,
-                     help="a manager to compare (give two or more)")
+    _common(cmp, several=True)
     plot = command("plot", "redraw the plots of a run, compare or sweep folder",
                    "Redraw the plots of a folder that lossscale run, compare or sweep wrote.")
     plot.add_argument("folder", type=Path, help="the output folder")
@@ -229,13 +223,18 @@ def _out_folder(args: argparse.Namespace, name: str) -> Path:
 
 
 def _simulate(args: argparse.Namespace, manager: str) -> Run:
-    return simulate(workload=args.workload, profile=args.profile, overflow_mode=args.overflow_mode,
-                    manager=manager, manager_args=_manager_args(args, manager), manager_defaults=args.defaults,
-                    detector=args.detector, ranks=args.ranks, steps=args.steps, seed=args.seed,
-                    underflow_every=args.underflow_every, record_events=args.events,
-                    allow_unsupported=args.allow_unsupported, fp8=args.fp8,
-                    fp8_args=_pairs(args.fp8_arg, "--fp8-arg", words=True),
-                    workload_args=_pairs(args.workload_arg, "--workload-arg"), progress=_progress(args.quiet, manager))
+    """The run of ``manager`` with the command line's settings."""
+    chosen: dict[str, Any] = {"manager": manager, "progress": _progress(args.quiet, manager)}
+    for f in settings():
+        if f.metadata["option"] is None or f.name in chosen:
+            continue
+        value = getattr(args, _dest(f))
+        if f.name == "manager_args":
+            value = _manager_args(args, manager)
+        elif f.metadata["table"]:
+            value = _pairs(value, _option(f), words=f.metadata["words"])
+        chosen[f.name] = value
+    return simulate(**chosen)
 
 
 def _fmt(x: Any) -> str:

@@ -43,6 +43,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from ..training.config import check_arguments, recorded
 from .files import check_path, json_text, write_atomic
 
 if sys.version_info >= (3, 11):
@@ -53,8 +54,8 @@ else:  # pragma: no cover
 __all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "check_points", "redraw_sweep",
            "heatmap_axes"]
 
-AXES = ("workload", "profile", "overflow_mode", "manager", "manager_args", "manager_defaults", "detector", "ranks",
-        "steps", "seed", "underflow_every", "workload_args", "fp8", "fp8_args")
+#: The settings a grid can fix or vary: those that say what a run is (``RunConfig``'s recorded fields).
+AXES = tuple(f.name for f in recorded())
 METRICS = ("steps_run", "skipped_steps", "overflow_steps", "undetected_overflow_steps", "false_positive_steps",
            "mean_underflow_fraction", "final_loss_scale", "final_loss", "final_accuracy", "baseline_loss",
            "baseline_accuracy", "fp8_overflowed_elements")
@@ -116,7 +117,6 @@ def _paired(point: dict[str, Any]) -> dict[str, Any]:
 
 def check_points(grid_points: list[dict[str, Any]]) -> list[str]:
     """Every distinct problem of the points' arguments, with how many points have it."""
-    from ..training.simulate import check_arguments
     seen: dict[str, int] = {}
     for p in grid_points:
         for problem in check_arguments(p):

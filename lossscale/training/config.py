@@ -1,0 +1,258 @@
+"""The run setting, declared once: :class:`RunConfig`.
+
+Every setting of a simulation is one field here, with its type, default, help text and
+what checks it (``dataclasses.field`` metadata, made by :func:`setting`). ``simulate()``'s
+keyword arguments, the ``lossscale run``/``compare`` options, the sweep axes and
+``summary.json``'s ``arguments`` are all read from these fields, so a new setting is a new
+field here plus the code that uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
+
+from sim import OverflowMode, profiles
+
+from ..policy.core import MANAGERS, REQUIRED, Manager
+from .detectors import ALIASES, DETECTORS, Detector, make_detector
+from .fp8 import RECIPES, Recipe, make_recipe
+from .workloads import WORKLOADS, Workload, make_workload
+
+__all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
+           "manager_arguments", "make_manager", "fp8_recipe"]
+
+#: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
+#: ``MANAGERS``: the seed's 2**32 and growth after 50 steps, so that a short run shows both
+#: backoff and growth) or ``framework`` (the framework's own defaults; arguments it requires
+#: take the values in ``lossscale.policy.REQUIRED``, with their source).
+DEFAULTS = ("demo", "framework")
+
+
+def manager_arguments(name: str, args: dict[str, Any] | None = None, defaults: str = "demo") -> dict[str, Any]:
+    """The constructor arguments a named manager gets: every field of its policy, from ``args``,
+    else the ``defaults`` set. ValueError naming an unknown manager, argument or set."""
+    if name not in MANAGERS:
+        raise ValueError(f"unknown manager {name!r}; valid: {', '.join(MANAGERS)}")
+    if defaults not in DEFAULTS:
+        raise ValueError(f"unknown defaults {defaults!r}; valid: {', '.join(DEFAULTS)}")
+    cls, demo = MANAGERS[name]
+    names = [f.name for f in fields(cls.policy_type)]
+    for key in args or {}:
+        if key not in names:
+            raise ValueError(f"manager {name!r} takes no argument {key!r}; valid: {', '.join(names)}")
+    out = {}
+    for f in fields(cls.policy_type):
+        has_default = f.default is not MISSING
+        if f.name in (args or {}):
+            out[f.name] = args[f.name]
+        elif defaults == "demo" and f.name in demo:
+            out[f.name] = demo[f.name]
+        elif not has_default:
+            out[f.name] = REQUIRED[name][0][f.name]
+        else:
+            out[f.name] = f.default
+    return out
+
+
+def make_manager(name: str, args: dict[str, Any] | None = None, defaults: str = "demo") -> Manager:
+    """A manager by name: ``args`` over the ``defaults`` set (see :data:`DEFAULTS`)."""
+    arguments = manager_arguments(name, args, defaults)
+    return MANAGERS[name][0](**arguments)
+
+
+def fp8_recipe(fp8: Any, args: Any) -> Recipe | None:
+    """The recipe ``simulate(fp8=..., fp8_args=...)`` runs (None: no FP8 matmuls); ValueError where
+    the recipe or its arguments are wrong."""
+    if fp8 is None:
+        if args:
+            raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
+        return None
+    return make_recipe(fp8, **(args if isinstance(args, dict) else {}))
+
+
+@functools.lru_cache(maxsize=64)
+def _workload_check(name: str, wargs: str, seed: int) -> None:
+    make_workload(name, seed, **json.loads(wargs))
+
+
+#: A setting's check: given the settings (by name), raise ValueError or TypeError naming the problem.
+Check = Callable[[Callable[[str], Any]], Any]
+
+
+def _check_workload(get: Callable[[str], Any]) -> None:
+    workload, wargs = get("workload"), get("workload_args")
+    if not isinstance(workload, str) or workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+    if isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
+        _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+
+
+def _check_manager(get: Callable[[str], Any]) -> None:
+    if not isinstance(get("manager"), str):
+        raise TypeError(f"manager must be a name; valid: {', '.join(MANAGERS)}")
+    if isinstance(get("manager_args"), (dict, type(None))):
+        defaults = get("manager_defaults")
+        make_manager(get("manager"), get("manager_args"), defaults if defaults in DEFAULTS else "demo")
+
+
+def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
+            low: int | None = None, table: bool = False, words: bool = False, named: bool = False,
+            recorded: bool = True, listed_after: str | None = None, check: Check | None = None) -> Any:
+    """A :class:`RunConfig` field and what the layers need to know of it.
+
+    ``option``: the command-line option ("": ``--`` and the name with dashes; None: none);
+    ``choices``: the valid names (command-line choices; with ``check`` unset, also checked);
+    ``low``: an integer of at least this; ``table``: arguments as a table (``KEY=VALUE`` on the
+    command line, ``words`` keeping text values); ``named``: a name or an object, the summary
+    records the name only; ``recorded``: part of what the run is (``summary.json``'s
+    arguments, a sweep axis) rather than of how it runs; ``listed_after``: its place among the
+    recorded settings when not its field order (where files have always had it); ``check``:
+    the domain check, given every setting.
+    """
+    meta = {"help": help, "option": option, "choices": choices, "low": low, "table": table, "words": words,
+            "named": named, "recorded": recorded, "listed_after": listed_after, "check": check}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of one simulation (see :func:`lossscale.simulate.simulate`), each with its
+    default and help; the bounds are checked on construction, the rest by :func:`check_arguments`
+    (without running) or by the run itself."""
+
+    workload: str | Workload = setting(
+        "mlp", "the model and data: a name (workload_args and seed configure it) or an object following "
+        "lossscale.workloads.Workload (it brings its own seed)", choices=lambda: list(WORKLOADS),
+        check=_check_workload)
+    profile: str = setting("atlas-a2", "the Atlas product", choices=profiles.names,
+                           check=lambda get: profiles.get(get("profile")))
+    overflow_mode: str | None = setting(
+        None, "the device's float16 overflow mode (default: the profile's)", choices=lambda: ["saturation", "inf_nan"],
+        check=lambda get: get("overflow_mode") is None or OverflowMode.parse(get("overflow_mode")))
+    manager: Any = setting(
+        "exponential", "the loss-scale manager: a name, a Policy value, a class or factory making a manager, or "
+        "a manager object (get_loss_scale, update_loss_scale; other ranks train deep copies of it)",
+        choices=lambda: list(MANAGERS), named=True, check=_check_manager)
+    manager_args: dict[str, Any] | None = setting(
+        None, "a named manager's arguments over manager_defaults (2**16 and true/false are fine on the command "
+        "line; with MANAGER: an argument goes to that manager only)", option="--manager-arg", table=True)
+    detector: str | Detector | None = setting(
+        None, "whose overflow check decides (status is tf-npu; default: tf-npu in saturation mode, isfinite in "
+        "INF/NaN mode)", choices=lambda: [*DETECTORS, *ALIASES], named=True,
+        check=lambda get: get("detector") is None or make_detector(ALIASES.get(get("detector"), get("detector")),
+                                                                  OverflowMode.INF_NAN))
+    ranks: int = setting(1, "data-parallel ranks (devices)", low=1)
+    steps: int = setting(300, "training steps", low=1)
+    seed: int = setting(0, "the workload's seed", low=0)
+    underflow_every: int = setting(10, "measure the gradients' underflow every N steps", low=1)
+    workload_args: dict[str, Any] | None = setting(
+        None, "a named workload's arguments, such as log_perplexity=true", option="--workload-arg", table=True)
+    progress: Callable[[int, int], None] | None = setting(
+        None, "called with (steps done, steps) after every step", option=None, recorded=False)
+    record_events: bool = setting(
+        True, "keep the devices' event log (Run.events, events.csv, events.png; the summary's first_overflow and "
+        "top_labels)", option="--events", recorded=False)
+    allow_unsupported: bool = setting(
+        False, "run the tf-npu detector on a product that does not support NPULossScaleOptimizer (with a "
+        "warning in the summary; otherwise that is refused)", recorded=False)
+    manager_defaults: str = setting(
+        "demo", "the named manager's unset arguments: demo (the seed's 2**32 and growth after 50 steps, so that a "
+        "short run shows backoff and growth) or framework (each framework's own defaults)", option="--defaults",
+        choices=lambda: list(DEFAULTS), listed_after="manager_args")
+    fp8: str | Recipe | None = setting(
+        None, "run the workload's matmuls in FP8 under this scaling recipe (delayed, current: Transformer "
+        "Engine's; mx: OCP MX blocks, or a lossscale.fp8.Recipe); Run.fp8 and fp8.csv hold every tensor's scale",
+        choices=lambda: list(RECIPES), named=True, check=lambda get: fp8_recipe(get("fp8"), get("fp8_args")))
+    fp8_args: dict[str, Any] | None = setting(
+        None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",
+        option="--fp8-arg", table=True, words=True)
+
+    def __post_init__(self) -> None:
+        wrong = integer_problems(lambda name: getattr(self, name))
+        if wrong:
+            raise ValueError(wrong[0])
+
+    @classmethod
+    def bind(cls, *args: Any, **kwargs: Any) -> RunConfig:
+        """The config of a call ``simulate(*args, **kwargs)``: settings by position or keyword, or a
+        RunConfig as the only positional argument (keywords replace its settings)."""
+        if args and isinstance(args[0], RunConfig):
+            if len(args) > 1:
+                raise TypeError("simulate() takes a RunConfig alone or settings, not both by position")
+            base = args[0]
+            return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **SIGNATURE.bind(**kwargs).arguments})
+        return cls(**SIGNATURE.bind(*args, **kwargs).arguments)
+
+    def arguments(self, **names: Any) -> dict[str, Any]:
+        """The recorded settings, as ``summary.json`` gives them: tables as dicts, a setting given
+        as an object as None, ``names`` (a workload's label, the managers' name) over these."""
+        out = {}
+        for f in recorded():
+            value = getattr(self, f.name)
+            if f.metadata["table"]:
+                value = dict(value or {})
+            elif f.metadata["named"] and not isinstance(value, str):
+                value = None
+            out[f.name] = names.get(f.name, value)
+        return out
+
+
+def settings() -> tuple[Field, ...]:
+    """Every setting's field, in ``simulate()``'s order."""
+    return fields(RunConfig)
+
+
+def recorded() -> list[Field]:
+    """The settings that say what a run is (``summary.json``'s arguments, the sweep axes), in
+    the files' order."""
+    out: list[Field] = []
+    for f in settings():
+        if f.metadata["recorded"]:
+            after = f.metadata["listed_after"]
+            out.insert(next(i for i, g in enumerate(out) if g.name == after) + 1 if after else len(out), f)
+    return out
+
+
+def _parameters() -> Iterator[inspect.Parameter]:
+    for f in settings():
+        yield inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
+                                annotation=f.type)
+
+
+#: ``simulate()``'s signature: the settings by position or keyword, in field order.
+SIGNATURE = inspect.Signature(list(_parameters()), return_annotation="Run")
+
+
+def integer_problems(get: Callable[[str], Any]) -> list[str]:
+    """The integer settings (``get(name)``) that are not integers at least their bound."""
+    return [f"{f.name} must be an integer of at least {f.metadata['low']}, got {get(f.name)!r}" for f in settings()
+            if f.metadata["low"] is not None
+            and (isinstance(get(f.name), bool) or not isinstance(get(f.name), int) or get(f.name) < f.metadata["low"])]
+
+
+def check_arguments(args: dict[str, Any]) -> list[str]:
+    """What is wrong with ``simulate(**args)``'s names, types and manager or workload arguments,
+    found without running it (one sentence per problem; empty if none). Combinations that only
+    a run can refuse (a mode the profile lacks) are not checked."""
+    known = {f.name: f for f in settings()}
+    problems = [f"unknown argument {k!r}; valid: {', '.join(known)}" for k in args if k not in known]
+    get = lambda k: args.get(k, known[k].default if k in known else None)  # noqa: E731
+    problems += integer_problems(get)
+    problems += [f"{f.name} must be a table of arguments, got {get(f.name)!r}" for f in settings()
+                 if f.metadata["table"] and get(f.name) is not None and not isinstance(get(f.name), dict)]
+    for f in settings():
+        check, choices = f.metadata["check"], f.metadata["choices"]
+        if check is None and choices is not None and get(f.name) not in choices():
+            problems.append(f"unknown {f.name} {get(f.name)!r}; valid: {', '.join(choices())}")
+            continue
+        try:
+            if check is not None:
+                check(get)
+        except (ValueError, TypeError) as err:
+            problems.append(str(err))
+    return problems

@@ -1,0 +1,98 @@
+"""What a simulation returns: a trajectory :class:`Row` per step and the :class:`Summary`,
+typed values whose fields are the files' schema (``trajectory.csv``'s columns, ``summary.json``'s
+keys), and :class:`Run`, which holds them as plain dicts for the writers and plots."""
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Row", "Summary", "Run", "SCHEMA", "COLUMNS", "EVENT_COLUMNS"]
+
+
+def _column(help: str) -> Any:
+    return field(metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One training step, as ``trajectory.csv`` has it (a field per column, in file order)."""
+
+    step: int = _column("the step, from 0")
+    loss_scale: float = _column("the scale the step used (rank 0)")
+    overflow: bool = _column("some device operation of the step raised a register event, on any rank")
+    event_phases: str = _column("the phases those operations ran in")
+    detector_finite: bool = _column("the detector saw a finite step (rank 0)")
+    applied: bool = _column("rank 0 applied the step (every step, with a manager that checks nothing)")
+    undetected_overflow: bool = _column("applied though an operation that feeds the update raised an event")
+    false_positive: bool = _column("skipped though no operation that feeds the update raised an event")
+    ranks_agree: bool = _column("every rank decided alike")
+    ranks_applied: str = _column("each rank's decision (1 applied, 0 skipped), as text")
+    register: str = _column("the registers summed over ranks as the check found them, as text")
+    loss: float = _column("the training loss, summed over ranks")
+    baseline_loss: float = _column("the binary32 baseline's training loss")
+    grad_max: float = _column("the largest unscaled gradient magnitude (rank 0)")
+    underflow_fraction: float = _column("the fraction of gradients flushed to zero in binary16 (NaN: not measured)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``{column: value}``, in file order."""
+        return {name: getattr(self, name) for name in COLUMNS}
+
+
+#: The trajectory's one schema: its columns, in file order, and their types (files.py
+#: writes and reads by it), read from :class:`Row`.
+SCHEMA: dict[str, type] = {f.name: f.type for f in fields(Row)}
+COLUMNS = tuple(SCHEMA)
+#: The event log's columns (``events.csv``): the rank, then :class:`sim.Event`'s fields.
+EVENT_COLUMNS = ("rank", "step", "phase", "label", "op", "flags", "elements")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run in figures, as ``summary.json`` has it (a field per key)."""
+
+    arguments: dict[str, Any]
+    manager: dict[str, Any]
+    profile: dict[str, Any]
+    detector: str
+    phases: str
+    versions: dict[str, str]
+    steps_run: int
+    stopped_early: str | None
+    interrupted: bool
+    final: dict[str, float]
+    baseline_float32: dict[str, float]
+    final_loss_scale: float
+    skipped_steps: int
+    overflow_steps: int
+    undetected_overflow_steps: int
+    false_positive_steps: int
+    rank_disagreement_steps: int
+    mean_underflow_fraction: float
+    underflow_every: int
+    matmul_accumulation: str
+    events_recorded: int | None
+    first_overflow: dict[str, Any] | None
+    top_labels: dict[str, int]
+    fp8: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as ``{key: value}``, in field order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Run:
+    """A finished simulation: one record per step (:meth:`Row.to_dict`), the summary
+    (:meth:`Summary.to_dict`), (with ``record_events``) the devices' event logs, one dict per
+    event with :data:`EVENT_COLUMNS`, and (with ``fp8``) the per-tensor FP8 log."""
+
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    args: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.fp8.FP8_COLUMNS`).
+    fp8: list[dict[str, Any]] = field(default_factory=list)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([r[name] for r in self.records])
