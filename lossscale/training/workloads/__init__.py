@@ -27,7 +27,7 @@ framework whose register window holds the forward pass skips such steps (false p
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import fields
+import inspect
 from typing import Any
 
 from .base import PROTOCOL, SampledWorkload, Workload, digits
@@ -56,15 +56,16 @@ def __getattr__(name: str) -> Any:
 
 
 def make_workload(name: str, seed: int = 0, **kwargs: Any):
-    """A workload by name; ValueError listing the valid names and arguments."""
+    """A workload by name, made as ``WORKLOADS[name](seed=seed, **kwargs)`` (any class whose
+    constructor takes ``seed``); ValueError listing the valid names and arguments."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     cls = WORKLOADS[name]
     if isinstance(cls, str):
         from . import torch_workloads
         cls = getattr(torch_workloads, cls)
-    fixed = ("name", "has_accuracy", "seed", "marks_phases")
-    valid = [f.name for f in fields(cls) if not f.name.startswith("_") and f.name not in fixed]
+    valid = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
+             and not p.name.startswith("_") and p.name not in ("name", "has_accuracy", "seed", "marks_phases")]
     for key in kwargs:
         if key not in valid:
             raise ValueError(f"workload {name!r} takes no argument {key!r}; valid: {', '.join(valid)}")
