@@ -595,7 +595,9 @@ class Device:
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
         pairs of pairs, ...), each addition rounded to ``accumulate`` (default: x's dtype);
-        the total is rounded to ``out_dtype`` (default: x's dtype)."""
+        the total is rounded to ``out_dtype`` (default: x's dtype). The elements are the
+        operands of the first additions as they are (a NaN or Inf is not saturated first);
+        into another ``accumulate`` dtype each is first converted as :meth:`cast` does."""
         return self._reduce(x, axis, accumulate, out_dtype, mean=False)
 
     def mean(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
