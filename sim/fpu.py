@@ -236,12 +236,15 @@ class Fpu:
         rounding = rounding or self.rounding
         nan = self.default_nan if dst == self.format else None
         cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)
+        before = self._status
         result, shape, scalar = self._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
         if dst.pack is None and dst.signed:
             return result, shape, scalar
+        self._status = before  # the status is the OR of the final element flags, set below
         bits, flags = result.value.view(dst.uint), result.flags
         if not dst.signed:  # E8M0: no sign and no zero
-            v = np.asarray(x).reshape(-1).astype(np.float64)
+            with np.errstate(invalid="ignore"):  # a signaling NaN widens quietly
+                v = np.asarray(x).reshape(-1).astype(np.float64)
             bad = v <= 0
             flags[bad] = Flag.INVALID
         codes = dst.pack[bits] if dst.pack is not None else bits.astype(np.uint8)
