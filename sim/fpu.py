@@ -36,6 +36,33 @@ def filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _quiet_nan(value, fmt: Format) -> int:
+    """``value`` checked as the bits of a quiet NaN of ``fmt`` (for ``default_nan``)."""
+    lo, top = fmt.inf_bits | fmt.quiet_bit, fmt.sign_bit - 1
+    neg = fmt.sign_bit
+    valid = f"valid: the bits of a quiet NaN of {fmt.name}, {lo:#x}..{top:#x} or {lo | neg:#x}..{top | neg:#x}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"default_nan must be an integer bit pattern, got {value!r} ({type(value).__name__}); {valid}")
+    v = int(value)
+    mag = v & top
+    if v < 0:
+        what = "negative"
+    elif v >> fmt.width:
+        what = f"wider than {fmt.name}'s {fmt.width} bits"
+    elif mag >= lo:
+        return v
+    elif mag > fmt.inf_bits:
+        what = "a signaling NaN"
+    elif mag == fmt.inf_bits:
+        what = "an infinity"
+    elif mag == 0:
+        what = "a zero"
+    else:
+        what = "a subnormal number" if mag < 1 << fmt.man_bits else "a finite number"
+    raise ValueError(f"default_nan {v:#x} is {what}, not a quiet NaN; {valid}" if v >= 0 else
+                     f"default_nan {v} is {what}, not a quiet NaN; {valid}")
+
+
 class Result(NamedTuple):
     """One operation's result, its per-element flags and their OR."""
 
@@ -62,7 +89,7 @@ class Fpu:
     +-Inf -> +-MAX, NaN -> +0, or NaN kept with ``nan_to_zero=False``, as OCP
     FP8 does). Per-element flags are the IEEE flags in both modes; ``status``
     is their sticky OR since the last :meth:`clear_status`. NaN results are
-    the format's canonical quiet NaN (``default_nan`` overrides the bits);
+    the format's canonical quiet NaN (``default_nan`` overrides the bits: a quiet NaN's);
     input payloads are not propagated, except by ``neg`` and ``abs``, which
     are sign-bit operations.
 
@@ -108,7 +135,7 @@ class Fpu:
             raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
                              f"(binary16, bfloat16, binary32), not {self.format.name}")
         self.nan_to_zero = bool(nan_to_zero)
-        self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
+        self.default_nan = self.format.default_nan if default_nan is None else _quiet_nan(default_nan, self.format)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,

@@ -51,3 +51,26 @@ def test_status_stays_sticky_across_casts() -> None:
     fpu.mul(np.float32(3e38), np.float32(10))  # OVERFLOW | INEXACT
     fpu.convert(np.array([-3e38], np.float32), "float8_e8m0fnu")
     assert fpu.status == Flag.OVERFLOW | Flag.INEXACT | Flag.INVALID
+
+
+@pytest.mark.parametrize("fmt", [BINARY16, BFLOAT16, BINARY32], ids=lambda f: f.name)
+def test_default_nan_must_be_a_quiet_nan_of_the_format(fmt: Format) -> None:
+    q, s = fmt.default_nan, fmt.sign_bit
+    for good in (q, q | 1, s - 1, q | s, np.uint32(q)):
+        fpu = Fpu(format=fmt, default_nan=good)
+        assert int(fpu.sqrt(np.array(-1, fmt.dtype)).view(fmt.uint)) == int(good)
+    bad = {1: "subnormal", 1 << fmt.width: "wider", -5: "negative", fmt.inf_bits: "infinity",
+           fmt.inf_bits | 1: "signaling", 0: "zero", fmt.inf_bits - 1: "finite"}
+    for value, what in bad.items():
+        with pytest.raises(ValueError, match=rf"default_nan .*{what}.*quiet NaN of {fmt.name}, {q:#x}\.\."):
+            Fpu(format=fmt, default_nan=value)
+    for value in (1.5, True, "0x7e00"):
+        with pytest.raises(TypeError, match="default_nan must be an integer bit pattern"):
+            Fpu(format=fmt, default_nan=value)
+
+
+def test_default_nan_0x1_no_longer_gives_a_subnormal() -> None:
+    with pytest.raises(ValueError, match=r"default_nan 0x1 is a subnormal number, not a quiet NaN"):
+        Fpu(default_nan=0x1)
+    with pytest.raises(ValueError, match=r"default_nan -5 is negative"):
+        Fpu(default_nan=-5)
