@@ -36,6 +36,19 @@ def filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _is_satfinite(overflow) -> bool:
+    return isinstance(overflow, str) and overflow.strip().lower() == "satfinite"
+
+
+def _overflow_mode(overflow) -> OverflowMode:
+    """``overflow`` parsed, the error naming every accepted setting."""
+    try:
+        return OverflowMode.parse(overflow)
+    except ValueError:
+        raise ValueError(f"unknown overflow {overflow!r}; valid: SATURATION (sat/saturate), INF_NAN (infnan/ieee), "
+                         f"satfinite (SATURATION with NaN kept)") from None
+
+
 def _quiet_nan(value, fmt: Format) -> int:
     """``value`` checked as the bits of a quiet NaN of ``fmt`` (for ``default_nan``)."""
     lo, top = fmt.inf_bits | fmt.quiet_bit, fmt.sign_bit - 1
@@ -87,7 +100,9 @@ class Fpu:
     Every operation rounds once, in ``rounding``, and returns the IEEE result
     (``OverflowMode.INF_NAN``) or the Ascend saturated one (``SATURATION``:
     +-Inf -> +-MAX, NaN -> +0, or NaN kept with ``nan_to_zero=False``, as OCP
-    FP8 does). Per-element flags are the IEEE flags in both modes; ``status``
+    FP8 does). ``overflow="satfinite"`` is the same setting as ``convert``'s:
+    ``SATURATION`` with ``nan_to_zero=False`` (overflow and Inf -> +-MAX, NaN kept),
+    for every operation. Per-element flags are the IEEE flags in both modes; ``status``
     is their sticky OR since the last :meth:`clear_status`. NaN results are
     the format's canonical quiet NaN (``default_nan`` overrides the bits: a quiet NaN's);
     input payloads are not propagated, except by ``neg`` and ``abs``, which
@@ -113,12 +128,16 @@ class Fpu:
         tininess: Tininess | str = Tininess.AFTER,
         *,
         format: Format | str = BINARY16,
-        nan_to_zero: bool = True,
+        nan_to_zero: bool | None = None,
         default_nan: int | None = None,
         seed: int = 0,
         random_bits: int | None = None,
     ) -> None:
-        self.overflow = OverflowMode.parse(overflow)
+        satfinite = _is_satfinite(overflow)
+        if satfinite and nan_to_zero:
+            raise ValueError("overflow='satfinite' keeps NaN (SATURATION with nan_to_zero=False); "
+                             "nan_to_zero=True contradicts it: use overflow='saturation' for NaN -> 0")
+        self.overflow = OverflowMode.SATURATION if satfinite else _overflow_mode(overflow)
         self.rounding = Rounding.parse(rounding)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -134,7 +153,7 @@ class Fpu:
         if self.format.precision > 25:
             raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
                              f"(binary16, bfloat16, binary32), not {self.format.name}")
-        self.nan_to_zero = bool(nan_to_zero)
+        self.nan_to_zero = not satfinite if nan_to_zero is None else bool(nan_to_zero)
         self.default_nan = self.format.default_nan if default_nan is None else _quiet_nan(default_nan, self.format)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
@@ -148,7 +167,8 @@ class Fpu:
         self.uint = self.format.uint
 
     def __repr__(self) -> str:
-        return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
+        keep = ", nan_to_zero=False" if self.overflow is OverflowMode.SATURATION and not self.nan_to_zero else ""
+        return (f"Fpu(overflow={self.overflow.name}{keep}, rounding={self.rounding.name}, "
                 f"tininess={self.tininess.name}, format={self.format.name})")
 
     @property
@@ -253,13 +273,10 @@ class Fpu:
               overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
         """A conversion with its own rounding and overflow mode, packed into the destination's codes."""
         mode, nan_to_zero = self.overflow, self.nan_to_zero
-        if isinstance(overflow, str) and overflow.strip().lower() == "satfinite":
+        if _is_satfinite(overflow):
             mode, nan_to_zero = OverflowMode.SATURATION, False
         elif overflow is not None:
-            try:
-                mode = OverflowMode.parse(overflow)
-            except ValueError:
-                raise ValueError(f"unknown overflow {overflow!r}; valid: INF_NAN, SATURATION, satfinite") from None
+            mode = _overflow_mode(overflow)
         rounding = rounding or self.rounding
         nan = self.default_nan if dst == self.format else None
         cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)

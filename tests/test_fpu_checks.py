@@ -74,3 +74,24 @@ def test_default_nan_0x1_no_longer_gives_a_subnormal() -> None:
         Fpu(default_nan=0x1)
     with pytest.raises(ValueError, match=r"default_nan -5 is negative"):
         Fpu(default_nan=-5)
+
+
+def test_satfinite_is_saturation_with_nan_kept_for_every_operation() -> None:
+    H = np.float16
+    fpu = Fpu(overflow="satfinite")
+    same = Fpu(overflow="saturation", nan_to_zero=False)
+    assert fpu.overflow is OverflowMode.SATURATION and not fpu.nan_to_zero and repr(fpu) == repr(same)
+    z, f = fpu.mul(H(300), H(300), return_flags=True)
+    assert float(z) == 65504.0 and f == Flag.OVERFLOW | Flag.INEXACT
+    assert np.isnan(fpu.sqrt(H(-1))) and float(fpu.add(H(np.inf), H(1))) == 65504.0
+    x = np.array([np.nan, np.inf, 1e6, -1e6, 1.0], np.float32)
+    for fmt in EIGHT_BIT:  # the unit's setting is the cast's
+        assert np.array_equal(Fpu(overflow="satfinite", format=BINARY32).convert(x, fmt.name).view(np.uint8),
+                              Fpu(format=BINARY32).convert(x, fmt.name, overflow="satfinite").view(np.uint8))
+    assert Fpu(overflow=" SATFINITE ").overflow is OverflowMode.SATURATION
+    assert Fpu(overflow="satfinite", nan_to_zero=False).nan_to_zero is False
+    with pytest.raises(ValueError, match="satfinite.*keeps NaN.*nan_to_zero=True"):
+        Fpu(overflow="satfinite", nan_to_zero=True)
+    with pytest.raises(ValueError, match="unknown overflow 'wrap'; valid: SATURATION.*INF_NAN.*satfinite"):
+        Fpu(overflow="wrap")
+    assert Fpu().nan_to_zero and Fpu("saturation").nan_to_zero  # the default is unchanged
