@@ -76,6 +76,20 @@ def _quiet_nan(value, fmt: Format) -> int:
                      f"default_nan {v} is {what}, not a quiet NaN; {valid}")
 
 
+def plain(x):
+    """``x`` as the kernels read it: a big-endian (non-native) array or scalar converted to native
+    byte order (a copy); a masked array refused, since the kernels would drop its mask."""
+    if x.__class__ is np.ndarray and x.dtype.isnative:
+        return x
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError("masked arrays are not supported (their mask would be lost): pass x.filled(value) "
+                        "or x.compressed(), a plain numpy array")
+    dtype = getattr(x, "dtype", None)
+    if isinstance(dtype, np.dtype) and not dtype.isnative and isinstance(x, (np.ndarray, np.generic)):
+        return x.astype(dtype.newbyteorder("="))
+    return x
+
+
 class Result(NamedTuple):
     """One operation's result, its per-element flags and their OR."""
 
@@ -114,6 +128,9 @@ class Fpu:
     array's chunking. ``random_bits``: how many random bits are added below the kept
     ones (None: all that are dropped, which makes the rounding exactly unbiased; K bits
     leave a bias below 2**-K ulp, as hardware with K random bits has).
+
+    Operands are numpy arrays or scalars; big-endian ones are converted to native byte
+    order, masked arrays are refused (fill or compress them first).
 
     The elementwise methods are made from :data:`sim.ops.OPS`. Within sim, the device
     computes through :meth:`run`, :meth:`operands`, :meth:`settings_for`, :meth:`cast_to`,
@@ -316,7 +333,7 @@ class Fpu:
             raise TypeError(f"{op}: expected a numpy array or numpy scalar, got {type(x).__name__}; "
                             f"wrap values as np.asarray(x, dtype=...)")
         try:
-            return format_of(x.dtype)
+            return format_of(x.dtype if x.dtype.isnative else x.dtype.newbyteorder("="))
         except ValueError:
             raise TypeError(f"{op}: unsupported dtype {x.dtype}; valid: float16, bfloat16, float32, float64") from None
 
@@ -331,6 +348,7 @@ class Fpu:
             if b.__class__ is np.ndarray and b.dtype == dtype and b.shape == a.shape:
                 uint = fmt.uint
                 return [a.reshape(-1).view(uint), b.reshape(-1).view(uint)], a.shape, False
+        args = tuple(plain(x) for x in args)
         for name, x in zip("abc", args, strict=False):
             if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != dtype:
                 got = x.dtype if hasattr(x, "dtype") else type(x).__name__
