@@ -55,8 +55,10 @@ sum by the count as an exact number, with one rounding. No result depends
 on the machine, its BLAS or the number of threads.
 
 Each operation is argument checks, one compiled kernel call and one
-register update. The device runs single-threaded unless ``threads=N`` is
-given; then large matmuls split their output rows over N threads.
+register update. Big-endian arrays are converted to native byte order;
+masked arrays are refused (their masks would be lost: fill or compress them).
+The device runs single-threaded unless ``threads=N`` is given; then large
+matmuls split their output rows over N threads.
 
 The overflow modes and the register, with their sources: ``docs/semantics.md``.
 """
@@ -79,7 +81,7 @@ import numpy as np
 from . import formats, mx, ops, profiles
 from . import kernels as K
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
-from .fpu import Fpu, filled, finish
+from .fpu import Fpu, filled, finish, plain
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
 
 __all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "Observer", "SUBSTITUTABLE"]
@@ -90,7 +92,8 @@ EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
 _EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _F16 = np.dtype(np.float16)
-_VALUES = (np.ndarray, np.generic)
+#: The classes the short paths take as they are (a masked array or other subclass is checked first).
+_PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
 
 _current: contextvars.ContextVar[tuple[Device, ...]] = contextvars.ContextVar("sim_devices", default=())
 
@@ -115,10 +118,16 @@ def matrix_stacks(a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, ...], np.nda
             np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:]))
 
 
-def _columns(x, axis: int | None, fmt: Format) -> tuple[np.ndarray, tuple[int, ...]]:
+def _columns(x, axis: int | None, fmt: Format, op: str = "sum") -> tuple[np.ndarray, tuple[int, ...]]:
     """``x`` as bits (n, columns) with the reduced axis first, C-ordered (one compiled kernel
     serves every layout; a copy only where needed), and the shape of the result."""
     x = np.asarray(x)
+    if axis is not None:
+        valid = f"None or one integer from {-x.ndim} to {x.ndim - 1}" if x.ndim else "None (it has no axes)"
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"{op}: axis must be None or one integer, got {axis!r}; valid: {valid}")
+        if not -x.ndim <= axis < x.ndim:
+            raise ValueError(f"{op}: axis {axis} is out of range for a {x.ndim}-dimensional array; valid: {valid}")
     if axis is None:
         v = x.reshape(-1, 1)
     else:
@@ -390,6 +399,8 @@ class Device:
         try:
             return self._fpus[x.dtype]
         except (KeyError, AttributeError):
+            if isinstance(getattr(x, "dtype", None), np.dtype) and x.dtype.newbyteorder("=") in self._fpus:
+                return self._fpus[x.dtype.newbyteorder("=")]  # big-endian: the operands are converted
             got = getattr(x, "dtype", type(x).__name__)
             raise TypeError(f"{self.name}: no arithmetic on {got}; valid: numpy arrays or scalars of "
                             f"float16, float32, bfloat16") from None
@@ -429,7 +440,7 @@ class Device:
         one kernel call, one register update. Anything else (errors included) goes by ``_op``."""
         try:
             fpu = self._fpus[a.dtype]
-            usual = b.dtype == a.dtype and isinstance(a, _VALUES) and isinstance(b, _VALUES)
+            usual = b.dtype == a.dtype and a.__class__ in _PLAIN and b.__class__ in _PLAIN
         except (AttributeError, KeyError, TypeError):
             usual = False
         if not usual:
@@ -479,6 +490,7 @@ class Device:
         device's; ``"satfinite"``: OCP's saturating cast, NaN kept). Ascend's saturation
         control covers casts to hif8, e8m0, e5m2 and e4m3fn as it does half and bf16.
         ``return_flags`` (casts into the 8-bit formats): also each element's flags."""
+        x = plain(x)
         dst = format_of(dtype)
         if dst.dtype.itemsize == 1 or overflow is not None:
             src_fpu = self._on(x)
@@ -576,6 +588,7 @@ class Device:
             self._mx_unit = Fpu(OverflowMode.SATURATION, self.fpu.rounding, self.fpu.tininess, seed=4 * self.seed + 3)
         unit = self._mx_unit
         unit.clear_status()
+        x = plain(x)
         q = mx.quantize(x, fmt, axis=axis, block=block, rule=rule, rounding=rounding, fpu=unit)
         self._record(int(unit.status), "quantize_mx", np.asarray(x).size)
         return q
@@ -592,7 +605,7 @@ class Device:
         return formats.decode(x, f).astype(np.float16)
 
     def _product(self, name: str, a, b, accumulate, out_dtype) -> np.ndarray:
-        a, b = np.asarray(a), np.asarray(b)
+        a, b = np.asarray(plain(a)), np.asarray(plain(b))
         if a.dtype != _F16 or b.dtype != _F16:
             raise TypeError(f"matmul takes binary16 operands, got {a.dtype} and {b.dtype}")
         if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
@@ -656,7 +669,7 @@ class Device:
         ``accumulate`` as :meth:`matmul` does, from +0; padded positions are +0 operands.
         The sum is rounded once to ``out_dtype``. One device operation.
         """
-        x, w = np.asarray(x), np.asarray(w)
+        x, w = np.asarray(plain(x)), np.asarray(plain(w))
         if x.ndim != 4 or w.ndim != 4 or x.shape[1] != w.shape[1]:
             raise ValueError(f"conv2d needs x (N, C, H, W) and w (O, C, KH, KW), got {x.shape} and {w.shape}")
         for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
@@ -678,7 +691,9 @@ class Device:
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
         pairs of pairs, ...), each addition rounded to ``accumulate`` (default: x's dtype);
-        the total is rounded to ``out_dtype`` (default: x's dtype)."""
+        the total is rounded to ``out_dtype`` (default: x's dtype). The elements are the
+        operands of the first additions as they are (a NaN or Inf is not saturated first);
+        into another ``accumulate`` dtype each is first converted as :meth:`cast` does."""
         return self._reduce(x, axis, accumulate, out_dtype, mean=False)
 
     def mean(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
@@ -697,9 +712,10 @@ class Device:
         return self._extremum("amin", "minimum", x, axis)
 
     def _extremum(self, name: str, op: str, x, axis) -> np.ndarray:
+        x = plain(x)
         fpu = self._on(x)
         fmt = fpu.format
-        v, rest = _columns(x, axis, fmt)
+        v, rest = _columns(x, axis, fmt, name)
         if v.shape[0] == 0:
             raise ValueError(f"{op} reduction of an empty axis has no result (no identity)")
         # Pairs of rows in INF/NaN mode, so that a NaN is not saturated to 0 half-way; the
@@ -724,10 +740,11 @@ class Device:
         return config(fmt, fpu.rounding, OverflowMode.INF_NAN, fpu.tininess, fpu.default_nan, False)
 
     def _reduce(self, x, axis, accumulate, out_dtype, mean: bool) -> np.ndarray:
+        x = plain(x)
         src = self._on(x)
         acc = src if accumulate is None else self._unit(accumulate, "accumulate")
         dst = src if out_dtype is None else self._unit(out_dtype, "out_dtype")
-        v, rest = _columns(x, axis, src.format)
+        v, rest = _columns(x, axis, src.format, "mean" if mean else "sum")
         out = np.empty(v.shape[1], dst.format.uint)
         status = K.tree_sum(v, out, src.settings, acc.settings, dst.settings, mean)
         self._record(status, "mean" if mean else "sum", out.size)

@@ -36,6 +36,60 @@ def filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _is_satfinite(overflow) -> bool:
+    return isinstance(overflow, str) and overflow.strip().lower() == "satfinite"
+
+
+def _overflow_mode(overflow) -> OverflowMode:
+    """``overflow`` parsed, the error naming every accepted setting."""
+    try:
+        return OverflowMode.parse(overflow)
+    except ValueError:
+        raise ValueError(f"unknown overflow {overflow!r}; valid: SATURATION (sat/saturate), INF_NAN (infnan/ieee), "
+                         f"satfinite (SATURATION with NaN kept)") from None
+
+
+def _quiet_nan(value, fmt: Format) -> int:
+    """``value`` checked as the bits of a quiet NaN of ``fmt`` (for ``default_nan``)."""
+    lo, top = fmt.inf_bits | fmt.quiet_bit, fmt.sign_bit - 1
+    neg = fmt.sign_bit
+    valid = f"valid: the bits of a quiet NaN of {fmt.name}, {lo:#x}..{top:#x} or {lo | neg:#x}..{top | neg:#x}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"default_nan must be an integer bit pattern, got {value!r} ({type(value).__name__}); {valid}")
+    v = int(value)
+    mag = v & top
+    if v < 0:
+        what = "negative"
+    elif v >> fmt.width:
+        what = f"wider than {fmt.name}'s {fmt.width} bits"
+    elif mag >= lo:
+        return v
+    elif mag > fmt.inf_bits:
+        what = "a signaling NaN"
+    elif mag == fmt.inf_bits:
+        what = "an infinity"
+    elif mag == 0:
+        what = "a zero"
+    else:
+        what = "a subnormal number" if mag < 1 << fmt.man_bits else "a finite number"
+    raise ValueError(f"default_nan {v:#x} is {what}, not a quiet NaN; {valid}" if v >= 0 else
+                     f"default_nan {v} is {what}, not a quiet NaN; {valid}")
+
+
+def plain(x):
+    """``x`` as the kernels read it: a big-endian (non-native) array or scalar converted to native
+    byte order (a copy); a masked array refused, since the kernels would drop its mask."""
+    if x.__class__ is np.ndarray and x.dtype.isnative:
+        return x
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError("masked arrays are not supported (their mask would be lost): pass x.filled(value) "
+                        "or x.compressed(), a plain numpy array")
+    dtype = getattr(x, "dtype", None)
+    if isinstance(dtype, np.dtype) and not dtype.isnative and isinstance(x, (np.ndarray, np.generic)):
+        return x.astype(dtype.newbyteorder("="))
+    return x
+
+
 class Result(NamedTuple):
     """One operation's result, its per-element flags and their OR."""
 
@@ -60,9 +114,11 @@ class Fpu:
     Every operation rounds once, in ``rounding``, and returns the IEEE result
     (``OverflowMode.INF_NAN``) or the Ascend saturated one (``SATURATION``:
     +-Inf -> +-MAX, NaN -> +0, or NaN kept with ``nan_to_zero=False``, as OCP
-    FP8 does). Per-element flags are the IEEE flags in both modes; ``status``
+    FP8 does). ``overflow="satfinite"`` is the same setting as ``convert``'s:
+    ``SATURATION`` with ``nan_to_zero=False`` (overflow and Inf -> +-MAX, NaN kept),
+    for every operation. Per-element flags are the IEEE flags in both modes; ``status``
     is their sticky OR since the last :meth:`clear_status`. NaN results are
-    the format's canonical quiet NaN (``default_nan`` overrides the bits);
+    the format's canonical quiet NaN (``default_nan`` overrides the bits: a quiet NaN's);
     input payloads are not propagated, except by ``neg`` and ``abs``, which
     are sign-bit operations.
 
@@ -72,6 +128,9 @@ class Fpu:
     array's chunking. ``random_bits``: how many random bits are added below the kept
     ones (None: all that are dropped, which makes the rounding exactly unbiased; K bits
     leave a bias below 2**-K ulp, as hardware with K random bits has).
+
+    Operands are numpy arrays or scalars; big-endian ones are converted to native byte
+    order, masked arrays are refused (fill or compress them first).
 
     The elementwise methods are made from :data:`sim.ops.OPS`. Within sim, the device
     computes through :meth:`run`, :meth:`operands`, :meth:`settings_for`, :meth:`cast_to`,
@@ -86,12 +145,16 @@ class Fpu:
         tininess: Tininess | str = Tininess.AFTER,
         *,
         format: Format | str = BINARY16,
-        nan_to_zero: bool = True,
+        nan_to_zero: bool | None = None,
         default_nan: int | None = None,
         seed: int = 0,
         random_bits: int | None = None,
     ) -> None:
-        self.overflow = OverflowMode.parse(overflow)
+        satfinite = _is_satfinite(overflow)
+        if satfinite and nan_to_zero:
+            raise ValueError("overflow='satfinite' keeps NaN (SATURATION with nan_to_zero=False); "
+                             "nan_to_zero=True contradicts it: use overflow='saturation' for NaN -> 0")
+        self.overflow = OverflowMode.SATURATION if satfinite else _overflow_mode(overflow)
         self.rounding = Rounding.parse(rounding)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -107,8 +170,8 @@ class Fpu:
         if self.format.precision > 25:
             raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
                              f"(binary16, bfloat16, binary32), not {self.format.name}")
-        self.nan_to_zero = bool(nan_to_zero)
-        self.default_nan = self.format.default_nan if default_nan is None else int(default_nan)
+        self.nan_to_zero = not satfinite if nan_to_zero is None else bool(nan_to_zero)
+        self.default_nan = self.format.default_nan if default_nan is None else _quiet_nan(default_nan, self.format)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
         self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
@@ -121,7 +184,8 @@ class Fpu:
         self.uint = self.format.uint
 
     def __repr__(self) -> str:
-        return (f"Fpu(overflow={self.overflow.name}, rounding={self.rounding.name}, "
+        keep = ", nan_to_zero=False" if self.overflow is OverflowMode.SATURATION and not self.nan_to_zero else ""
+        return (f"Fpu(overflow={self.overflow.name}{keep}, rounding={self.rounding.name}, "
                 f"tininess={self.tininess.name}, format={self.format.name})")
 
     @property
@@ -226,22 +290,22 @@ class Fpu:
               overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
         """A conversion with its own rounding and overflow mode, packed into the destination's codes."""
         mode, nan_to_zero = self.overflow, self.nan_to_zero
-        if isinstance(overflow, str) and overflow.strip().lower() == "satfinite":
+        if _is_satfinite(overflow):
             mode, nan_to_zero = OverflowMode.SATURATION, False
         elif overflow is not None:
-            try:
-                mode = OverflowMode.parse(overflow)
-            except ValueError:
-                raise ValueError(f"unknown overflow {overflow!r}; valid: INF_NAN, SATURATION, satfinite") from None
+            mode = _overflow_mode(overflow)
         rounding = rounding or self.rounding
         nan = self.default_nan if dst == self.format else None
         cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)
+        before = self._status
         result, shape, scalar = self._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
         if dst.pack is None and dst.signed:
             return result, shape, scalar
+        self._status = before  # the status is the OR of the final element flags, set below
         bits, flags = result.value.view(dst.uint), result.flags
         if not dst.signed:  # E8M0: no sign and no zero
-            v = np.asarray(x).reshape(-1).astype(np.float64)
+            with np.errstate(invalid="ignore"):  # a signaling NaN widens quietly
+                v = np.asarray(x).reshape(-1).astype(np.float64)
             bad = v <= 0
             flags[bad] = Flag.INVALID
         codes = dst.pack[bits] if dst.pack is not None else bits.astype(np.uint8)
@@ -269,7 +333,7 @@ class Fpu:
             raise TypeError(f"{op}: expected a numpy array or numpy scalar, got {type(x).__name__}; "
                             f"wrap values as np.asarray(x, dtype=...)")
         try:
-            return format_of(x.dtype)
+            return format_of(x.dtype if x.dtype.isnative else x.dtype.newbyteorder("="))
         except ValueError:
             raise TypeError(f"{op}: unsupported dtype {x.dtype}; valid: float16, bfloat16, float32, float64") from None
 
@@ -284,6 +348,7 @@ class Fpu:
             if b.__class__ is np.ndarray and b.dtype == dtype and b.shape == a.shape:
                 uint = fmt.uint
                 return [a.reshape(-1).view(uint), b.reshape(-1).view(uint)], a.shape, False
+        args = tuple(plain(x) for x in args)
         for name, x in zip("abc", args, strict=False):
             if not isinstance(x, (np.ndarray, np.generic)) or x.dtype != dtype:
                 got = x.dtype if hasattr(x, "dtype") else type(x).__name__

@@ -805,10 +805,12 @@ def _element(b, src, acc, fast):
 @jit
 def tree_sum(x, out, src, acc, dst, mean):
     """Sum each column of ``x`` (n, C) in a fixed pairwise tree: adjacent pairs, then pairs of
-    pairs, each addition rounded into ``acc``; each element is first rounded into ``acc``.
-    The column totals are rounded into ``dst`` (for ``mean``, divided exactly by n first,
-    one rounding). Returns the OR of the flags. Each row of a level is one vectorised
-    loop over the columns; the rare elements are rounded again in full."""
+    pairs, each addition rounded into ``acc``; each element is first rounded into ``acc``
+    (where ``acc`` is ``src``'s format the elements enter as they are, NaN and Inf
+    included, as the operands of the device's additions do). The column totals are
+    rounded into ``dst`` (for ``mean``, divided exactly by n first, one rounding).
+    Returns the OR of the flags. Each row of a level is one vectorised loop over the
+    columns; the rare elements are rounded again in full."""
     _wide_vectors()
     src = settings(src)
     acc = settings(acc)
@@ -819,9 +821,18 @@ def tree_sum(x, out, src, acc, dst, mean):
     row_value = np.empty(cols, np.float64)
     row_flags = np.empty(cols, np.uint8)
     status = 0
+    same = (src[WIDTH] == acc[WIDTH]) & (src[MAN] == acc[MAN]) & (src[BIAS] == acc[BIAS])
     for r in range(n):
         xr = x[r]
         row = 0
+        if same:  # exact: no rounding, and no overflow mode applied to an operand
+            for c in range(cols):
+                row_value[c] = decode(xr[c], src)
+                row |= INVALID * is_snan(xr[c], src)
+            for c in range(cols):
+                v[r, c] = row_value[c]
+            status |= row
+            continue
         for c in range(cols):
             row_value[c], fl = _element(xr[c], src, acc, True)
             row_flags[c] = fl
