@@ -278,3 +278,18 @@ def test_no_operation_on_our_dtypes_runs_uncounted(dtype: torch.dtype) -> None:
         assert route in ROUTE_KINDS
     assert counted == seen.ops
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_continuous_draws_are_binary32_draws_rounded_once_on_the_device() -> None:
+    dev = Device("atlas-training")
+    with DeviceMode(dev, strict=True) as mode:
+        torch.manual_seed(5)
+        u = torch.empty(1000, dtype=F16).uniform_(-2, 2)
+        n = torch.empty(1000, dtype=torch.bfloat16).normal_(0, 3)
+        r = torch.rand(10, dtype=F16)
+    torch.manual_seed(5)
+    want = torch.empty(1000).uniform_(-2, 2)  # the same draw in binary32, from the same generator
+    assert bits(u) == bits(torch.from_numpy(Device("atlas-training").cast(want.numpy(), H)))
+    assert n.dtype == torch.bfloat16 and torch.isfinite(n).all() and ((r >= 0) & (r <= 1)).all()
+    assert not dev.get_float_status().any()
+    assert {route for (name, route) in mode.routes if "empty" not in name} == {"random"}
