@@ -71,7 +71,7 @@ def _compare(name: str, code: int, doc: str, signaling: bool, fpu: bool = True, 
 OPS: tuple[Op, ...] = (
     _binary("add", K.add, "a + b, rounded once.", ("add",), ("add", "add_any"), K.add_exact),
     _binary("sub", K.sub, "a - b, rounded once.", ("sub",), ("sub",), K.sub_exact),
-    _binary("mul", K.mul, "a * b, rounded once.", ("mul",), ("mul",)),
+    _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward"), ("mul",)),
     _binary("div", K.div, "a / b, rounded once.", ("div",), ("div",)),
     _binary("maximum", K.maximum, "IEEE 754-2019 maximum: NaN if either is NaN, maximum(+0, -0) = +0.",
             ("maximum",), ("max",), inexact=False, short=False),

@@ -1,8 +1,9 @@
 """Unmodified PyTorch code on a simulated Atlas device (optional extra ``torch``).
 
 Inside ``with DeviceMode(dev):`` every aten operation on float16 or bfloat16
-tensors (and float32 ones with ``float32=True``) is taken by one of three
-routes, counted in ``mode.routes``:
+tensors (and float32 ones with ``float32=True``), or asked for in one (a dtype
+argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
+``mode.routes``; none runs natively uncounted:
 
 - ``device``: the operation has a device equivalent and runs on ``dev``, in its
   rounding, overflow mode and register (see ``ROUTES`` for the list). Operands
@@ -11,21 +12,51 @@ routes, counted in ``mode.routes``:
   its events recorded), then the device operation rounds once more.
   ``addmm`` is a matmul rounded to the output dtype, then the bias added;
   sums and means accumulate in binary32 and round once to the tensor's dtype.
-- ``exact``: pure data movement and selection (views, reshape, cat, index,
-  gather, where, pooling indices, ...), which torch computes exactly itself.
+  In-place (``add_``, ``relu_``...) and ``out=`` overloads take their functional
+  operation's route, the result written into the destination (rounded on the
+  device where its dtype differs).
+- ``exact``: views, in-place views (``transpose_``, ``unsqueeze_``,
+  ``as_strided_``..., applied to the tensor itself), and pure data movement and
+  selection (reshape, cat, index, gather, where, pooling indices, ...), which
+  torch computes exactly itself.
+- ``factory``: operations that create values (``empty*``, ``new_empty*``,
+  ``zeros``, ``ones``, ``*_like``, ``full``, ``fill_``, ``scalar_tensor``,
+  ``arange``, ``linspace``, ``eye``): torch makes the tensor in our dtype
+  directly, so uninitialised memory is never cast (it would fake overflows); a
+  fill value the dtype cannot hold is rounded into it on the device, and a
+  computed sequence (``arange``, ``linspace``) is computed in binary64 and each
+  value rounded once on the device. What torch refuses (``full(1e6)`` in
+  float16), it still refuses.
+- ``random``: operations that draw from torch's generator (``bernoulli_``,
+  ``normal_``, ``uniform_``, ``rand``, ``native_dropout``...): the draw is made
+  in binary32 by torch (our tensors widened exactly), then converted: Bernoulli
+  draws are 0 or 1, exact in every format; continuous draws are rounded once
+  on the device into the dtype. ``native_dropout`` multiplies on the device by
+  the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
+  route, the same two multiplies).
 - ``float32``: anything else is computed by torch in binary32 from the exact
   binary32 values of its operands, and each floating result is rounded once
   on the device into the dtype torch would return, so that its overflow still
   reaches the register. ``strict=True`` raises NotImplementedError naming
-  the operation instead.
+  the operation instead (the other routes are deliberate and always taken).
 
 Autograd works as usual when backward runs inside the mode (on CPU it runs in
-the calling thread, so the backward operations are routed too).
+the calling thread, so the backward operations are routed too). Modes are
+made per step in a training loop: a graph made under one mode may be run
+backward under a later one (a loss kept alive from the previous step keeps
+its parameters' autograd nodes alive), and a model used natively, or under
+another mode, before is welcome.
 
-A backward pass of operations made in a module's forward under the mode that
-runs outside it (after the ``with`` block, or in a thread the mode does not
-cover: modes are per thread) raises RuntimeError, rather than running
-natively unseen.
+Modes nest, on the same device or different ones: the innermost mode that
+takes an operation computes and counts it, on its device; the torch calls it
+makes meanwhile pass through the outer modes unseen, so an outer mode counts
+only what the inner ones do not take (with ``float32=True`` outside only, the
+float32 operations).
+
+A backward pass of operations made in a module's forward under a mode that
+runs where no DeviceMode is active (after the ``with`` block, or in a thread
+the mode does not cover: modes are per thread) raises RuntimeError, rather
+than running natively unseen.
 
 Each routed operation is labelled with the module that issued it: its path
 in the outermost module called inside the mode (``encoder.layers.1.attn``;
@@ -44,6 +75,7 @@ operations below autograd, after torch's Python-level decompositions.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +88,7 @@ from torch.utils._pytree import tree_map
 from . import ops
 from .device import Device
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT"]
+__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS"]
 
 aten = torch.ops.aten
 _LABEL = "sim.module"  # the autograd node metadata key of the module path
@@ -176,6 +208,36 @@ def _copy_(op: _Op, dst, src, non_blocking=False):
     return dst.copy_(_tensor(op.dev.cast(_numpy(src), _NUMPY[dst.dtype])))
 
 
+def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """An in-place or ``out=`` result written into its destination: rounded on the device
+    where the destination's float dtype differs, else copied exactly."""
+    if result.dtype != dst.dtype and result.dtype in _NUMPY and dst.dtype in _NUMPY:
+        result = _tensor(op.dev.cast(_numpy(result), _NUMPY[dst.dtype]))
+    if dst.shape != result.shape:
+        dst.resize_(result.shape)
+    return dst.copy_(result)
+
+
+def _dropout(op: _Op, x, p, train=None):
+    """native_dropout: an exact Bernoulli mask (a binary32 draw from torch's generator, 0 or 1,
+    exact in any format), then the device multiplies by the mask and by 1/(1-p) rounded into
+    the tensor's dtype, as torch's kernel does (input * mask * scale)."""
+    if train is False or p == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    keep = torch.empty(x.shape, dtype=torch.float32).bernoulli_(1 - p)
+    if p == 1:
+        return torch.zeros_like(x), keep.bool()
+    dtype = x.dtype
+    masked = op.dev.mul(_numpy(x), _numpy(keep.to(dtype)))
+    return _tensor(op.dev.mul(masked, op.operand(1 / (1 - p), dtype))), keep.bool()
+
+
+def _dropout_backward(op: _Op, grad, mask, scale):
+    """grad * mask * scale on the device, the mask exact and the scale rounded into grad's dtype."""
+    masked = op.dev.mul(_numpy(grad), _numpy(mask.to(grad.dtype)))
+    return _tensor(op.dev.mul(masked, op.operand(scale, grad.dtype)))
+
+
 def _convolution(op: _Op, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     same = lambda v: len(set(v)) == 1  # noqa: E731
     if (transposed or groups != 1 or x.dim() != 4 or x.dtype != torch.float16 or w.dtype != torch.float16
@@ -210,19 +272,72 @@ def _handler(op: ops.Op) -> Callable:
     return _binary(op.name) if op.arity == 2 else _unary(op.name)
 
 
+_HANDLERS["native_dropout_backward"] = _dropout_backward
+
+
 #: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
 ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
                                for op in ops.OPS if op.device for packet in op.aten}
 
-#: Operations that move or select values without arithmetic: exact as torch computes them.
+#: Operations that move or select values without arithmetic: exact as torch computes them. Every
+#: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
+#: torch's ``inplace_view`` tag) is exact too, applied to the tensor itself.
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
     aten.where, aten.clone, aten.detach, aten.alias, aten.split, aten.split_with_sizes, aten.unbind,
-    aten.zeros_like, aten.ones_like, aten.empty_like, aten.zero_, aten.threshold_backward, aten.embedding,
-    aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh, aten.new_zeros,
-    aten.new_empty, aten.empty_strided, aten._reshape_alias, aten.flip, aten.roll, aten.repeat,
+    aten.threshold_backward, aten.embedding,
+    aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh,
+    aten._reshape_alias, aten.flip, aten.roll, aten.repeat,
 })
+
+#: Factory operations, by the position of their fill value: torch makes the tensor, and a fill
+#: value that the tensor's dtype cannot hold exactly is rounded into it on the device instead.
+_FILLS = {aten.full: 1, aten.new_full: 2, aten.full_like: 1, aten.fill_: 1, aten.scalar_tensor: 0}
+#: Factory operations of computed sequences: computed in binary64, each value rounded once on the device.
+_SEQUENCES = frozenset({aten.arange, aten.linspace, aten.logspace})
+#: Operations that create values: no operand is cast, so uninitialised memory never reaches the device.
+FACTORIES = frozenset({
+    aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.zeros,
+    aten.ones, aten.zeros_like, aten.ones_like, aten.new_zeros, aten.new_ones, aten.zero_, aten.eye,
+    *_FILLS, *_SEQUENCES,
+})
+
+#: The in-place twins of ROUTES (``add_``, ``relu_``...): the same handler, its result written into self.
+_INPLACE: dict[Any, Callable] = {
+    getattr(aten, f"{p.__name__.split('.')[-1]}_"): h for p, h in ROUTES.items()
+    if hasattr(aten, f"{p.__name__.split('.')[-1]}_") and getattr(aten, f"{p.__name__.split('.')[-1]}_") not in ROUTES}
+
+#: The route kinds, in the order they are tried (``mode.routes`` counts each call under one).
+ROUTE_KINDS = ("exact", "factory", "random", "device", "float32")
+
+_busy = threading.local()  # depth of DeviceMode calls being computed in this thread (nested modes)
+
+
+def _kind(func) -> str:
+    """The route kind of an aten overload: exact, factory, random, or "device" (a device handler
+    is tried, else float32)."""
+    packet = func.overloadpacket
+    if packet in EXACT or func.is_view or torch.Tag.inplace_view in func.tags:
+        return "exact"
+    if packet in FACTORIES:
+        return "factory"
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return "random"
+    return "device"
+
+
+_KINDS: dict[Any, str] = {}
+
+
+def _check_backward(grad_outputs):
+    """Refuse to let the backward pass of operations made under a DeviceMode run where no
+    DeviceMode is active (natively, unseen by any device)."""
+    if not any(isinstance(m, DeviceMode) for m in _get_current_dispatch_mode_stack()):
+        raise RuntimeError(
+            "the backward pass of operations run under DeviceMode is running outside it (after its with "
+            "block, or in another thread): its operations would run natively, unseen by the device. Run "
+            "backward inside a DeviceMode, in the same thread.")
 
 
 class DeviceMode(TorchDispatchMode):
@@ -243,6 +358,7 @@ class DeviceMode(TorchDispatchMode):
 
     def __enter__(self):
         hooks = torch.nn.modules.module
+        self._modules = []
         self._hooks = [hooks.register_module_forward_pre_hook(self._enter_module),
                        hooks.register_module_forward_hook(self._leave_module)]
         return super().__enter__()
@@ -261,6 +377,9 @@ class DeviceMode(TorchDispatchMode):
     def _leave_module(self, module, args, output) -> None:
         path = self._modules.pop()
         # Tag the autograd nodes this module's forward created (inner modules tagged theirs first).
+        # The check is one function for every mode, so a node that outlives its mode (a parameter's
+        # AccumulateGrad, kept by a graph still alive) serves later modes; the parameters' own
+        # AccumulateGrad nodes are labelled but not checked, as they outlive every graph.
         todo = [t.grad_fn for t in torch.utils._pytree.tree_leaves(output)
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while todo:
@@ -268,16 +387,9 @@ class DeviceMode(TorchDispatchMode):
             if node is None or _LABEL in node.metadata:
                 continue
             node.metadata[_LABEL] = path
-            node.register_prehook(self._check_backward)
+            if node.name() != "torch::autograd::AccumulateGrad":
+                node.register_prehook(_check_backward)
             todo.extend(next_node for next_node, _ in node.next_functions)
-
-    def _check_backward(self, grad_outputs):
-        """Refuse to let the backward pass of our operations run where the mode is not active."""
-        if self not in _get_current_dispatch_mode_stack():
-            raise RuntimeError(
-                f"the backward pass of operations run under DeviceMode({self.device.name}) is running outside "
-                f"it (after its with block, or in another thread): its operations would run natively, unseen "
-                f"by the device. Run backward inside the mode, in the same thread.")
 
     def _label(self) -> str:
         node = torch._C._current_autograd_node()
@@ -285,39 +397,103 @@ class DeviceMode(TorchDispatchMode):
             return node.metadata.get(_LABEL) or self.device.current_label or ""
         return self._modules[-1] if self._modules else (self.device.current_label or "")
 
+    def _ours(self, args, kwargs) -> bool:
+        """An operand of our dtypes (on the CPU), or a result asked for in one (a dtype argument)."""
+        dtypes = self.dtypes
+        for x in (*args, *kwargs.values()):
+            if isinstance(x, torch.Tensor):
+                if x.dtype in dtypes and x.device.type == "cpu":
+                    return True
+            elif isinstance(x, (list, tuple)):
+                if any(isinstance(t, torch.Tensor) and t.dtype in dtypes and t.device.type == "cpu" for t in x):
+                    return True
+            elif isinstance(x, torch.dtype) and x in dtypes:
+                return True
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
-        tensors += [t for x in args if isinstance(x, (list, tuple)) for t in x if isinstance(t, torch.Tensor)]
-        # Ours: an operand of our dtypes, or a result asked for in one (a cast from float32).
-        if not (any(t.dtype in self.dtypes and t.device.type == "cpu" for t in tensors)
-                or kwargs.get("dtype") in self.dtypes):
+        # Inside another DeviceMode's call (nested modes), its own torch calls pass through: the
+        # innermost mode computes.
+        if getattr(_busy, "depth", 0) or not self._ours(args, kwargs):
             return func(*args, **kwargs)
-        packet, name = func.overloadpacket, str(func)
-        if packet in EXACT:
-            return self._count(name, "exact", func(*args, **kwargs))
+        name = str(func)
+        kind = _KINDS.get(func)
+        if kind is None:
+            kind = _KINDS[func] = _kind(func)
+        if kind == "exact":
+            _busy.depth = 1  # (only reached at depth 0)
+            try:
+                return self._count(name, "exact", func(*args, **kwargs))
+            finally:
+                _busy.depth = 0
         dev, label = self.device, self._label()
         before = int(dev.get_float_status()[3])
+        _busy.depth = 1
         try:
             with dev.label(label):
-                route, result = self._route(func, packet, name, args, kwargs)
+                if kind == "factory":
+                    route, result = "factory", self._factory(func, args, kwargs)
+                elif kind == "random":
+                    route, result = "random", self._random(func, args, kwargs)
+                else:
+                    route, result = self._route(func, func.overloadpacket, name, args, kwargs)
         finally:
+            _busy.depth = 0
             if int(dev.get_float_status()[3]) != before:
                 self.events[label] += 1
         return self._count(name, route, result)
 
-    def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:
-        handler = ROUTES.get(packet)
-        if handler is not None and "out" not in kwargs:
+    def _factory(self, func, args, kwargs):
+        """A new tensor made by torch (its own checks, dtype and layout); values that its dtype
+        cannot hold exactly (a fill value, a computed sequence) are rounded into it on the device."""
+        result = func(*args, **kwargs)
+        packet = func.overloadpacket
+        if not isinstance(result, torch.Tensor) or result.dtype not in _NUMPY or result.numel() == 0:
+            return result
+        target = _NUMPY[result.dtype]
+        if packet in _FILLS:
+            value = args[_FILLS[packet]]
+            value = value.item() if isinstance(value, torch.Tensor) else value
+            value = float(value)
+            if np.asarray(value).astype(target).astype(np.float64) == value or not np.isfinite(value):
+                return result  # a value the dtype holds (Inf and NaN too): written as it is, no rounding
+            result.fill_(float(self.device.cast(np.asarray(value, np.float64), target)))
+        elif packet in _SEQUENCES:
+            wide = func(*args, **{**kwargs, "dtype": torch.float64})
+            if wide.shape == result.shape:
+                result.copy_(_tensor(self.device.cast(wide.numpy(), target)))
+        return result
+
+    def _random(self, func, args, kwargs):
+        """A random operation: the draw in binary32 from torch's generator (a Bernoulli draw is 0 or 1,
+        exact in every format; a continuous draw is rounded once on the device); dropout's mask and
+        scale multiplies are device multiplies."""
+        if func.overloadpacket is aten.native_dropout:
             try:
-                result = handler(_Op(self), *args, **kwargs)
+                return _dropout(_Op(self), *args, **kwargs)
+            except TypeError:
+                pass
+        return self._float32(func, args, kwargs)
+
+    def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:
+        handler, into = ROUTES.get(packet), None
+        if handler is None and packet in _INPLACE:  # add_, relu_...: the functional op's route, written into self
+            handler, into = _INPLACE[packet], args[0]
+        out = kwargs.get("out")
+        if handler is not None and (out is None or isinstance(out, torch.Tensor)):
+            rest = {k: v for k, v in kwargs.items() if k != "out"} if out is not None else kwargs
+            op = _Op(self)
+            try:
+                result = handler(op, *args, **rest)
             except _Exact:
                 return "exact", func(*args, **kwargs)
             except (_Unmapped, TypeError):
                 pass
             else:
-                inplace = "." in name and name.split(".")[1].endswith("_")
-                return "device", result if packet is aten.copy_ or not inplace else args[0].copy_(result)
+                if out is not None:
+                    into = out
+                return "device", result if into is None else _write(op, into, result)
         if self.strict:
             raise NotImplementedError(f"{name} has no device equivalent (DeviceMode(strict=True)); "
                                       f"without strict it runs in float32 and is rounded once on the device")
@@ -354,6 +530,8 @@ class DeviceMode(TorchDispatchMode):
                     for o, d in zip(outs, dtypes, strict=True)]
         result = narrowed[0] if isinstance(out, torch.Tensor) else type(out)(narrowed)
         name = str(func)
+        if isinstance(kwargs.get("out"), torch.Tensor) and isinstance(result, torch.Tensor):
+            return _write(_Op(self), kwargs["out"], result)  # out=: the result written into out
         if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
             return args[0].copy_(result)
         return result

@@ -33,7 +33,7 @@ def test_builtin_torch_workloads_register_catches_what_isfinite_misses(name: str
     first = caught.summary["first_overflow"]
     assert first["step"] == 0 and first["phase"] == "backward" and first["label"] in paths | {"loss"}
     wl.forward_backward(__import__("sim").Device("atlas-training"), wl.init_params(), 2.0**32, wl.batches(1)[0])
-    assert {route for _, route in wl.routes} <= {"device", "exact", "float32"} and wl.events
+    assert {route for _, route in wl.routes} <= {"device", "exact", "float32", "factory", "random"} and wl.events
 
 
 class Regression(torch.nn.Module):
@@ -103,14 +103,16 @@ ROUTE_TABLES = {
         "exact": {"detach.default": 6, "max_pool2d_with_indices.default": 1, "t.default": 5,
                   "threshold_backward.default": 1, "view.default": 3}},
     "torch-transformer": {
-        "float32": {"_softmax.default": 1, "_softmax_backward_data.default": 1, "bernoulli_.float": 2,
-                    "div_.Scalar": 2, "embedding_dense_backward.default": 2, "gelu.default": 1,
+        "float32": {"_softmax.default": 1, "_softmax_backward_data.default": 1,
+                    "embedding_dense_backward.default": 2, "gelu.default": 1,
                     "gelu_backward.default": 1, "masked_fill.Scalar": 2, "native_layer_norm.default": 3,
                     "native_layer_norm_backward.default": 3},
         "device": {"_to_copy.default": 2, "add.Tensor": 5, "addmm.default": 5, "bmm.default": 6, "mm.default": 10,
-                   "mul.Tensor": 6, "sum.dim_IntList": 6},
+                   "mul.Tensor": 6, "sum.dim_IntList": 6, "div_.Scalar": 2},
+        "factory": {"empty_like.default": 2},  # dropout's mask: empty_like().bernoulli_().div_(), then mul
+        "random": {"bernoulli_.float": 2},
         "exact": {"_unsafe_view.default": 8, "clone.default": 6, "detach.default": 20, "embedding.default": 2,
-                  "empty_like.default": 2, "expand.default": 4, "permute.default": 2, "stack.default": 1,
+                  "expand.default": 4, "permute.default": 2, "stack.default": 1,
                   "t.default": 25, "transpose.int": 8, "unbind.int": 1, "view.default": 34}},
 }
 
