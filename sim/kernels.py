@@ -947,9 +947,22 @@ def matmul32_inexact(a, b, acc):
 
 
 @inline
-def _widened(x, bf16=False):
-    """binary16 (or, with ``bf16``, bfloat16) bits (2-D, any layout) as a C-ordered binary32
-    array (exact), and whether any is Inf or NaN."""
+def _widened(x):
+    """binary16 bits (2-D, any layout) as a C-ordered binary32 array (exact), and whether any is Inf or NaN."""
+    rows, cols = x.shape
+    out = np.empty((rows, cols), np.float32)
+    special = False
+    for i in range(rows):
+        for j in range(cols):
+            v = x[i, j]
+            out[i, j] = np.float32(_half_to_f64(v))
+            special |= (v & 0x7C00) == 0x7C00
+    return out, special
+
+
+@inline
+def _widened_bf16(x):
+    """:func:`_widened` for bfloat16 bits."""
     rows, cols = x.shape
     out = np.empty((rows, cols), np.float32)
     wide = out.view(np.uint32)
@@ -957,12 +970,8 @@ def _widened(x, bf16=False):
     for i in range(rows):
         for j in range(cols):
             v = x[i, j]
-            if bf16:
-                wide[i, j] = np.uint32(v) << 16
-                special |= (v & 0x7F80) == 0x7F80
-            else:
-                out[i, j] = np.float32(_half_to_f64(v))
-                special |= (v & 0x7C00) == 0x7C00
+            wide[i, j] = np.uint32(v) << 16
+            special |= (v & 0x7F80) == 0x7F80
     return out, special
 
 
@@ -1053,14 +1062,14 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
     # matmul32 vectorises along the rows of its right operand: give it the longer side
     # (C^T = B^T A^T adds the same products in the same order along k).
     flip = (n < m) & (n < 64)
-    if flip:
-        left, special_l = _widened(b.T, bf16)
-        right, special_r = _widened(a.T, bf16)
-        total = init.T.copy()
+    x, y = (b.T, a.T) if flip else (a, b)
+    if bf16:
+        left, special_l = _widened_bf16(x)
+        right, special_r = _widened_bf16(y)
     else:
-        left, special_l = _widened(a, bf16)
-        right, special_r = _widened(b, bf16)
-        total = init.copy()
+        left, special_l = _widened(x)
+        right, special_r = _widened(y)
+    total = init.T.copy() if flip else init.copy()
     special = special_l | special_r
     for v in init.ravel():
         special |= not math.isfinite(v)
