@@ -196,8 +196,19 @@ class Device:
     def __init__(self, profile: str | profiles.Profile = "atlas-a2", overflow: OverflowMode | str | None = None,
                  *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool = True,
                  name: str | None = None, threads: int = 1, record_events: bool = False, seed: int = 0,
-                 observers: Iterable[Observer] = (), substitutes: Mapping[str, Callable] | None = None) -> None:
+                 observers: Iterable[Observer] = (), substitutes: Mapping[str, Callable] | None = None,
+                 matmul_bias: str = "after") -> None:
         self.profile = profiles.get(profile)
+        if matmul_bias not in ("after", "fused"):
+            raise ValueError(f"matmul_bias must be 'after' or 'fused', got {matmul_bias!r}")
+        if matmul_bias == "fused" and not self.profile.bias_table:
+            raise ValueError(f"{self.profile.name}: its cube unit has no bias table (Mmad supports "
+                             f"cmatrixSource=false only), so a bias cannot enter the binary32 sum; "
+                             f"use matmul_bias='after'")
+        #: Where a matmul's or convolution's bias enters when none is named in the call: "fused"
+        #: (the initial value of the binary32 sums, one rounding) or "after" (added to the rounded
+        #: product by the vector unit, a second rounding).
+        self.matmul_bias = matmul_bias
         mode = self.profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
         if mode not in self.profile.overflow_modes:
             raise ValueError(f"{self.profile.name} ({self.profile.product_en}) supports "
@@ -524,24 +535,56 @@ class Device:
         return self._fpus.get(dst.dtype, self.fpu).overflow
 
     # -- reductions and matmul ----------------------------------------------------
-    def matmul(self, a, b, accumulate=None, out_dtype=np.float16) -> np.ndarray:
-        """``a @ b`` for binary16 matrices (M, K) and (K, N), or stacks of them (..., M, K) and
-        (..., K, N) whose leading dimensions broadcast (one device operation for the stack).
+    def matmul(self, a, b, accumulate=None, out_dtype=None, bias=None, fuse_bias: bool | None = None) -> np.ndarray:
+        """``a @ b`` for binary16 (or bfloat16, on a profile whose cube unit takes it) matrices
+        (M, K) and (K, N), or stacks of them (..., M, K) and (..., K, N) whose leading
+        dimensions broadcast (one device operation for the stack).
 
         Products are exact; they are added along k in ascending order, each
         addition rounded to ``accumulate`` (default: the profile's, binary32;
         float32: to nearest even, as the cube unit accumulates, whatever the
         device's rounding mode; float16: the device's rounding and overflow
-        mode at every step); the sum is rounded once to ``out_dtype`` in the
-        device's settings for that format.
+        mode at every step); the sum is rounded once to ``out_dtype`` (default:
+        the operands' dtype) in the device's settings for that format.
+
+        ``bias`` (broadcasting to the output) fused (``fuse_bias``; default: the
+        device's ``matmul_bias``) is the sums' binary32 initial value, as the cube
+        starts L0C from its bias table, and the result is rounded once; otherwise the
+        rounded product and the bias are added on the device in ``out_dtype``.
 
         Where a substitute is set (:meth:`substitute`, as a training simulator does to run a
-        model's matmuls in FP8), the call goes to ``fn(device, a, b, accumulate, out_dtype)`` instead.
+        model's matmuls in FP8), the call goes to ``fn(device, a, b, accumulate, out_dtype)`` instead
+        (with a bias, the substitute's product and the bias are then added on the device).
         """
+        a, b = np.asarray(a), np.asarray(b)
+        if out_dtype is None:
+            out_dtype = a.dtype if a.dtype == BFLOAT16.dtype else np.float16
+        fused = self._fused(bias, fuse_bias)
         fn = self._substitutes.get("matmul")
         if fn is not None:
-            return fn(self, a, b, accumulate, out_dtype)
-        return self._product("matmul", a, b, accumulate, out_dtype)
+            out = fn(self, a, b, accumulate, out_dtype)
+            return out if bias is None else self.add(out, self._bias_operand(bias, out.dtype))
+        if fused:
+            return self._product("matmul", a, b, accumulate, out_dtype, init=bias)
+        out = self._product("matmul", a, b, accumulate, out_dtype)
+        return out if bias is None else self.add(out, self._bias_operand(bias, out.dtype))
+
+    def _fused(self, bias, fuse_bias: bool | None) -> bool:
+        if bias is None:
+            return False
+        fused = self.matmul_bias == "fused" if fuse_bias is None else bool(fuse_bias)
+        if fused and not self.profile.bias_table:
+            raise ValueError(f"{self.profile.name}: its cube unit has no bias table (Mmad supports "
+                             f"cmatrixSource=false only); the bias cannot enter the binary32 sum")
+        return fused
+
+    @staticmethod
+    def _bias_operand(bias, dtype) -> np.ndarray:
+        bias = np.asarray(bias)
+        if bias.dtype != dtype:
+            raise TypeError(f"a bias added after the rounding must have the output's dtype {np.dtype(dtype)}, "
+                            f"got {bias.dtype}")
+        return bias
 
     def matmul_fp8(self, a, b, a_format: Format | str | None = None, b_format: Format | str | None = None,
                    scale_inv: float = 1.0, out_dtype=np.float32) -> np.ndarray:
@@ -604,10 +647,22 @@ class Device:
                             f"format named), got {x.dtype}")
         return formats.decode(x, f).astype(np.float16)
 
-    def _product(self, name: str, a, b, accumulate, out_dtype) -> np.ndarray:
+    def _operands(self, name: str, a: np.ndarray, b: np.ndarray) -> bool:
+        """Check the cube unit takes ``a`` and ``b``; True for bfloat16 operands."""
+        if a.dtype == _F16 and b.dtype == _F16:
+            return False
+        if a.dtype == BFLOAT16.dtype and b.dtype == BFLOAT16.dtype:
+            if not self.profile.cube_bfloat16:
+                raise TypeError(f"{name}: the cube unit of {self.profile.name} ({self.profile.product_en}) takes "
+                                f"binary16 operands, not bfloat16; bfloat16 matmuls and convolutions need a profile "
+                                f"whose cube takes them: "
+                                f"{', '.join(p.name for p in profiles.PROFILES.values() if p.cube_bfloat16)}")
+            return True
+        raise TypeError(f"{name} takes two binary16 or two bfloat16 operands, got {a.dtype} and {b.dtype}")
+
+    def _product(self, name: str, a, b, accumulate, out_dtype, init=None) -> np.ndarray:
         a, b = np.asarray(plain(a)), np.asarray(plain(b))
-        if a.dtype != _F16 or b.dtype != _F16:
-            raise TypeError(f"matmul takes binary16 operands, got {a.dtype} and {b.dtype}")
+        bf16 = self._operands(name, a, b)
         if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
             raise ValueError(f"matmul needs shapes (..., M, K) and (..., K, N), got {a.shape} and {b.shape}")
         acc = self.profile.matmul_accumulate if accumulate is None else accumulate
@@ -615,24 +670,36 @@ class Device:
             acc_fpu, out_fpu = self._fpus[np.dtype(acc)], self._fpus[np.dtype(out_dtype)]
         except (KeyError, TypeError):
             acc_fpu = out_fpu = None
-        if acc_fpu is None or acc_fpu.format is BFLOAT16 or out_fpu.format is BFLOAT16:
-            raise ValueError(f"matmul accumulates and returns float16 or float32, not {acc!r} / {out_dtype!r}")
+        if acc_fpu is None or acc_fpu.format is BFLOAT16 or (out_fpu.format is BFLOAT16 and acc_fpu is self.fpu):
+            raise ValueError(f"matmul accumulates in float16 or float32 and returns float16, bfloat16 or float32, "
+                             f"not {acc!r} / {out_dtype!r}")
+        if acc_fpu is self.fpu and (bf16 or init is not None):
+            raise ValueError("bfloat16 operands and a fused bias need binary32 accumulation")
         fmt = out_fpu.format
         m, n = a.shape[-2], b.shape[-1]
+        if init is not None:
+            init = np.asarray(init)
+            if init.dtype not in (_F16, BFLOAT16.dtype, np.dtype(np.float32)):
+                raise TypeError(f"a fused bias is binary16, bfloat16 or binary32, got {init.dtype}")
+            init = init.astype(np.float32)  # exact
         if a.ndim == 2 and b.ndim == 2:
-            out, status = self._matmul(a, b, acc_fpu, out_fpu)
+            start = None if init is None else np.ascontiguousarray(np.broadcast_to(init, (m, n)))
+            out, status = self._matmul(a, b, acc_fpu, out_fpu, bf16, start)
             self._record(status, name, m * n)
             return out.view(fmt.dtype).reshape(m, n)
         lead, stack_a, stack_b = matrix_stacks(a, b)
+        starts = None if init is None else np.broadcast_to(init, (*lead, m, n)).reshape(-1, m, n)
         out = np.empty((len(stack_a), m * n), fmt.uint)
         status = 0
         for i in range(len(stack_a)):
-            out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu)
+            start = None if starts is None else np.ascontiguousarray(starts[i])
+            out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu, bf16, start)
             status |= s
         self._record(status, name, out.size)
         return out.view(fmt.dtype).reshape(*lead, m, n)
 
-    def _matmul(self, a: np.ndarray, b: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu) -> tuple[np.ndarray, int]:
+    def _matmul(self, a: np.ndarray, b: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu, bf16: bool = False,
+                init: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """One (M, K) @ (K, N) product: its output bits (flat) and flags, not yet recorded."""
         a16, b16 = np.ascontiguousarray(a).view(np.uint16), np.ascontiguousarray(b).view(np.uint16)
         m, n = a.shape[0], b.shape[1]
@@ -644,25 +711,72 @@ class Device:
             total = np.empty(m * n, np.uint16)
             status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu.settings)
             return out, status | K.convert(total, out, flags, *settings)
+        if init is None:
+            init = np.zeros((m, n), np.float32)
         if workers == 1:
-            status, special = K.matmul(a16, b16, out, flags, *settings)
+            status, special, nonfinite = K.matmul_from(a16, b16, init, out, flags, *settings, bf16)
         else:
             # Blocks of output rows on worker threads (the kernel releases the GIL): each
             # output element's sum is the same whichever block computes it.
             bounds = np.linspace(0, m, workers + 1).astype(int)
             parts = list(_pool(workers).map(
-                lambda lo, hi: K.matmul(a16[lo:hi], b16, out[lo * n:hi * n], flags[lo * n:hi * n], *settings),
+                lambda lo, hi: K.matmul_from(a16[lo:hi], b16, init[lo:hi], out[lo * n:hi * n], flags[lo * n:hi * n],
+                                             *settings, bf16),
                 bounds[:-1], bounds[1:]))
             status = functools.reduce(operator.or_, (p[0] for p in parts))
             special = any(p[1] for p in parts)
-        if special:  # Inf or NaN operands: INVALID inside the sums
-            status |= K.matmul32_flags(a16, b16, self.fpu.settings)
+            nonfinite = any(p[2] for p in parts)
+        if special or (bf16 and nonfinite):  # INVALID (and, for bfloat16, OVERFLOW) inside the sums
+            unit = self._fpus[BFLOAT16.dtype] if bf16 else self.fpu
+            status |= K.matmul32_flags(a16, b16, unit.settings, init)
         return out, status
+
+    # -- convolution: im2col, then the matmul above --------------------------------
+    def conv(self, x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, accumulate=None,
+             out_dtype=None, fuse_bias: bool | None = None) -> np.ndarray:
+        """N-d cross-correlation (torch's conv1d/2d/3d) of ``x`` (N, C, *S) with ``w``
+        (O, C / groups, *K): (N, O, *OS). ``stride``, ``padding`` (zeros, both sides) and
+        ``dilation`` are an int or one per spatial dimension.
+
+        As the cube unit computes it, im2col then :meth:`matmul` (one device operation):
+        per group, each output is one matmul row whose exact products x * w are added in
+        ascending order of the reduction index (c, k1, ..., kd) (c slowest, the kernel's
+        taps row-major), each addition rounded to ``accumulate`` from +0 (or from the
+        bias, fused); padded positions are +0 operands. The sum is rounded once to
+        ``out_dtype`` (default: the operands' dtype). ``bias`` (O,) is placed as
+        :meth:`matmul`'s is.
+        """
+        return self._conv("conv", x, w, stride, padding, dilation, groups, bias, accumulate, out_dtype, fuse_bias)
+
+    def _conv(self, name: str, x, w, stride, padding, dilation, groups, bias, accumulate, out_dtype,
+              fuse_bias) -> np.ndarray:
+        x, w = np.asarray(x), np.asarray(w)
+        d = self._conv_shapes(name, x, w, groups)
+        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
+                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+        if out_dtype is None:
+            out_dtype = x.dtype if x.dtype == BFLOAT16.dtype else np.float16
+        fused = self._fused(bias, fuse_bias)
+        o, n = w.shape[0], x.shape[0]
+        cols, out_shape = _im2col(x, w.shape[2:], stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
+        kernel = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (g, Cg*K, Og)
+        init = None
+        if fused:
+            init = np.asarray(bias).reshape(groups, 1, o // groups)
+        if groups == 1:
+            y = self._product(name, cols[0], np.ascontiguousarray(kernel[0]), accumulate, out_dtype,
+                              init=None if init is None else init[0])[None]
+        else:
+            y = self._product(name, cols, np.ascontiguousarray(kernel), accumulate, out_dtype, init=init)
+        y = _from_groups(y, n, o, out_shape)
+        if bias is not None and not fused:
+            y = self.add(y, self._bias_operand(bias, y.dtype).reshape(1, o, *[1] * d))
+        return y
 
     def conv2d(self, x, w, stride: int = 1, padding: int = 0, dilation: int = 1, accumulate=None,
                out_dtype=np.float16) -> np.ndarray:
         """2-D cross-correlation (torch's conv2d, groups=1) of binary16 ``x`` (N, C, H, W) with
-        ``w`` (O, C, KH, KW): (N, O, OH, OW).
+        ``w`` (O, C, KH, KW): (N, O, OH, OW); :meth:`conv` in two dimensions.
 
         Each output is one matmul row: the products x * w, exact, added in ascending order
         of the reduction index (c, kh, kw) (c slowest), each addition rounded to
@@ -675,18 +789,106 @@ class Device:
         for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"conv2d: {name} must be an integer of at least {low}, got {v!r}")
-        o, c, kh, kw = w.shape
-        span_h, span_w = dilation * (kh - 1) + 1, dilation * (kw - 1) + 1
-        xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-        if xp.shape[2] < span_h or xp.shape[3] < span_w:
-            raise ValueError(f"conv2d: the kernel {w.shape[2:]} (dilation {dilation}) is larger than the padded "
-                             f"input {xp.shape[2:]}")
-        windows = np.lib.stride_tricks.sliding_window_view(xp, (span_h, span_w), axis=(2, 3))
-        windows = windows[:, :, ::stride, ::stride, ::dilation, ::dilation]  # (N, C, OH, OW, KH, KW)
-        n, _, oh, ow = windows.shape[:4]
-        rows = windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
-        out = self._product("conv2d", rows, np.ascontiguousarray(w.reshape(o, c * kh * kw).T), accumulate, out_dtype)
-        return np.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+        return self._conv("conv2d", x, w, stride, padding, dilation, 1, None, accumulate, out_dtype, None)
+
+    def conv_grad_input(self, dy, w, input_size, stride=1, padding=0, dilation=1, groups: int = 1,
+                        accumulate=None, out_dtype=None, bias=None, fuse_bias: bool | None = None) -> np.ndarray:
+        """The gradient of :meth:`conv` with respect to its input (N, C, *input_size), from the
+        output gradient ``dy`` (N, O, *OS) and the weight ``w`` (O, C / groups, *K); also a
+        transposed convolution of ``dy`` with ``w``.
+
+        As the cube unit computes it, a direct convolution (:meth:`conv`, stride 1): ``dy``
+        with stride - 1 zeros stuffed between its elements and dilation * (K - 1) - padding
+        zeros around it (cropped where negative), with the weight's taps reversed and its
+        O and C / groups axes swapped per group. So each input gradient is one binary32 sum,
+        from +0, of the exact products dy * w in ascending order of (o, the dy position), o
+        slowest, stuffed zeros being +0 operands, rounded once. ``bias`` (C,) is placed
+        as :meth:`conv` places it (a transposed convolution's bias).
+        """
+        dy, w = np.asarray(dy), np.asarray(w)
+        d = dy.ndim - 2
+        if d < 1 or w.ndim != d + 2 or dy.shape[1] != w.shape[0] or w.shape[0] % groups:
+            raise ValueError(f"conv_grad_input needs dy (N, O, *OS) and w (O, C/groups, *K) with O divisible by "
+                             f"groups, got {dy.shape}, {w.shape}, groups={groups}")
+        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
+                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+        size = tuple(int(s) for s in input_size)[-d:]
+        k = w.shape[2:]
+        spread = [(o - 1) * s + 1 for o, s in zip(dy.shape[2:], stride, strict=True)]
+        stuffed = np.zeros((*dy.shape[:2], *spread), dy.dtype)
+        stuffed[(slice(None), slice(None), *(slice(None, None, s) for s in stride))] = dy
+        lo = [di * (ki - 1) - p for di, ki, p in zip(dilation, k, padding, strict=True)]
+        rest = [si + 2 * p - di * (ki - 1) - 1 - (o - 1) * s
+                for si, p, di, ki, o, s in zip(size, padding, dilation, k, dy.shape[2:], stride, strict=True)]
+        if any(r < 0 or r >= max(s, di) for r, s, di in zip(rest, stride, dilation, strict=True)):
+            raise ValueError(f"conv_grad_input: dy's spatial shape {dy.shape[2:]} does not come from an input of "
+                             f"{size} with stride {stride}, padding {padding}, dilation {dilation}, kernel {k}")
+        z = _pad(stuffed, lo, [a + r for a, r in zip(lo, rest, strict=True)])
+        o, cg = w.shape[:2]
+        flipped = w.reshape(groups, o // groups, cg, *k).swapaxes(1, 2)[(Ellipsis, *(slice(None, None, -1),) * d)]
+        flipped = np.ascontiguousarray(flipped.reshape(groups * cg, o // groups, *k))
+        return self._conv("conv_grad_input", z, flipped, 1, 0, dilation, groups, bias, accumulate, out_dtype,
+                          fuse_bias)
+
+    def conv_grad_weight(self, x, dy, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+                         accumulate=None, out_dtype=None) -> np.ndarray:
+        """The gradient of :meth:`conv` with respect to its weight (O, C / groups, *kernel_size),
+        from the input ``x`` (N, C, *S) and the output gradient ``dy`` (N, O, *OS).
+
+        As the cube unit computes it, one matmul per group of dy^T (O/g, N*OS) with x's
+        im2col (N*OS, C/g*K): each weight gradient is one binary32 sum, from +0, of the exact
+        products in ascending order of (n, the output position row-major), n slowest, padded
+        positions being +0 operands, rounded once.
+        """
+        x, dy = np.asarray(x), np.asarray(dy)
+        d = x.ndim - 2
+        k = tuple(int(v) for v in kernel_size)[-d:]
+        if d < 1 or dy.ndim != x.ndim or dy.shape[0] != x.shape[0] or x.shape[1] % groups or dy.shape[1] % groups:
+            raise ValueError(f"conv_grad_weight needs x (N, C, *S) and dy (N, O, *OS) with C and O divisible by "
+                             f"groups, got {x.shape}, {dy.shape}, groups={groups}")
+        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
+                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+        if out_dtype is None:
+            out_dtype = x.dtype if x.dtype == BFLOAT16.dtype else np.float16
+        n, o = dy.shape[:2]
+        cols, out_shape = _im2col(x, k, stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
+        if tuple(out_shape) != dy.shape[2:]:
+            raise ValueError(f"conv_grad_weight: dy's spatial shape {dy.shape[2:]} is not the convolution's "
+                             f"output shape {tuple(out_shape)}")
+        grad = np.moveaxis(dy.reshape(n, groups, o // groups, -1), 0, 2).reshape(groups, o // groups, -1)
+        if groups == 1:
+            out = self._product("conv_grad_weight", np.ascontiguousarray(grad[0]), cols[0], accumulate, out_dtype)
+        else:
+            out = self._product("conv_grad_weight", np.ascontiguousarray(grad), cols, accumulate, out_dtype)
+        return out.reshape(o, x.shape[1] // groups, *k)
+
+    def conv_transpose(self, x, w, stride=1, padding=0, output_padding=0, dilation=1, groups: int = 1,
+                       bias=None, accumulate=None, out_dtype=None, fuse_bias: bool | None = None) -> np.ndarray:
+        """Transposed convolution (torch's conv_transpose1d/2d/3d) of ``x`` (N, Cin, *S) with
+        ``w`` (Cin, Cout / groups, *K): :meth:`conv_grad_input` of ``x`` for an input of
+        (S - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1, in its order;
+        ``bias`` (Cout,) as :meth:`conv` places it."""
+        x, w = np.asarray(x), np.asarray(w)
+        d = x.ndim - 2
+        stride, padding, output_padding, dilation = (
+            _per_dim(name, v, d, low) for name, v, low in (("stride", stride, 1), ("padding", padding, 0),
+                                                            ("output_padding", output_padding, 0),
+                                                            ("dilation", dilation, 1)))
+        size = [(s - 1) * st - 2 * p + di * (k - 1) + op + 1
+                for s, st, p, di, k, op in zip(x.shape[2:], stride, padding, dilation, w.shape[2:], output_padding,
+                                               strict=True)]
+        return self.conv_grad_input(x, w, size, stride, padding, dilation, groups, accumulate, out_dtype, bias,
+                                    fuse_bias)
+
+    @staticmethod
+    def _conv_shapes(name: str, x: np.ndarray, w: np.ndarray, groups: int) -> int:
+        d = x.ndim - 2
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+            raise ValueError(f"{name}: groups must be a positive integer, got {groups!r}")
+        if (d < 1 or w.ndim != x.ndim or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups):
+            raise ValueError(f"{name} needs x (N, C, *S) and w (O, C/groups, *K) with O divisible by groups, "
+                             f"got {x.shape}, {w.shape}, groups={groups}")
+        return d
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
@@ -753,6 +955,52 @@ class Device:
 
 
 # -- the methods of the table's operations ---------------------------------------------------
+
+def _per_dim(name: str, v, d: int, low: int) -> tuple[int, ...]:
+    """A convolution parameter as one integer per spatial dimension."""
+    vs = tuple(v) if isinstance(v, (tuple, list)) else (v,) * d
+    if len(vs) == 1:
+        vs = vs * d
+    if len(vs) != d or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < low for e in vs):
+        raise ValueError(f"conv: {name} must be an integer of at least {low}, or {d} of them, got {v!r}")
+    return tuple(int(e) for e in vs)
+
+
+def _pad(x: np.ndarray, lo, hi) -> np.ndarray:
+    """x with lo[i] / hi[i] +0s before / after spatial axis i (cropped where negative)."""
+    x = np.pad(x, ((0, 0), (0, 0), *((max(a, 0), max(b, 0)) for a, b in zip(lo, hi, strict=True))))
+    return x[(slice(None), slice(None), *(slice(max(-a, 0), x.shape[i + 2] - max(-b, 0))
+                                          for i, (a, b) in enumerate(zip(lo, hi, strict=True))))]
+
+
+def _im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
+    """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
+    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS."""
+    d = x.ndim - 2
+    xp = _pad(x, padding, padding)
+    spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
+    if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
+        raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
+                         f"{xp.shape[2:]}")
+    axes = tuple(range(2, d + 2))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=axes)
+    windows = windows[(slice(None), slice(None), *(slice(None, None, s) for s in stride),
+                       *(slice(None, None, di) for di in dilation))]  # (N, C, *OS, *K)
+    n, c = x.shape[:2]
+    out_shape = list(windows.shape[2:d + 2])
+    w = windows.reshape(n, groups, c // groups, *windows.shape[2:])  # (N, g, Cg, *OS, *K)
+    order = (1, 0, *range(3, d + 3), 2, *range(d + 3, 2 * d + 3))  # (g, N, *OS, Cg, *K)
+    cols = w.transpose(order).reshape(groups, n * math.prod(out_shape), -1)
+    return np.ascontiguousarray(cols), out_shape
+
+
+def _from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
+    """Per-group matmul results (g, N * prod(OS), O/g) as (N, O, *OS)."""
+    d = len(out_shape)
+    y = y.reshape(y.shape[0], n, *out_shape, y.shape[-1])  # (g, N, *OS, Og)
+    y = y.transpose(1, 0, d + 2, *range(2, d + 2))  # (N, g, Og, *OS)
+    return np.ascontiguousarray(y.reshape(n, o, *out_shape))
+
 def _method(op: ops.Op) -> Callable:
     """The Device method of ``op``: one call into the device's path for its kind, its signature
     and docstring as if written out by hand."""

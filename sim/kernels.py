@@ -971,30 +971,48 @@ def _widened(x):
     return out, special
 
 
+@inline
+def _widened_bf16(x):
+    """:func:`_widened` for bfloat16 bits."""
+    rows, cols = x.shape
+    out = np.empty((rows, cols), np.float32)
+    wide = out.view(np.uint32)
+    special = False
+    for i in range(rows):
+        for j in range(cols):
+            v = x[i, j]
+            wide[i, j] = np.uint32(v) << 16
+            special |= (v & 0x7F80) == 0x7F80
+    return out, special
+
+
 @jit
-def matmul32_flags(a, b, cfg):
-    """INVALID as binary32 accumulation raises it inside a matmul of binary16 bits ``a`` (M, K)
-    and ``b`` (K, N) that has Inf or NaN operands: for a signaling NaN operand, a product
-    0 * Inf, or Inf - Inf in a partial sum (each addition is an IEEE operation, whatever
-    NaN the sum carries already). Binary32 sums of binary16 products can neither
-    overflow nor underflow."""
+def matmul32_flags(a, b, cfg, init):
+    """INVALID and OVERFLOW as binary32 accumulation raises them inside a matmul of bits ``a``
+    (M, K) and ``b`` (K, N) in the format of ``cfg`` (binary16 or bfloat16) whose sums start
+    from ``init`` (M, N binary32): INVALID for a signaling NaN operand, a product 0 * Inf, or
+    Inf - Inf in a partial sum (each addition is an IEEE operation, whatever NaN the sum
+    carries already); OVERFLOW (with INEXACT) where a step of finite terms overflows binary32
+    (bfloat16 products can; binary16 ones cannot)."""
     cfg = settings(cfg)
     m, k_dim = a.shape
     n = b.shape[1]
     flags = 0
     for i in range(m):
         for j in range(n):
-            s = np.float32(0)
+            s = np.float32(init[i, j])
             for k in range(k_dim):
                 x, y = decode(a[i, k], cfg), decode(b[k, j], cfg)
                 if is_snan(a[i, k], cfg) or is_snan(b[k, j], cfg):
                     flags |= INVALID
-                p = np.float32(x * y)
+                p = x * y  # exact in binary64 for binary16 and bfloat16 operands
                 if math.isnan(p) and not (math.isnan(x) or math.isnan(y)):
                     flags |= INVALID
-                t = s + p
+                t = _fma32(x, y, s)
                 if math.isnan(t) and not (math.isnan(s) or math.isnan(p)):
                     flags |= INVALID
+                if math.isinf(t) and not (math.isinf(s) or math.isinf(p) or math.isnan(p)):
+                    flags |= OVERFLOW | INEXACT
                 s = t
     return flags
 
@@ -1034,28 +1052,48 @@ def matmul16(a, b, out, cfg):
 @jit
 def matmul(a, b, out, flags, acc, dst):
     """out = a @ b for binary16 bits ``a`` (M, K) and ``b`` (K, N) with binary32 accumulation
-    (``acc``; :func:`matmul32`), rounded once into ``dst`` (flat M*N bits). Returns the OR
-    of the flags (INEXACT where the output rounding or an addition of the accumulation
-    lost bits) and whether an operand is Inf or NaN: then :func:`matmul32_flags` gives
-    the INVALID of the accumulation. One call, so that small matmuls cost little besides
-    their arithmetic."""
+    from +0: :func:`matmul_from` with zero initial sums. Returns the OR of the flags and
+    whether an operand is Inf or NaN."""
+    status, special, _ = matmul_from(a, b, np.zeros((a.shape[0], b.shape[1]), np.float32), out, flags, acc, dst,
+                                     False)
+    return status, special
+
+
+@jit
+def matmul_from(a, b, init, out, flags, acc, dst, bf16):
+    """out = init + a @ b for binary16 (or, with ``bf16``, bfloat16) bits ``a`` (M, K) and
+    ``b`` (K, N): each output's sum starts from its binary32 ``init`` (M, N) and adds the
+    exact products along k in ascending order in binary32 (``acc``; :func:`matmul32`), then
+    is rounded once into ``dst`` (flat M*N bits). Returns the OR of the flags (INEXACT where
+    the output rounding or an addition of the accumulation lost bits), whether an operand
+    or an initial sum is Inf or NaN, and whether a sum is Inf or NaN (then
+    :func:`matmul32_flags` gives the INVALID and OVERFLOW of the accumulation). One call,
+    so that small matmuls cost little besides their arithmetic."""
     m, n = a.shape[0], b.shape[1]
     # matmul32 vectorises along the rows of its right operand: give it the longer side
     # (C^T = B^T A^T adds the same products in the same order along k).
     flip = (n < m) & (n < 64)
-    if flip:
-        left, special_l = _widened(b.T)
-        right, special_r = _widened(a.T)
+    x, y = (b.T, a.T) if flip else (a, b)
+    if bf16:
+        left, special_l = _widened_bf16(x)
+        right, special_r = _widened_bf16(y)
     else:
-        left, special_l = _widened(a)
-        right, special_r = _widened(b)
-    total = np.zeros((left.shape[0], right.shape[1]), np.float32)
+        left, special_l = _widened(x)
+        right, special_r = _widened(y)
+    total = init.T.copy() if flip else init.copy()
+    special = special_l | special_r
+    for v in init.ravel():
+        special |= not math.isfinite(v)
+    start = total.copy()
     matmul32(left, right, total)
+    nonfinite = False
+    for v in total.ravel():
+        nonfinite |= not math.isfinite(v)
     status = 0
     bits = (total.T.copy() if flip else total).ravel().view(np.uint32)
     out_status = convert(bits, out, flags, acc, dst)
     if not out_status & INEXACT:
         # The output rounding was exact (always so for binary32 outputs): whether the
         # accumulation rounded takes a second, slower pass that tracks it.
-        status |= matmul32_inexact(left, right, np.zeros_like(total))
-    return status | out_status, special_l | special_r
+        status |= matmul32_inexact(left, right, start)
+    return status | out_status, special, nonfinite

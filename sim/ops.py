@@ -113,7 +113,8 @@ OPS: tuple[Op, ...] = (
        fpu=False, inexact=False),
     Op("matmul", OTHER, 0, "A matrix product: exact products, in-order accumulation.",
        aten=("mm", "bmm", "addmm"), jax=("dot_general",), fpu=False),
-    Op("conv2d", OTHER, 0, "A 2-D cross-correlation as one matmul.", aten=("convolution",), fpu=False),
+    Op("conv", OTHER, 0, "An N-d convolution (forward, transposed, and its gradients) as im2col and one matmul.",
+       aten=("convolution", "convolution_backward"), fpu=False),
     Op("cast", OTHER, 1, "A conversion between formats (Fpu.convert), rounded once.",
        aten=("_to_copy", "copy_"), jax=("convert_element_type",), fpu=False),
 )

@@ -30,6 +30,14 @@ Where the sources are silent the profile states the model's choice: tininess
 after rounding, the positive canonical quiet NaN (0x7E00), matmul accumulation
 in binary32 (the cube unit's; ``Device.matmul``'s default). Subnormals are
 kept, never flushed to zero, on every profile.
+
+Cube-unit operand formats and the bias table: ``cube_bfloat16`` says the cube unit
+takes bfloat16 matmul and convolution operands (Atlas 350, A3 and A2, whose Ascend C
+Matmul and Conv3D APIs list ``bfloat16_t`` inputs); the other products' cubes take
+binary16 (and integers) only. ``bias_table`` says the cube can start its L0C sums from
+a bias (Ascend C ``Mmad`` with ``cmatrixInitVal=false, cmatrixSource=true``, the C2
+bias buffer); the Mmad page says the Atlas training and inference series support
+``cmatrixSource=false`` only.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class Profile:
     tininess: Tininess = Tininess.AFTER
     default_nan: int = 0x7E00
     matmul_accumulate: type = np.float32
+    #: The cube unit takes bfloat16 matmul and convolution operands.
+    cube_bfloat16: bool = False
+    #: The cube unit can start a matmul's binary32 sums from a bias (the C2 bias table).
+    bias_table: bool = False
     note: str = ""
     #: SoC names of the product (a name ending in ``*`` stands for every name with that prefix).
     socs: tuple[str, ...] = ()
@@ -75,18 +87,19 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
+            cube_bfloat16=True, bias_table=True,
             note="one runtime document says INF/NaN only; the seed lists both modes and is followed",
             socs=("Ascend950*",)),
     Profile("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品",
             "Atlas A3 training series / Atlas A3 inference series",
-            True, _BOTH, OverflowMode.INF_NAN, True,
+            True, _BOTH, OverflowMode.INF_NAN, True, cube_bfloat16=True, bias_table=True,
             socs=tuple(f"Ascend910_{n}" for n in (9391, 9392, 9381, 9382, 9372, 9362, 9363))),
     Profile("atlas-a2", "Atlas A2 训练系列产品 / Atlas A2 推理系列产品",
             "Atlas A2 training series / Atlas A2 inference series",
-            True, _BOTH, OverflowMode.INF_NAN, True,
+            True, _BOTH, OverflowMode.INF_NAN, True, cube_bfloat16=True, bias_table=True,
             socs=("Ascend910B1", "Ascend910B2", "Ascend910B2C", "Ascend910B3", "Ascend910B4", "Ascend910B4-1")),
     Profile("atlas-200i-500-a2", "Atlas 200I/500 A2 推理产品", "Atlas 200I/500 A2 inference products",
-            False, _SAT, OverflowMode.SATURATION, False,
+            False, _SAT, OverflowMode.SATURATION, False, bias_table=True,
             socs=("Ascend310B1", "Ascend310B2", "Ascend310B3", "Ascend310B4")),
     Profile("atlas-inference", "Atlas 推理系列产品", "Atlas inference series",
             False, _SAT, OverflowMode.SATURATION, False,

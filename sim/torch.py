@@ -10,7 +10,8 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   of other dtypes are first cast on the device to the dtype torch's promotion
   gives the result; Python scalars are rounded into it there too (one cast,
   its events recorded), then the device operation rounds once more.
-  ``addmm`` is a matmul rounded to the output dtype, then the bias added;
+  ``addmm`` and biased convolutions place the bias as the device's
+  ``matmul_bias`` says (default: the product rounded, then the bias added);
   sums and means accumulate in binary32 and round once to the tensor's dtype.
   In-place (``add_``, ``relu_``...) and ``out=`` overloads take their functional
   operation's route, the result written into the destination (rounded on the
@@ -184,15 +185,20 @@ def _reduce(kind: str) -> Callable:
 
 
 def _mm(op: _Op, a, b):
-    if a.dtype != torch.float16 or b.dtype != torch.float16:
-        raise _Unmapped  # the device's matmul takes binary16 operands
+    """mm and bmm: two binary16 or two bfloat16 operands (a profile whose cube refuses bfloat16
+    raises TypeError: the float32 route, counted)."""
+    if a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
+        raise _Unmapped
     return _tensor(op.dev.matmul(_numpy(a), _numpy(b)))
 
 
 def _addmm(op: _Op, bias, a, b, beta=1, alpha=1):
-    if beta != 1 or alpha != 1 or bias.dtype != torch.float16:
+    """bias + a @ b, the bias placed as the device's ``matmul_bias`` says (fused: the sums'
+    binary32 initial value; after: added to the rounded product)."""
+    if beta != 1 or alpha != 1 or not (bias.dtype == a.dtype == b.dtype) or a.dtype not in (torch.float16,
+                                                                                          torch.bfloat16):
         raise _Unmapped
-    return _tensor(op.dev.add(op.dev.matmul(_numpy(a), _numpy(b)), _numpy(bias)))
+    return _tensor(op.dev.matmul(_numpy(a), _numpy(b), bias=_numpy(bias)))
 
 
 def _to_copy(op: _Op, x, dtype=None, **kw):
@@ -238,15 +244,56 @@ def _dropout_backward(op: _Op, grad, mask, scale):
     return _tensor(op.dev.mul(masked, op.operand(scale, grad.dtype)))
 
 
-def _convolution(op: _Op, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    same = lambda v: len(set(v)) == 1  # noqa: E731
-    if (transposed or groups != 1 or x.dim() != 4 or x.dtype != torch.float16 or w.dtype != torch.float16
-            or not (same(stride) and same(padding) and same(dilation))):
+def _conv_dtype(*ts) -> torch.dtype:
+    """The one dtype of a convolution's tensors: binary16 or bfloat16, else the float32 route."""
+    dtypes = {t.dtype for t in ts if t is not None}
+    if len(dtypes) != 1 or not dtypes <= {torch.float16, torch.bfloat16}:
         raise _Unmapped
-    y = op.dev.conv2d(_numpy(x), _numpy(w), stride[0], padding[0], dilation[0])
-    if bias is not None:
-        y = op.dev.add(y, _numpy(bias).reshape(1, -1, 1, 1).astype(np.float16, copy=False))
-    return _tensor(y)
+    return dtypes.pop()
+
+
+def _convolution(op: _Op, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """Every convolution torch makes (1-d to 3-d, strided, padded, dilated, grouped,
+    transposed), the bias placed as the device's ``matmul_bias`` says."""
+    _conv_dtype(x, w, bias)
+    batched = x.dim() == w.dim()
+    a = _numpy(x) if batched else _numpy(x)[None]
+    b = None if bias is None else _numpy(bias)
+    if transposed:
+        y = op.dev.conv_transpose(a, _numpy(w), list(stride), list(padding), list(output_padding), list(dilation),
+                                  groups, bias=b)
+    else:
+        y = op.dev.conv(a, _numpy(w), list(stride), list(padding), list(dilation), groups, bias=b)
+    return _tensor(y if batched else y[0])
+
+
+def _convolution_backward(op: _Op, grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    """The gradients of a convolution for its input, weight and bias, those ``output_mask``
+    asks for: each a device convolution (the bias's a device sum, binary32, one rounding)."""
+    dtype = _conv_dtype(grad, x, w)
+    batched = x.dim() == w.dim()
+    g, a, k = _numpy(grad), _numpy(x), _numpy(w)
+    if not batched:
+        g, a = g[None], a[None]
+    stride, padding, dilation, output_padding = list(stride), list(padding), list(dilation), list(output_padding)
+    gi = gw = gb = None
+    if output_mask[0]:
+        if transposed:
+            gi = op.dev.conv(g, k, stride, padding, dilation, groups)
+        else:
+            gi = op.dev.conv_grad_input(g, k, a.shape[2:], stride, padding, dilation, groups)
+        gi = _tensor(gi if batched else gi[0])
+    if output_mask[1]:
+        if transposed:
+            gw = op.dev.conv_grad_weight(g, a, k.shape[2:], stride, padding, dilation, groups)
+        else:
+            gw = op.dev.conv_grad_weight(a, g, k.shape[2:], stride, padding, dilation, groups)
+        gw = _tensor(gw)
+    if output_mask[2]:
+        flat = np.moveaxis(g, 1, -1).reshape(-1, g.shape[1])
+        gb = _tensor(op.dev.sum(flat, axis=0, accumulate=np.float32, out_dtype=_NUMPY[dtype]))
+    return gi, gw, gb
 
 
 class _Unmapped(Exception):
@@ -260,7 +307,7 @@ class _Exact(Exception):
 #: The packets whose calls need more than the device method of the same name (sim.ops says which
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
-                                  "convolution": _convolution}
+                                  "convolution": _convolution, "convolution_backward": _convolution_backward}
 
 
 def _handler(op: ops.Op) -> Callable:

@@ -97,9 +97,9 @@ ROUTE_TABLES = {
                    "sum.dim_IntList": 2},
         "exact": {"detach.default": 6, "t.default": 9, "threshold_backward.default": 1, "view.default": 2}},
     "torch-cnn": {
-        "device": {"_to_copy.default": 3, "addmm.default": 1, "convolution.default": 1, "mm.default": 2,
-                   "relu.default": 1, "sum.dim_IntList": 1},
-        "float32": {"convolution_backward.default": 1, "max_pool2d_with_indices_backward.default": 1},
+        "device": {"_to_copy.default": 3, "addmm.default": 1, "convolution.default": 1,
+                   "convolution_backward.default": 1, "mm.default": 2, "relu.default": 1, "sum.dim_IntList": 1},
+        "float32": {"max_pool2d_with_indices_backward.default": 1},
         "exact": {"detach.default": 6, "max_pool2d_with_indices.default": 1, "t.default": 5,
                   "threshold_backward.default": 1, "view.default": 3}},
     "torch-transformer": {
