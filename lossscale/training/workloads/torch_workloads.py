@@ -20,8 +20,9 @@ cross-entropy).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -34,9 +35,27 @@ from ...policy.core import check_bool
 from ..phases import begin_phase
 from .base import SampledWorkload, digits
 
-__all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
+__all__ = ["TorchWorkload", "logits_of", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a model's output: a tensor itself; else the ``logits`` key (a dict, a
+    Hugging Face ``ModelOutput``) or attribute; else the first element of a tuple, list or dict."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        if "logits" in output:
+            return logits_of(output["logits"])
+        if output:
+            return logits_of(next(iter(output.values())))
+    elif isinstance(getattr(output, "logits", None), torch.Tensor):
+        return output.logits
+    elif isinstance(output, (tuple, list)) and output:
+        return logits_of(output[0])
+    raise TypeError(f"no logits in a model output of type {type(output).__name__} (a tensor, or a 'logits' key, "
+                    f"attribute or first element); give TorchWorkload(..., output_fn=...) the way to them")
 
 
 class TorchWorkload(SampledWorkload):
@@ -47,6 +66,10 @@ class TorchWorkload(SampledWorkload):
     target)`` gives the mean loss over the batch; it receives the model's output in the
     compute dtype (cast to float32 inside it, as mixed-precision code does, to compute the
     loss in binary32). ``accuracy=True`` reports the argmax accuracy of integer targets.
+    A model may return a tensor, a Hugging Face ``ModelOutput``, a tuple or a dict:
+    ``loss_fn`` receives ``output_fn(output)`` (default: the output as the model returns it),
+    and the accuracy is taken of its logits (:func:`logits_of`: the tensor itself, else the
+    ``logits`` key or attribute, else the first element).
     ``log_perplexity=True`` also computes, for logging, exp of the sum of the batch's losses
     (the mean times the number of targets) in the compute dtype on the device.
 
@@ -59,7 +82,8 @@ class TorchWorkload(SampledWorkload):
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, data: Sequence, *, test: Sequence | None = None,
                  batch: int = 64, learning_rate: float = 0.1, momentum: float = 0.9, dtype: str = "float16",
                  seed: int = 0, name: str | None = None, accuracy: bool | None = None,
-                 strict: bool = False, log_perplexity: bool = False) -> None:
+                 strict: bool = False, log_perplexity: bool = False,
+                 output_fn: Callable[[Any], Any] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if dtype not in _DTYPES:
@@ -72,7 +96,9 @@ class TorchWorkload(SampledWorkload):
                           learning_rate=learning_rate, momentum=momentum, seed=seed)
         self.dtype, self._np = _DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype)
-        self.loss_fn, self.strict = loss_fn, strict
+        if output_fn is not None and not callable(output_fn):
+            raise TypeError(f"output_fn must be callable, got {type(output_fn).__name__}")
+        self.loss_fn, self.strict, self.output_fn = loss_fn, strict, output_fn
         check_bool("log_perplexity", log_perplexity)
         self.log_perplexity = log_perplexity
         self.name = name or type(model).__name__
@@ -94,7 +120,7 @@ class TorchWorkload(SampledWorkload):
         # random state is left as it was.
         with torch.random.fork_rng(), DeviceMode(dev, strict=self.strict) as mode:
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
-            out = self.model(x.to(self.dtype) if x.is_floating_point() else x)
+            out = self._seen(self.model(x.to(self.dtype) if x.is_floating_point() else x))
             begin_phase(dev, "loss")
             with dev.label("loss"):  # operations outside the model's modules, both ways
                 loss = self.loss_fn(out, y)
@@ -121,9 +147,13 @@ class TorchWorkload(SampledWorkload):
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
         with torch.random.fork_rng():  # the dropout masks of the last forward_backward
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
-            loss = self.loss_fn(model(x), y) * share
+            loss = self.loss_fn(self._seen(model(x)), y) * share
             loss.backward()
         return float(loss.detach()), [p.grad.detach().numpy().copy() for p in model.parameters()]
+
+    def _seen(self, output: Any) -> Any:
+        """What the loss and the accuracy take of the model's output."""
+        return output if self.output_fn is None else self.output_fn(output)
 
     def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
         model = self.model32
@@ -132,10 +162,10 @@ class TorchWorkload(SampledWorkload):
                 p.copy_(torch.from_numpy(v))
             x, y = self.test
             model.eval()
-            out = model(x.float() if x.is_floating_point() else x)
+            out = self._seen(model(x.float() if x.is_floating_point() else x))
             model.train()
             loss = float(self.loss_fn(out, y))
-        acc = float((out.argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
+        acc = float((logits_of(out).argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
         return {"loss": loss, "accuracy": acc}
 
 
