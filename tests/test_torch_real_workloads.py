@@ -110,3 +110,53 @@ def test_hugging_face_model_output_trains_and_evaluates() -> None:
     assert run.summary["arguments"]["workload"] == "gpt2"
     for key in ("final", "baseline_float32"):
         assert np.isfinite(run.summary[key]["loss"]) and 0 <= run.summary[key]["accuracy"] <= 1
+
+
+class Normed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def _normed() -> TorchWorkload:
+    torch.manual_seed(0)
+    return TorchWorkload(Normed(), _ce, _data(), test=_data(64, 1), batch=32, learning_rate=0.1)
+
+
+def test_batch_norm_baseline_does_not_depend_on_the_device_run() -> None:
+    runs = {det: simulate(workload=_normed(), profile="atlas-training", detector=det, steps=4, underflow_every=1)
+            for det in ("isfinite", "tf-npu")}
+    a, b = (runs[d].summary for d in ("isfinite", "tf-npu"))
+    assert a["final"] != b["final"]  # the device runs differ (isfinite applies saturated steps) ...
+    assert a["baseline_float32"] == b["baseline_float32"]  # ... their binary32 baselines do not
+    assert [r["baseline_loss"] for r in runs["isfinite"].records] == [r["baseline_loss"] for r in runs["tf-npu"].records]
+    # The same workload object again: each run's parameters start from the model's own buffers.
+    wl = _normed()
+    first = simulate(workload=wl, profile="atlas-training", detector="tf-npu", steps=4, underflow_every=1)
+    again = simulate(workload=wl, profile="atlas-training", detector="tf-npu", steps=4, underflow_every=1)
+    assert first.summary["baseline_float32"] == again.summary["baseline_float32"] == b["baseline_float32"]
+    assert first.summary["final"] == again.summary["final"] == b["final"]
+
+
+def test_batch_norm_buffers_belong_to_the_weights_they_trained_with() -> None:
+    from sim import Device
+    wl = _normed()
+    initial = [b.clone() for b in wl.model32.buffers()]
+    device, base = wl.init_params(), wl.init_params()
+    (idx,) = wl.batches(1)
+    wl.forward_backward(Device("atlas-a2"), device, 1.0, idx)
+    trained = [b.clone() for b in wl.model.buffers()]
+    wl.grads32(device, idx)  # the reference gradients of the device run's weights: its buffers unchanged
+    wl.grads32(base, idx)  # a baseline step: its own buffers move
+    mean = wl.model32.bn.running_mean.clone()
+    assert not torch.equal(mean, initial[0])
+    fresh = wl.evaluate(wl.init_params())  # unknown weights: the model's initial buffers
+    assert all(torch.equal(b, i) for b, i in zip(wl.model32.buffers(), initial))
+    wl.evaluate(device)
+    assert all(torch.equal(b.to(t.dtype), t) for b, t in zip(wl.model32.buffers(), trained))
+    wl.evaluate(base)
+    assert torch.equal(wl.model32.bn.running_mean, mean)
+    assert fresh == wl.evaluate(wl.init_params())

@@ -20,6 +20,7 @@ cross-entropy).
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,27 @@ def logits_of(output: Any) -> torch.Tensor:
                     f"attribute or first element); give TorchWorkload(..., output_fn=...) the way to them")
 
 
+@dataclass(eq=False)
+class _Owned:
+    """A parameter list's buffers (in binary32) and whether the device run trains it."""
+
+    params: list[np.ndarray]
+    buffers: list[torch.Tensor]
+    device: bool = False
+
+
+def _load(model: torch.nn.Module, buffers: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for b, v in zip(model.buffers(), buffers, strict=True):
+            b.copy_(v)
+
+
+def _save(model: torch.nn.Module, buffers: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for b, v in zip(model.buffers(), buffers, strict=True):
+            v.copy_(b)
+
+
 class TorchWorkload(SampledWorkload):
     """A torch model, a loss and data as a workload.
 
@@ -72,6 +94,13 @@ class TorchWorkload(SampledWorkload):
     ``logits`` key or attribute, else the first element).
     ``log_perplexity=True`` also computes, for logging, exp of the sum of the batch's losses
     (the mean times the number of targets) in the compute dtype on the device.
+
+    Buffers (BatchNorm running statistics) belong to the parameter list they train with: each
+    list given to :meth:`forward_backward` or :meth:`grads32` (by identity) has its own, from
+    the model's initial ones, so the binary32 baseline never depends on the device run.
+    ``grads32`` of a list that ``forward_backward`` trains (the reference gradients) uses its
+    buffers and leaves them as they were; :meth:`evaluate` uses the list's own (the initial
+    ones for a list it has not seen). The last 32 lists are remembered.
 
     The step's phases are marked on the device: ``forward`` (the model), ``loss``, ``log``,
     ``scale`` (the loss times S) and ``backward``.
@@ -104,6 +133,8 @@ class TorchWorkload(SampledWorkload):
         self.name = name or type(model).__name__
         self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
         self._calls = 0
+        self._buffers0 = [b.detach().clone() for b in self.model32.buffers()]
+        self._owned: OrderedDict[int, _Owned] = OrderedDict()  # id(params) -> its buffers
         self.routes: dict = {}  # the last step's DeviceMode routes
         self.events: dict = {}  # the last step's ops with register events, per module
 
@@ -114,6 +145,8 @@ class TorchWorkload(SampledWorkload):
             for p, v in zip(self.model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(dev.cast(v, self._np).view(np.int16)).view(self.dtype))
                 p.grad = None
+        owned = self._own(params, device=True)
+        _load(self.model, owned.buffers)
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
         self._calls += 1
         # Dropout: the same masks in every run, from a seed of the step's own; the caller's
@@ -133,6 +166,7 @@ class TorchWorkload(SampledWorkload):
             begin_phase(dev, "backward")
             with dev.label("loss"):
                 scaled.backward()
+        _save(self.model, owned.buffers)
         self.routes, self.events = dict(mode.routes), dict(mode.events)
         grads = [p.grad.view(torch.int16).numpy().view(self._np) for p in self.model.parameters()]
         return float(loss.detach()) * share, grads
@@ -144,12 +178,26 @@ class TorchWorkload(SampledWorkload):
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
                 p.grad = None
+        owned = self._own(params, device=False)
+        _load(model, owned.buffers)
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
         with torch.random.fork_rng():  # the dropout masks of the last forward_backward
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
             loss = self.loss_fn(self._seen(model(x)), y) * share
             loss.backward()
+        if not owned.device:  # a binary32 run's step moves its buffers; a reference leaves them
+            _save(model, owned.buffers)
         return float(loss.detach()), [p.grad.detach().numpy().copy() for p in model.parameters()]
+
+    def _own(self, params: list[np.ndarray], device: bool) -> _Owned:
+        """The buffers of ``params`` (new ones, from the initial, for a list not seen before)."""
+        owned = self._owned.get(id(params))
+        if owned is None or owned.params is not params:
+            owned = self._owned[id(params)] = _Owned(params, [b.clone() for b in self._buffers0])
+            while len(self._owned) > 32:
+                self._owned.popitem(last=False)
+        owned.device = owned.device or device
+        return owned
 
     def _seen(self, output: Any) -> Any:
         """What the loss and the accuracy take of the model's output."""
@@ -160,6 +208,8 @@ class TorchWorkload(SampledWorkload):
         with torch.no_grad():
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
+            owned = self._owned.get(id(params))
+            _load(model, owned.buffers if owned is not None and owned.params is params else self._buffers0)
             x, y = self.test
             model.eval()
             out = self._seen(model(x.float() if x.is_floating_point() else x))
