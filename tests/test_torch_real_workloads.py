@@ -132,7 +132,8 @@ def test_batch_norm_baseline_does_not_depend_on_the_device_run() -> None:
     a, b = (runs[d].summary for d in ("isfinite", "tf-npu"))
     assert a["final"] != b["final"]  # the device runs differ (isfinite applies saturated steps) ...
     assert a["baseline_float32"] == b["baseline_float32"]  # ... their binary32 baselines do not
-    assert [r["baseline_loss"] for r in runs["isfinite"].records] == [r["baseline_loss"] for r in runs["tf-npu"].records]
+    losses = {d: [r["baseline_loss"] for r in run.records] for d, run in runs.items()}
+    assert losses["isfinite"] == losses["tf-npu"]
     # The same workload object again: each run's parameters start from the model's own buffers.
     wl = _normed()
     first = simulate(workload=wl, profile="atlas-training", detector="tf-npu", steps=4, underflow_every=1)
@@ -154,9 +155,29 @@ def test_batch_norm_buffers_belong_to_the_weights_they_trained_with() -> None:
     mean = wl.model32.bn.running_mean.clone()
     assert not torch.equal(mean, initial[0])
     fresh = wl.evaluate(wl.init_params())  # unknown weights: the model's initial buffers
-    assert all(torch.equal(b, i) for b, i in zip(wl.model32.buffers(), initial))
+    assert all(torch.equal(b, i) for b, i in zip(wl.model32.buffers(), initial, strict=True))
     wl.evaluate(device)
-    assert all(torch.equal(b.to(t.dtype), t) for b, t in zip(wl.model32.buffers(), trained))
+    assert all(torch.equal(b.to(t.dtype), t) for b, t in zip(wl.model32.buffers(), trained, strict=True))
     wl.evaluate(base)
     assert torch.equal(wl.model32.bn.running_mean, mean)
     assert fresh == wl.evaluate(wl.init_params())
+
+
+def test_jax_predict_may_return_a_structured_output() -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    from lossscale.workloads import JaxWorkload
+    x, y = _data()
+    w = [np.zeros((16, 4), np.float32)]
+
+    def loss(p, x, y):
+        return -jnp.mean(jnp.take_along_axis(jax_log_softmax(x @ p[0]), y[:, None], 1))
+
+    def jax_log_softmax(z):
+        return z - jnp.log(jnp.sum(jnp.exp(z), -1, keepdims=True))
+
+    plain = JaxWorkload(loss, w, (x, y), batch=32, predict=lambda p, x: x @ p[0])
+    expected = plain.evaluate(w)
+    for predict in (lambda p, x: {"logits": x @ p[0], "hidden": x}, lambda p, x: (x @ p[0], x)):
+        assert JaxWorkload(loss, w, (x, y), batch=32, predict=predict).evaluate(w) == expected
+    with pytest.raises(TypeError, match="JaxWorkload"):
+        JaxWorkload(loss, w, (x, y), batch=32, predict=lambda p, x: "no").evaluate(w)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from sim.torch import DeviceMode
 
 from ...policy.core import check_bool
 from ..phases import begin_phase
-from .base import SampledWorkload, digits
+from .base import SampledWorkload, digits, logits_in
 
 __all__ = ["TorchWorkload", "logits_of", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
@@ -44,19 +44,7 @@ _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a model's output: a tensor itself; else the ``logits`` key (a dict, a
     Hugging Face ``ModelOutput``) or attribute; else the first element of a tuple, list or dict."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping):
-        if "logits" in output:
-            return logits_of(output["logits"])
-        if output:
-            return logits_of(next(iter(output.values())))
-    elif isinstance(getattr(output, "logits", None), torch.Tensor):
-        return output.logits
-    elif isinstance(output, (tuple, list)) and output:
-        return logits_of(output[0])
-    raise TypeError(f"no logits in a model output of type {type(output).__name__} (a tensor, or a 'logits' key, "
-                    f"attribute or first element); give TorchWorkload(..., output_fn=...) the way to them")
+    return logits_in(output, lambda t: isinstance(t, torch.Tensor), "TorchWorkload(..., output_fn=...)")
 
 
 @dataclass(eq=False)
