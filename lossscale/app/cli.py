@@ -79,6 +79,17 @@ def _integer(low: int):
     return parse
 
 
+def _name_or_path(choices: list[str]):
+    """An argparse type: one of ``choices``, or an import path ``package.module:factory``."""
+    def parse(text: str) -> str:
+        if text in choices or ":" in text:
+            return text
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(choices)}, or give "
+                                         f"package.module:factory)")
+    parse.__name__ = "name"
+    return parse
+
+
 def _axis_pair(text: str) -> tuple[str, str]:
     from .sweep import AXES
     names = [t.strip() for t in text.split(",")]
@@ -111,7 +122,10 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
             kwargs.update(type=_integer(meta["low"]))
         elif isinstance(f.default, bool):
             kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
-        if meta["choices"] is not None:
+        if meta["choices"] is not None and meta["importable"]:
+            kwargs.update(type=_name_or_path(list(meta["choices"]())), metavar="{NAME,MODULE:FACTORY}",
+                          help=f"{meta['help']}; NAME is one of {', '.join(meta['choices']())}")
+        elif meta["choices"] is not None:
             kwargs.update(choices=list(meta["choices"]()))
         if f.name == "manager" and several:
             kwargs.update(action="append", required=True, default=None, help="a manager to compare (give two or more)")

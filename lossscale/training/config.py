@@ -21,7 +21,7 @@ from sim import OverflowMode, profiles
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
-from .workloads import WORKLOADS, Workload, make_workload
+from .workloads import WORKLOADS, Workload, is_import_path, make_workload
 
 __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
            "manager_arguments", "make_manager", "fp8_recipe"]
@@ -86,8 +86,8 @@ Check = Callable[[Callable[[str], Any]], Any]
 
 def _check_workload(get: Callable[[str], Any]) -> None:
     workload, wargs = get("workload"), get("workload_args")
-    if not isinstance(workload, str) or workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+    if not isinstance(workload, str) or (workload not in WORKLOADS and not is_import_path(workload)):
+        raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
     if isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
         _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
 
@@ -102,7 +102,8 @@ def _check_manager(get: Callable[[str], Any]) -> None:
 
 def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
             low: int | None = None, table: bool = False, words: bool = False, named: bool = False,
-            recorded: bool = True, listed_after: str | None = None, check: Check | None = None) -> Any:
+            recorded: bool = True, listed_after: str | None = None, check: Check | None = None,
+            importable: bool = False) -> Any:
     """A :class:`RunConfig` field and what the layers need to know of it.
 
     ``option``: the command-line option ("": ``--`` and the name with dashes; None: none);
@@ -112,10 +113,12 @@ def setting(default: Any, help: str, *, option: str | None = "", choices: Callab
     records the name only; ``recorded``: part of what the run is (``summary.json``'s
     arguments, a sweep axis) rather than of how it runs; ``listed_after``: its place among the
     recorded settings when not its field order (where files have always had it); ``check``:
-    the domain check, given every setting.
+    the domain check, given every setting; ``importable``: besides the choices, an import
+    path ``package.module:attribute`` names a value of the user's.
     """
     meta = {"help": help, "option": option, "choices": choices, "low": low, "table": table, "words": words,
-            "named": named, "recorded": recorded, "listed_after": listed_after, "check": check}
+            "named": named, "recorded": recorded, "listed_after": listed_after, "check": check,
+            "importable": importable}
     return field(default=default, metadata=meta)
 
 
@@ -126,9 +129,10 @@ class RunConfig:
     (without running) or by the run itself."""
 
     workload: str | Workload = setting(
-        "mlp", "the model and data: a name (workload_args and seed configure it) or an object following "
-        "lossscale.workloads.Workload (it brings its own seed)", choices=lambda: list(WORKLOADS),
-        check=_check_workload)
+        "mlp", "the model and data: a name or package.module:factory, a function or class of yours "
+        "(workload_args and seed configure it: factory(seed=seed, **workload_args) returns the workload), "
+        "or an object following lossscale.workloads.Workload (it brings its own seed)",
+        choices=lambda: list(WORKLOADS), check=_check_workload, importable=True)
     profile: str = setting("atlas-a2", "the Atlas product", choices=profiles.names,
                            check=lambda get: profiles.get(get("profile")))
     overflow_mode: str | None = setting(

@@ -22,18 +22,27 @@ framework whose register window holds the forward pass skips such steps (false p
 - ``trace``: a synthetic quadratic model whose gradient magnitudes drift and
   spike (log-normal walk plus rare jumps of 2**6..2**12) with a wide spread of
   exponents across elements, trained with Adam; cheap enough for sweeps.
+
+A workload of your own is named by its import path, ``package.module:factory``: the module
+is imported (from the current folder too), and ``factory(seed=seed, **workload_args)``
+must return an object with the :class:`Workload` protocol.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from .base import PROTOCOL, SampledWorkload, Workload, digits
 from .builtin import Mlp, Trace
 
-__all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits"]
+__all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
+           "is_import_path", "import_factory"]
 
 WORKLOADS: dict[str, Any] = {"mlp": Mlp, "trace": Trace}
 if importlib.util.find_spec("torch") is not None:  # the optional extra: named here, imported when made
@@ -55,11 +64,81 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def is_import_path(name: Any) -> bool:
+    """Whether ``name`` names a workload factory by import path (``package.module:factory``)."""
+    return isinstance(name, str) and ":" in name
+
+
+def _import(module: str) -> Any:
+    """``module`` imported; a top-level module not on the path is looked for in the current folder."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != module.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module)
+
+
+def import_factory(path: str) -> Callable[..., Any]:
+    """The callable that ``package.module:factory`` names (a dotted attribute is followed);
+    ValueError or TypeError, in one line, naming what was wrong."""
+    module, _, attribute = path.partition(":")
+    if not module or not attribute or ":" in attribute:
+        raise ValueError(f"workload {path!r}: an import path is package.module:factory")
+    try:
+        obj = _import(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module == err.name or module.startswith(err.name + ".")):
+            raise ValueError(f"workload {path!r}: no module named {err.name!r} (on the Python path or in the "
+                             f"current folder)") from None
+        raise ValueError(f"workload {path!r}: importing {module!r} failed: {err}") from None
+    except Exception as err:
+        text = " ".join(str(err).split())
+        raise ValueError(f"workload {path!r}: importing {module!r} raised {type(err).__name__}: {text}") from None
+    for i, part in enumerate(attribute.split(".")):
+        if not hasattr(obj, part):
+            where = module if i == 0 else f"{module}:{'.'.join(attribute.split('.')[:i])}"
+            raise ValueError(f"workload {path!r}: {where!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"workload {path!r}: {attribute!r} is a {type(obj).__name__}, not callable (a class or "
+                        f"function taking seed and the workload arguments)")
+    return obj
+
+
+def _from_path(path: str, seed: int, kwargs: dict[str, Any]) -> Any:
+    factory = import_factory(path)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without one: call and see
+        signature = None
+    if signature is not None:
+        params = signature.parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            for key in ["seed", *kwargs]:
+                if key not in valid:
+                    raise ValueError(f"workload {path!r} takes no argument {key!r}; valid: {', '.join(valid)}"
+                                     + (" (a factory takes seed)" if key == "seed" else ""))
+        try:
+            signature.bind(seed=seed, **kwargs)
+        except TypeError as err:
+            raise ValueError(f"workload {path!r}: {err} (give it with --workload-arg KEY=VALUE)") from None
+    workload = factory(seed=seed, **kwargs)
+    check_workload(workload, made_by=path)
+    return workload
+
+
 def make_workload(name: str, seed: int = 0, **kwargs: Any):
     """A workload by name, made as ``WORKLOADS[name](seed=seed, **kwargs)`` (any class whose
-    constructor takes ``seed``); ValueError listing the valid names and arguments."""
+    constructor takes ``seed``), or by import path, ``package.module:factory``, made as
+    ``factory(seed=seed, **kwargs)``; ValueError or TypeError naming what was wrong."""
+    if is_import_path(name):
+        return _from_path(name, seed, kwargs)
     if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+        raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
     cls = WORKLOADS[name]
     if isinstance(cls, str):
         from . import torch_workloads
@@ -72,10 +151,14 @@ def make_workload(name: str, seed: int = 0, **kwargs: Any):
     return cls(seed=seed, **kwargs)
 
 
-def check_workload(workload: Any) -> None:
-    """TypeError naming what ``workload`` lacks of the :class:`Workload` protocol."""
+def check_workload(workload: Any, made_by: str | None = None) -> None:
+    """TypeError naming what ``workload`` lacks of the :class:`Workload` protocol (``made_by``:
+    the import path of the factory that returned it)."""
     missing = [a for a in PROTOCOL if not hasattr(workload, a)]
     missing += [a for a in PROTOCOL[2:] if a not in missing and not callable(getattr(workload, a))]
+    if missing and made_by is not None:
+        raise TypeError(f"workload {made_by!r} returned a {type(workload).__name__}, not a workload: it lacks "
+                        f"{', '.join(missing)} of the Workload protocol (see lossscale.workloads.Workload)")
     if missing:
         raise TypeError(f"workload {type(workload).__name__} lacks {', '.join(missing)} of the Workload protocol "
                         f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,7 +12,7 @@ from sim import Device
 
 from ..optimizers import Momentum
 
-__all__ = ["Workload", "PROTOCOL", "SampledWorkload", "digits"]
+__all__ = ["Workload", "PROTOCOL", "SampledWorkload", "digits", "logits_in"]
 
 F32 = np.float32
 
@@ -104,3 +104,20 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
         return data["images"].astype(F32) / F32(16), data["labels"].astype(np.int64)
 
 
+def logits_in(output: Any, is_array: Callable[[Any], bool], fix: str) -> Any:
+    """The logits of a model's output: an array itself (``is_array``); else the ``logits`` key
+    (a dict, a Hugging Face ``ModelOutput``) or attribute; else the first element of a tuple,
+    list or dict. TypeError, saying to give ``fix``, where there are none."""
+    if is_array(output):
+        return output
+    if isinstance(output, Mapping):
+        if "logits" in output:
+            return logits_in(output["logits"], is_array, fix)
+        if output:
+            return logits_in(next(iter(output.values())), is_array, fix)
+    elif is_array(getattr(output, "logits", None)):
+        return output.logits
+    elif isinstance(output, (tuple, list)) and output:
+        return logits_in(output[0], is_array, fix)
+    raise TypeError(f"no logits in a model output of type {type(output).__name__} (an array, or a 'logits' key, "
+                    f"attribute or first element); give {fix} the way to them")

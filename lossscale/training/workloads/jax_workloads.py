@@ -7,7 +7,9 @@ parameters and data. Each step the binary32 master weights are cast on the
 device to binary16 (or bfloat16), and ``jax.value_and_grad`` of ``scale *
 share * loss`` is evaluated with :func:`sim.jax.on_device`, forward and
 backward on the device; the binary32 reference is the same function in plain
-JAX float32. ``predict(params, x)`` (logits), if given, adds accuracy.
+JAX float32. ``predict(params, x)``, if given, adds accuracy: the argmax of its logits (an
+array, or of a dict, tuple or flax output its ``logits`` key or attribute, else its first
+element).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from sim import Device
 from sim.jax import on_device
 
-from .base import SampledWorkload
+from .base import SampledWorkload, logits_in
 
 __all__ = ["JaxWorkload"]
 
@@ -68,4 +70,6 @@ class JaxWorkload(SampledWorkload):
         loss = float(self.loss(params, x, y))
         if self.predict is None:
             return {"loss": loss, "accuracy": float("nan")}
-        return {"loss": loss, "accuracy": float(np.mean(np.argmax(np.asarray(self.predict(params, x)), -1) == y))}
+        logits = logits_in(self.predict(params, x), lambda a: isinstance(a, (jax.Array, np.ndarray)),
+                           "JaxWorkload(..., predict=...) a function returning")
+        return {"loss": loss, "accuracy": float(np.mean(np.argmax(np.asarray(logits), -1) == y))}

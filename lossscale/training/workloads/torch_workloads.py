@@ -20,8 +20,10 @@ cross-entropy).
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -32,11 +34,38 @@ from sim.torch import DeviceMode
 
 from ...policy.core import check_bool
 from ..phases import begin_phase
-from .base import SampledWorkload, digits
+from .base import SampledWorkload, digits, logits_in
 
-__all__ = ["TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer"]
+__all__ = ["TorchWorkload", "logits_of", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a model's output: a tensor itself; else the ``logits`` key (a dict, a
+    Hugging Face ``ModelOutput``) or attribute; else the first element of a tuple, list or dict."""
+    return logits_in(output, lambda t: isinstance(t, torch.Tensor), "TorchWorkload(..., output_fn=...)")
+
+
+@dataclass(eq=False)
+class _Owned:
+    """A parameter list's buffers (in binary32) and whether the device run trains it."""
+
+    params: list[np.ndarray]
+    buffers: list[torch.Tensor]
+    device: bool = False
+
+
+def _load(model: torch.nn.Module, buffers: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for b, v in zip(model.buffers(), buffers, strict=True):
+            b.copy_(v)
+
+
+def _save(model: torch.nn.Module, buffers: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for b, v in zip(model.buffers(), buffers, strict=True):
+            v.copy_(b)
 
 
 class TorchWorkload(SampledWorkload):
@@ -47,8 +76,19 @@ class TorchWorkload(SampledWorkload):
     target)`` gives the mean loss over the batch; it receives the model's output in the
     compute dtype (cast to float32 inside it, as mixed-precision code does, to compute the
     loss in binary32). ``accuracy=True`` reports the argmax accuracy of integer targets.
+    A model may return a tensor, a Hugging Face ``ModelOutput``, a tuple or a dict:
+    ``loss_fn`` receives ``output_fn(output)`` (default: the output as the model returns it),
+    and the accuracy is taken of its logits (:func:`logits_of`: the tensor itself, else the
+    ``logits`` key or attribute, else the first element).
     ``log_perplexity=True`` also computes, for logging, exp of the sum of the batch's losses
     (the mean times the number of targets) in the compute dtype on the device.
+
+    Buffers (BatchNorm running statistics) belong to the parameter list they train with: each
+    list given to :meth:`forward_backward` or :meth:`grads32` (by identity) has its own, from
+    the model's initial ones, so the binary32 baseline never depends on the device run.
+    ``grads32`` of a list that ``forward_backward`` trains (the reference gradients) uses its
+    buffers and leaves them as they were; :meth:`evaluate` uses the list's own (the initial
+    ones for a list it has not seen). The last 32 lists are remembered.
 
     The step's phases are marked on the device: ``forward`` (the model), ``loss``, ``log``,
     ``scale`` (the loss times S) and ``backward``.
@@ -59,7 +99,8 @@ class TorchWorkload(SampledWorkload):
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, data: Sequence, *, test: Sequence | None = None,
                  batch: int = 64, learning_rate: float = 0.1, momentum: float = 0.9, dtype: str = "float16",
                  seed: int = 0, name: str | None = None, accuracy: bool | None = None,
-                 strict: bool = False, log_perplexity: bool = False) -> None:
+                 strict: bool = False, log_perplexity: bool = False,
+                 output_fn: Callable[[Any], Any] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if dtype not in _DTYPES:
@@ -72,12 +113,16 @@ class TorchWorkload(SampledWorkload):
                           learning_rate=learning_rate, momentum=momentum, seed=seed)
         self.dtype, self._np = _DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype)
-        self.loss_fn, self.strict = loss_fn, strict
+        if output_fn is not None and not callable(output_fn):
+            raise TypeError(f"output_fn must be callable, got {type(output_fn).__name__}")
+        self.loss_fn, self.strict, self.output_fn = loss_fn, strict, output_fn
         check_bool("log_perplexity", log_perplexity)
         self.log_perplexity = log_perplexity
         self.name = name or type(model).__name__
         self.has_accuracy = bool(accuracy if accuracy is not None else not torch.is_floating_point(y))
         self._calls = 0
+        self._buffers0 = [b.detach().clone() for b in self.model32.buffers()]
+        self._owned: OrderedDict[int, _Owned] = OrderedDict()  # id(params) -> its buffers
         self.routes: dict = {}  # the last step's DeviceMode routes
         self.events: dict = {}  # the last step's ops with register events, per module
 
@@ -88,13 +133,15 @@ class TorchWorkload(SampledWorkload):
             for p, v in zip(self.model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(dev.cast(v, self._np).view(np.int16)).view(self.dtype))
                 p.grad = None
+        owned = self._own(params, device=True)
+        _load(self.model, owned.buffers)
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
         self._calls += 1
         # Dropout: the same masks in every run, from a seed of the step's own; the caller's
         # random state is left as it was.
         with torch.random.fork_rng(), DeviceMode(dev, strict=self.strict) as mode:
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
-            out = self.model(x.to(self.dtype) if x.is_floating_point() else x)
+            out = self._seen(self.model(x.to(self.dtype) if x.is_floating_point() else x))
             begin_phase(dev, "loss")
             with dev.label("loss"):  # operations outside the model's modules, both ways
                 loss = self.loss_fn(out, y)
@@ -107,6 +154,7 @@ class TorchWorkload(SampledWorkload):
             begin_phase(dev, "backward")
             with dev.label("loss"):
                 scaled.backward()
+        _save(self.model, owned.buffers)
         self.routes, self.events = dict(mode.routes), dict(mode.events)
         grads = [p.grad.view(torch.int16).numpy().view(self._np) for p in self.model.parameters()]
         return float(loss.detach()) * share, grads
@@ -118,24 +166,44 @@ class TorchWorkload(SampledWorkload):
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
                 p.grad = None
+        owned = self._own(params, device=False)
+        _load(model, owned.buffers)
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
         with torch.random.fork_rng():  # the dropout masks of the last forward_backward
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
-            loss = self.loss_fn(model(x), y) * share
+            loss = self.loss_fn(self._seen(model(x)), y) * share
             loss.backward()
+        if not owned.device:  # a binary32 run's step moves its buffers; a reference leaves them
+            _save(model, owned.buffers)
         return float(loss.detach()), [p.grad.detach().numpy().copy() for p in model.parameters()]
+
+    def _own(self, params: list[np.ndarray], device: bool) -> _Owned:
+        """The buffers of ``params`` (new ones, from the initial, for a list not seen before)."""
+        owned = self._owned.get(id(params))
+        if owned is None or owned.params is not params:
+            owned = self._owned[id(params)] = _Owned(params, [b.clone() for b in self._buffers0])
+            while len(self._owned) > 32:
+                self._owned.popitem(last=False)
+        owned.device = owned.device or device
+        return owned
+
+    def _seen(self, output: Any) -> Any:
+        """What the loss and the accuracy take of the model's output."""
+        return output if self.output_fn is None else self.output_fn(output)
 
     def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
         model = self.model32
         with torch.no_grad():
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
+            owned = self._owned.get(id(params))
+            _load(model, owned.buffers if owned is not None and owned.params is params else self._buffers0)
             x, y = self.test
             model.eval()
-            out = model(x.float() if x.is_floating_point() else x)
+            out = self._seen(model(x.float() if x.is_floating_point() else x))
             model.train()
             loss = float(self.loss_fn(out, y))
-        acc = float((out.argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
+        acc = float((logits_of(out).argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
         return {"loss": loss, "accuracy": acc}
 
 
