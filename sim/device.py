@@ -556,7 +556,7 @@ class Device:
         model's matmuls in FP8), the call goes to ``fn(device, a, b, accumulate, out_dtype)`` instead
         (with a bias, the substitute's product and the bias are then added on the device).
         """
-        a, b = np.asarray(a), np.asarray(b)
+        a, b = np.asarray(plain(a)), np.asarray(plain(b))
         if out_dtype is None:
             out_dtype = a.dtype if a.dtype == BFLOAT16.dtype else np.float16
         fused = self._fused(bias, fuse_bias)
