@@ -124,3 +124,42 @@ def test_a_circle_is_found() -> None:
     finally:
         GRAPH.clear()
         GRAPH.update(saved)
+
+
+#: The import paths users and the README rely on, kept through the move into layers.
+PUBLIC = {
+    "sim": ["Fpu", "Device", "Flag", "OverflowMode", "Rounding", "BINARY16", "BFLOAT16", "BINARY32", "SIX_MODES",
+            "profiles"],
+    "sim.profiles": ["overflow_mode_from_env", "for_soc"],
+    "sim.formats": ["decode"],
+    "sim.mx": ["quantize"],
+    "lossscale": ["FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "NPULossScaleOptimizer",
+                  "LossScaleOptimizer", "PHASES", "trajectory", "policies"],
+    "lossscale.policies": ["TorchPolicy", "DeepSpeedPolicy", "TorchGradScaler"],
+    "lossscale.policy": ["MANAGERS", "trajectory"],
+    "lossscale.simulate": ["simulate", "make_manager", "SCHEMA", "COLUMNS"],
+    "lossscale.workloads": ["Mlp", "make_workload"],
+    "lossscale.testing": ["check_policy"],
+    "lossscale.fp8": ["DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler"],
+    "lossscale.detectors": ["DETECTORS", "make_detector", "TfNpu"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_paths_import(module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    assert not [name for name in PUBLIC[module] if not hasattr(mod, name)]
+
+
+def test_optional_paths_import() -> None:
+    pytest.importorskip("torch")
+    import lossscale.workloads as w
+    import sim.torch
+
+    assert w.TorchWorkload and sim.torch.DeviceMode
+    pytest.importorskip("jax")
+    import sim.jax
+
+    assert w.JaxWorkload and sim.jax.on_device and sim.jax.coverage
