@@ -32,7 +32,7 @@ def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     if "import torch" in path.read_text() and importlib.util.find_spec("torch") is None:
         pytest.skip("needs torch (the optional extra; .ci/run installs it)")
     book = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3",
+    client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
