@@ -48,13 +48,13 @@ def _params(marks: tuple = ()) -> list:
 def half(name: str) -> tuple[torch.nn.Module, zoo.Batch]:
     """Model ``name`` and its batch in float16 (its library imported, or the test skipped)."""
     library = zoo.ZOO[name].library
-    if library != "torch":
-        pytest.importorskip(library)
-    if library in ("torchvision", "timm"):
+    if library in ("torchvision", "timm"):  # timm imports torchvision
         try:
             zoo.torchvision()
         except (ImportError, RuntimeError) as e:
             pytest.skip(f"torchvision's models do not import here: {e}")
+    if library != "torch":
+        pytest.importorskip(library)
     model, batch = zoo.build(name)
     return model.half(), batch.to(F16)
 

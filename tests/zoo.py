@@ -178,7 +178,8 @@ def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, Batch]:
     model = entry.make().train()
     g = torch.Generator().manual_seed(seed)
     if entry.kind == "image":
-        batch = Batch({"x": torch.randn(BATCH, 3, 32, 32, generator=g)}, torch.randint(0, CLASSES, (BATCH,), generator=g))
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        batch = Batch({"x": x}, torch.randint(0, CLASSES, (BATCH,), generator=g))
     else:
         ids = torch.randint(1, VOCAB, (BATCH, TOKENS), generator=g)
         inputs = {"input_ids": ids}
