@@ -1,0 +1,210 @@
+"""A zoo of small real models for sim.torch.DeviceMode, built from their libraries' own
+definitions with random weights (no download): torchvision, timm, transformers and torch.nn.
+
+Each entry of ``ZOO`` names its library (``pytest.importorskip`` it before building) and its
+config; ``build(name)`` returns the model in float32 (seeded) and a batch of 2 (3x32x32 images
+or 16-token sequences); ``loss(model, batch)`` is the cross-entropy of its logits in float32,
+the way a mixed-precision loop computes it. Shared by tests/test_zoo.py and bench/bench_zoo.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CLASSES, TOKENS, VOCAB, BATCH = 10, 16, 64, 2
+
+
+@dataclass
+class Batch:
+    """A model's inputs (keyword arguments) and its integer targets."""
+
+    inputs: dict[str, torch.Tensor]
+    target: torch.Tensor
+
+    def to(self, dtype: torch.dtype) -> Batch:
+        """The batch with its floating inputs in ``dtype``."""
+        return Batch({k: v.to(dtype) if v.is_floating_point() else v for k, v in self.inputs.items()}, self.target)
+
+
+@dataclass
+class Entry:
+    """A zoo model: its library (the module to import), its config, and how it is made."""
+
+    library: str
+    config: str
+    make: Callable[[], torch.nn.Module]
+    kind: str = "image"  # image, tokens, seq2seq or sequence
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def torchvision() -> types.ModuleType:
+    """torchvision.models. The registry's torchvision wheel is built against CUDA torch, so beside
+    the CPU torch its C++ operators fail to load and its fake-kernel registrations raise at import;
+    the model definitions are pure Python and need neither, so those two modules are stood in for."""
+    try:
+        return importlib.import_module("torchvision.models")
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    for name in ("_meta_registrations", "_autograd_registrations"):
+        sys.modules[f"torchvision.{name}"] = types.ModuleType(f"torchvision.{name}")
+    return importlib.import_module("torchvision.models")
+
+
+def _timm() -> types.ModuleType:
+    torchvision()  # timm imports torchvision
+    return importlib.import_module("timm")
+
+
+def _resnet18() -> torch.nn.Module:
+    return torchvision().resnet18(num_classes=CLASSES)
+
+
+def _mobilenet_v3_small() -> torch.nn.Module:
+    torchvision()
+    from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
+    return MobileNetV3(*_mobilenet_v3_conf("mobilenet_v3_small", width_mult=0.5), num_classes=CLASSES)
+
+
+def _efficientnet_b0() -> torch.nn.Module:
+    torchvision()
+    from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
+    setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.5, depth_mult=0.5)
+    return EfficientNet(setting, dropout=0.2, stochastic_depth_prob=0.2, num_classes=CLASSES, last_channel=last)
+
+
+def _vit_tiny() -> torch.nn.Module:
+    return _timm().create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=CLASSES)
+
+
+def _convnext_atto() -> torch.nn.Module:
+    return _timm().create_model("convnext_atto", depths=(1, 1, 2, 1), drop_path_rate=0.1, num_classes=CLASSES)
+
+
+def _hf(config: str, model: str, **kw: Any) -> Callable[[], torch.nn.Module]:
+    def make() -> torch.nn.Module:
+        try:  # transformers imports torchvision where it is installed
+            torchvision()
+        except ImportError:
+            pass
+        transformers = importlib.import_module("transformers")
+        return getattr(transformers, model)(getattr(transformers, config)(**kw))
+    return make
+
+
+class Recurrent(torch.nn.Module):
+    """An embedding, a 2-layer recurrent network (batch first) and a linear head on every step."""
+
+    def __init__(self, rnn: type) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.rnn = rnn(32, 32, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(input_ids))[0])
+
+
+class SDPABlock(torch.nn.Module):
+    """A causal pre-norm transformer layer whose attention is ``F.scaled_dot_product_attention``
+    (with dropout), on token embeddings, and a linear head."""
+
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(VOCAB, width)
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+        self.head = torch.nn.Linear(width, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x)
+
+
+_TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+ZOO: dict[str, Entry] = {
+    "resnet18": Entry("torchvision", "resnet18(num_classes=10)", _resnet18),
+    "mobilenet_v3_small": Entry("torchvision", "MobileNetV3 small, width_mult=0.5", _mobilenet_v3_small),
+    "efficientnet_b0": Entry("torchvision", "EfficientNet-B0, width_mult=0.5, depth_mult=0.5, stochastic depth 0.2",
+                             _efficientnet_b0),
+    "vit_tiny": Entry("timm", "vit_tiny_patch16_224(img_size=32, patch_size=8, depth=2)", _vit_tiny),
+    "convnext_atto": Entry("timm", "convnext_atto(depths=(1, 1, 2, 1), drop_path_rate=0.1)", _convnext_atto),
+    "gpt2": Entry("transformers", "GPT2LMHeadModel, 2 layers, width 32, 4 heads",
+                  _hf("GPT2Config", "GPT2LMHeadModel", vocab_size=VOCAB, n_positions=TOKENS, n_embd=32, n_layer=2,
+                      n_head=4), "tokens"),
+    "bert": Entry("transformers", "BertForMaskedLM, 2 layers, width 32, 4 heads",
+                  _hf("BertConfig", "BertForMaskedLM", max_position_embeddings=TOKENS, **_TINY), "tokens"),
+    "llama": Entry("transformers", "LlamaForCausalLM, 2 layers, width 32, 4 heads (2 key/value)",
+                   _hf("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=2, max_position_embeddings=TOKENS,
+                       **_TINY), "tokens"),
+    "t5": Entry("transformers", "T5ForConditionalGeneration, 2+2 layers, d_model 32, 4 heads",
+                _hf("T5Config", "T5ForConditionalGeneration", vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64,
+                    num_layers=2, num_heads=4, decoder_start_token_id=0), "seq2seq"),
+    "hf_vit": Entry("transformers", "ViTForImageClassification, 32x32 images, patch 8, 2 layers, width 32",
+                    _hf("ViTConfig", "ViTForImageClassification", image_size=32, patch_size=8, num_labels=CLASSES, **{
+                            k: v for k, v in _TINY.items() if k != "vocab_size"})),
+    "lstm": Entry("torch", "nn.LSTM 32-32, 2 layers, batch first, embedding and head", lambda: Recurrent(
+        torch.nn.LSTM), "tokens"),
+    "gru": Entry("torch", "nn.GRU 32-32, 2 layers, batch first, embedding and head", lambda: Recurrent(torch.nn.GRU),
+                 "tokens"),
+    "sdpa": Entry("torch", "a causal transformer layer on F.scaled_dot_product_attention (dropout 0.1), width 32",
+                  SDPABlock, "tokens"),
+}
+
+
+def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, Batch]:
+    """Model ``name`` in float32 (train mode, weights seeded) and its batch (float32 images)."""
+    entry = ZOO[name]
+    torch.manual_seed(seed)
+    model = entry.make().train()
+    g = torch.Generator().manual_seed(seed)
+    if entry.kind == "image":
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        batch = Batch({"x": x}, torch.randint(0, CLASSES, (BATCH,), generator=g))
+    else:
+        ids = torch.randint(1, VOCAB, (BATCH, TOKENS), generator=g)
+        inputs = {"input_ids": ids}
+        if entry.kind == "seq2seq":
+            inputs["decoder_input_ids"] = torch.roll(ids, 1, 1)
+        batch = Batch(inputs, torch.roll(ids, -1, 1))
+    if entry.library == "transformers" and entry.kind == "image":
+        batch = Batch({"pixel_values": batch.inputs["x"]}, batch.target)
+    return model, batch
+
+
+def logits(out: Any) -> torch.Tensor:
+    """The logits of a model's output: a tensor, a transformers ModelOutput, or a tuple's first."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
+
+
+def loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The float32 cross-entropy of ``model``'s logits on ``batch`` (images or next tokens)."""
+    if "x" in batch.inputs:
+        out = model(batch.inputs["x"])
+    else:
+        out = model(**batch.inputs)
+    z = logits(out).float()
+    return F.cross_entropy(z.reshape(-1, z.shape[-1]), batch.target.reshape(-1))
