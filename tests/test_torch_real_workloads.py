@@ -92,8 +92,9 @@ def test_logits_of_names_what_it_could_not_find() -> None:
 
 
 def test_hugging_face_model_output_trains_and_evaluates() -> None:
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
+    from zoo import transformers as load
+
+    transformers = load()
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8,
                                      bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)

@@ -10,6 +10,7 @@ the way a mixed-precision loop computes it. Shared by tests/test_zoo.py and benc
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from collections.abc import Callable
@@ -59,6 +60,18 @@ def torchvision() -> types.ModuleType:
     for name in ("_meta_registrations", "_autograd_registrations"):
         sys.modules[f"torchvision.{name}"] = types.ModuleType(f"torchvision.{name}")
     return importlib.import_module("torchvision.models")
+
+
+def transformers() -> types.ModuleType:
+    """transformers, or the test skipped without it; it imports torchvision where that is
+    installed, so torchvision's two failing modules are stood in for first (see torchvision)."""
+    import pytest
+
+    if importlib.util.find_spec("torchvision") is not None:
+        torchvision()
+    module = pytest.importorskip("transformers")
+    module.logging.set_verbosity_error()
+    return module
 
 
 def _timm() -> types.ModuleType:
