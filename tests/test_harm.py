@@ -118,3 +118,14 @@ def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     assert all(r["overflow"] and r["applied"] for r in run.records)
     assert [r["overflow_harm"] for r in run.records] == ["harmless"] * 3
     assert run.summary["harmless_overflow_steps"] == 3 and run.summary["harmful_overflow_steps"] == 0
+
+
+def test_scale_plot_marks_harmful_and_harmless_overflows() -> None:
+    from lossscale.app.plots import figure_run
+
+    run = simulate(detector="torch-npu", **{**LOGGED, "steps": 30})
+    drawn = {line.get_label(): line for line in figure_run(run).axes[0].get_lines()}
+    harmless = run.column("step")[run.column("overflow_harm") == "harmless"]
+    mark = "harmless overflow (applied update within 2**-4 of binary32's)"
+    assert harmless.size and np.array_equal(drawn[mark].get_xdata(), harmless)
+    assert not any(k.startswith("harmful") for k in drawn)  # none happened
