@@ -60,12 +60,18 @@ MARKS = (
      "undetected overflow (applied with an event)"),
     ("false_positive", dict(marker="s", ls="none", mfc="none", ms=8, color="tab:purple"),
      "false positive (skipped, no event that feeds the update)"),
+    ("harmful", dict(marker="D", ls="none", ms=6, color="tab:red"),
+     "harmful overflow (applied update off binary32's by more than 2**-4)"),
+    ("harmless", dict(marker="+", ls="none", ms=9, color="tab:green"),
+     "harmless overflow (applied update within 2**-4 of binary32's)"),
 )
 
 
 def _mask(run: Run, column: str) -> np.ndarray:
     if column == "skipped":
         return ~run.column("applied").astype(bool)
+    if column in ("harmful", "harmless"):  # overflow_harm's readings (absent from older runs' files)
+        return np.array([r.get("overflow_harm") == column for r in run.records], dtype=bool)
     return run.column(column).astype(bool)
 
 

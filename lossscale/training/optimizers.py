@@ -17,6 +17,7 @@ arrays updated in place; a gradient may be ``None`` (no update, no check).
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,25 @@ class _Plain:
         with np.errstate(all="ignore"):
             for g, v in pairs:
                 self._update(g, v)
+
+    def preview(self, grads_and_vars: GradsAndVars) -> list[np.ndarray]:
+        """The change :meth:`apply_gradients` would make to each variable (zero where the
+        gradient is None), computed on copies: the optimizer's state and the variables are
+        left as they were."""
+        trial = copy.copy(self)
+        trial._slots = {}
+        pairs, kept = [], []
+        for g, v in grads_and_vars:
+            _check_var(v)
+            w = v.copy()
+            kept.append((v, w))
+            entry = self._slots.get(id(v))
+            if entry is not None and entry[0]() is v:
+                trial._slots[id(w)] = (weakref.ref(w), {k: a.copy() for k, a in entry[1].items()})
+            pairs.append((g, w))
+        trial.apply_gradients(pairs)
+        with np.errstate(all="ignore"):
+            return [w - v for v, w in kept]
 
     def _begin(self) -> None:
         pass
@@ -187,6 +207,12 @@ class LossScaleOptimizer:
     def apply_gradients(self, grads_and_vars: GradsAndVars) -> bool:
         grads_and_vars = list(grads_and_vars)
         return self.apply_decided(grads_and_vars, self._decide(grads_and_vars))
+
+    def preview(self, grads_and_vars: GradsAndVars) -> list[np.ndarray] | None:
+        """The change the wrapped optimizer would make to each variable, nothing changed
+        (None if it cannot say: an optimizer without ``preview``)."""
+        preview = getattr(self._opt, "preview", None)
+        return preview(list(grads_and_vars)) if callable(preview) else None
 
     def apply_decided(self, grads_and_vars: GradsAndVars, finite: bool) -> bool:
         """Apply the step if ``finite`` (a decision made elsewhere: another framework's

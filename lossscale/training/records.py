@@ -33,6 +33,12 @@ class Row:
     baseline_loss: float = _column("the binary32 baseline's training loss")
     grad_max: float = _column("the largest unscaled gradient magnitude (rank 0)")
     underflow_fraction: float = _column("the fraction of gradients flushed to zero in binary16 (NaN: not measured)")
+    update_error: float = _column("||applied update - binary32 reference update|| / ||reference|| (rank 0; "
+                                  "1 on a skipped step)")
+    skipped_update_error: float = _column("on a skipped step, the error the update its gradients would have "
+                                          "made (NaN: applied)")
+    overflow_harm: str = _column("on an overflow step, harmless, harmful, skipped-needless or skipped-needed "
+                                 "(empty: no overflow)")
 
     def to_dict(self) -> dict[str, Any]:
         """The row as ``{column: value}``, in file order."""
@@ -68,6 +74,12 @@ class Summary:
     undetected_overflow_steps: int
     false_positive_steps: int
     rank_disagreement_steps: int
+    harmless_overflow_steps: int
+    harmful_overflow_steps: int
+    needless_skip_steps: int
+    needed_skip_steps: int
+    max_quiet_update_error: float
+    harmless_error: float
     mean_underflow_fraction: float
     underflow_every: int
     matmul_accumulation: str

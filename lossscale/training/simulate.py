@@ -179,6 +179,8 @@ class _Step:
     register: np.ndarray
     finite: list[bool]
     decisions: list[bool]
+    update_error: float
+    skipped_update_error: float
 
 
 def _workload(config: RunConfig) -> Any:
@@ -272,9 +274,79 @@ def _step(run: _Training, t: int) -> _Step:
     decisions = [bool(f) or not c for f, c in zip(finite, run.checks, strict=True)]
     for dev in devices:
         begin_phase(dev, "apply")
-    for opt, g, p, ok in zip(opts, grads, params, decisions, strict=True):
-        opt.apply_decided(opt.compute_gradients(lambda _s, g=g: g, p), ok)
-    return _Step(scales, shards, losses, local0, grads, register, finite, decisions)
+    steps = [opt.compute_gradients(lambda _s, g=g: g, p) for opt, g, p in zip(opts, grads, params, strict=True)]
+    before = [v.copy() for v in params[0]]
+    reference, would_be = _reference(run, t, steps[0], decisions[0])
+    for opt, gv, ok in zip(opts, steps, decisions, strict=True):
+        opt.apply_decided(gv, ok)
+    with np.errstate(all="ignore"):
+        applied = [v - b for v, b in zip(params[0], before, strict=True)]
+    update_error = _relative_error(applied, reference)
+    skipped_error = _NAN if would_be is None else _relative_error(would_be, reference)
+    return _Step(scales, shards, losses, local0, grads, register, finite, decisions, update_error, skipped_error)
+
+
+#: The largest relative error (:func:`_relative_error`) of an update that still agrees with
+#: the binary32 one "to within binary16 rounding": 2**-4, 128 units of binary16's rounding
+#: (u = 2**-11). One rounding of each element would be an error of at most u, but a binary16
+#: step rounds the weights, every layer's activations and every gradient on the way back, and
+#: a rounding can flip a ReLU near zero, moving one example's whole contribution to a unit:
+#: the default mlp's quiet steps (no overflow) reach 2**-6.4 (300 steps, atlas-a2) and 2**-5.8
+#: (atlas-training, log_perplexity). An overflow that reaches the update is of order 1 (a
+#: saturated gradient 65504/S, a lost step is exactly 1), so the bar sits 4x above the quiet
+#: steps and 16x below that.
+HARMLESS_ERROR = 2.0 ** -4
+_NAN = float("nan")  # one object: rows of equal runs compare equal (NaN == NaN is false, `is` true)
+
+
+def _reference(run: _Training, t: int, step0: list[Any], applies: bool) -> tuple[list[Any] | None, list[Any] | None]:
+    """Rank 0's binary32 reference update, before its step is applied: the workload's
+    ``grads32`` on the same weights and the step's whole batch (unscaled), passed through a
+    preview of rank 0's optimizer (its state and the weights untouched); and, for a step
+    about to be skipped, the update its own gradients would have made (None otherwise).
+    Both None where the optimizer cannot preview."""
+    opt, params = run.opts[0], run.params[0]
+    _, grads32 = run.wl.grads32(params, run.batches[t])
+    reference = opt.preview(list(zip(grads32, params, strict=True)))
+    would_be = None if applies or reference is None else opt.preview(step0)
+    return reference, would_be
+
+
+def _relative_error(update: list[Any] | None, reference: list[Any] | None) -> float:
+    """``||update - reference|| / ||reference||`` over all parameters (2-norms, in binary64):
+    0 where both are zero, inf where the update is not finite or the reference is zero and
+    the update is not, NaN where there is no reference."""
+    if update is None or reference is None:
+        return _NAN
+    with np.errstate(all="ignore"):
+        diff = float(np.sqrt(sum(np.sum((np.asarray(u, np.float64) - np.asarray(r, np.float64)) ** 2)
+                                 for u, r in zip(update, reference, strict=True))))
+        norm = float(np.sqrt(sum(np.sum(np.asarray(r, np.float64) ** 2) for r in reference)))
+    if not np.isfinite(diff):
+        return float("inf")
+    if norm == 0:
+        return 0.0 if diff == 0 else float("inf")
+    return diff / norm
+
+
+def _overflow_harm(step: _Step, overflow: bool) -> str:
+    """What an overflow step's overflow did to the update ('' on a step without one: no
+    operation of the step raised a register event and rank 0's gradients are finite; the
+    register itself is not read, since it may still hold an earlier step's flags). Applied: ``harmless`` if its
+    update agrees with binary32 within :data:`HARMLESS_ERROR`, else ``harmful``. Skipped (the
+    update is zero): ``skipped-needless`` if the update its gradients would have made agrees,
+    else ``skipped-needed``. ``''`` too where the update could not be measured."""
+    with np.errstate(all="ignore"):
+        nonfinite = not all(bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in step.grads[0])
+    if not (overflow or nonfinite):
+        return ""
+    error = step.update_error if step.decisions[0] else step.skipped_update_error
+    if error != error:
+        return ""
+    agrees = error <= HARMLESS_ERROR
+    if step.decisions[0]:
+        return "harmless" if agrees else "harmful"
+    return "skipped-needless" if agrees else "skipped-needed"
 
 
 def _grad_max(step: _Step) -> float:
@@ -315,6 +387,8 @@ def _classify(run: _Training, t: int, step: _Step, grad_max: float, underflow: f
         ranks_applied=" ".join(str(int(d)) for d in decisions),
         register=" ".join(str(int(v)) for v in step.register), loss=sum(step.losses), baseline_loss=base_loss,
         grad_max=grad_max, underflow_fraction=underflow,
+        update_error=step.update_error, skipped_update_error=step.skipped_update_error,
+        overflow_harm=_overflow_harm(step, bool(phases)),
     )
 
 
@@ -347,6 +421,13 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         undetected_overflow_steps=sum(r.undetected_overflow for r in rows),
         false_positive_steps=sum(r.false_positive for r in rows),
         rank_disagreement_steps=sum(not r.ranks_agree for r in rows),
+        harmless_overflow_steps=sum(r.overflow_harm == "harmless" for r in rows),
+        harmful_overflow_steps=sum(r.overflow_harm == "harmful" for r in rows),
+        needless_skip_steps=sum(r.overflow_harm == "skipped-needless" for r in rows),
+        needed_skip_steps=sum(r.overflow_harm == "skipped-needed" for r in rows),
+        max_quiet_update_error=max((r.update_error for r in rows if r.applied and not r.overflow_harm
+                                    and r.update_error == r.update_error), default=float("nan")),
+        harmless_error=HARMLESS_ERROR,
         mean_underflow_fraction=float(np.mean(fractions)) if fractions else float("nan"),
         underflow_every=c.underflow_every,
         matmul_accumulation=np.dtype(prof.matmul_accumulate).name,

@@ -1,0 +1,131 @@
+"""Did the overflow hurt? Each step's update against the binary32 reference update, and the
+``overflow_harm`` reading: a logging overflow and the GPT-2 attention mask are harmless,
+saturated gradients applied at 2**32 under ``isfinite`` are harmful."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lossscale.optimizers import SGD, Adam, LossScaleOptimizer, Momentum
+from lossscale.simulate import simulate
+from lossscale.training.simulate import HARMLESS_ERROR, _relative_error
+
+LOGGED = dict(profile="atlas-training", steps=40, workload_args={"log_perplexity": True})
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(0.1), lambda: Momentum(0.1), lambda: Adam(0.01)])
+def test_preview_is_the_next_update_and_changes_nothing(make) -> None:
+    rng = np.random.default_rng(0)
+    opt, var = make(), rng.standard_normal(5).astype(np.float32)
+    g = [rng.standard_normal(5).astype(np.float32) for _ in range(3)]
+    opt.apply_gradients([(g[0], var)])  # some state (momentum, Adam's moments and step count)
+    kept, step = var.copy(), getattr(opt, "t", None)
+    change = opt.preview([(g[1], var)])[0]
+    assert np.array_equal(var, kept) and getattr(opt, "t", None) == step
+    opt.apply_gradients([(g[1], var)])
+    assert np.array_equal(var - kept, change)
+
+
+def test_preview_through_the_loss_scale_optimizer() -> None:
+    class NoPreview:
+        def apply_gradients(self, pairs) -> None: ...
+
+    var = np.ones(3, np.float32)
+    assert LossScaleOptimizer(NoPreview(), _Fixed()).preview([(var, var)]) is None
+    assert np.array_equal(LossScaleOptimizer(SGD(0.5), _Fixed()).preview([(var, var)])[0], -0.5 * var)
+
+
+class _Fixed:
+    def get_loss_scale(self) -> float:
+        return 1.0
+
+    def update_loss_scale(self, finite: bool) -> None: ...
+
+
+def test_relative_error() -> None:
+    one, two = [np.array([3.0, 4.0], np.float32)], [np.array([3.0, 4.0], np.float32) * 2]
+    assert _relative_error(one, one) == 0 and _relative_error(two, one) == 1
+    assert _relative_error([np.zeros(2, np.float32)], one) == 1  # a skipped step
+    assert _relative_error([np.array([np.inf, 0], np.float32)], one) == np.inf
+    assert _relative_error(one, [np.zeros(2, np.float32)]) == np.inf and _relative_error(one, None) != 0
+    assert HARMLESS_ERROR == 2.0**-4
+
+
+def test_logging_overflow_is_harmless_and_the_tf_npu_skip_for_it_needless() -> None:
+    # exp of the summed loss overflows in the log phase and feeds no gradient: torch-npu's
+    # window does not hold it (applied), tf-npu's does (skipped, for nothing).
+    applied = simulate(detector="torch-npu", **LOGGED)
+    logged = [r for r in applied.records if r["event_phases"] == "log"]
+    assert logged and all(r["applied"] and r["overflow_harm"] == "harmless" for r in logged)
+    assert all(r["update_error"] <= HARMLESS_ERROR for r in logged)
+    s = applied.summary
+    assert s["harmless_overflow_steps"] >= len(logged) and s["harmful_overflow_steps"] == 0
+    assert s["harmless_error"] == HARMLESS_ERROR
+    skipped = simulate(detector="tf-npu", **LOGGED)
+    false = [r for r in skipped.records if r["false_positive"]]
+    assert false and all(r["overflow_harm"] == "skipped-needless" and r["update_error"] == 1 for r in false)
+    assert all(r["skipped_update_error"] <= HARMLESS_ERROR for r in false)
+    assert skipped.summary["needless_skip_steps"] == len(false)
+    # Every skip of a step whose gradients overflowed was needed.
+    for r in skipped.records:
+        if not r["applied"] and not r["false_positive"]:
+            assert r["overflow_harm"] == "skipped-needed" and r["skipped_update_error"] > HARMLESS_ERROR
+
+
+def test_saturated_gradients_applied_at_2_32_under_isfinite_are_harmful() -> None:
+    run = simulate(profile="atlas-training", detector="isfinite", manager="fixed",
+                   manager_args={"loss_scale": 2.0**32}, steps=10)
+    assert all(r["applied"] and r["overflow_harm"] == "harmful" for r in run.records)
+    assert min(run.column("update_error")) > 0.5
+    assert run.summary["harmful_overflow_steps"] == 10 and run.summary["harmless_overflow_steps"] == 0
+
+
+def test_quiet_steps_sit_below_the_threshold() -> None:
+    run = simulate(steps=60)  # atlas-a2: skips while the scale comes down, then quiet steps
+    quiet = [r for r in run.records if r["applied"] and not r["overflow_harm"]]
+    assert quiet and max(r["update_error"] for r in quiet) == run.summary["max_quiet_update_error"]
+    assert run.summary["max_quiet_update_error"] < HARMLESS_ERROR / 4
+    assert all(np.isnan(r["skipped_update_error"]) for r in quiet)
+
+
+def test_gpt2_attention_mask_overflow_is_harmless() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from lossscale.workloads import TorchWorkload
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8,
+                                     bos_token_id=0, eos_token_id=0)
+    try:
+        gpt2 = transformers.GPT2LMHeadModel
+    except (ImportError, RuntimeError) as err:  # a torchvision built for another torch, say
+        pytest.skip(f"transformers cannot import GPT-2 here: {err}")
+    torch.manual_seed(0)
+    model = gpt2(config, attn_implementation="eager")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 32, (32, 9))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def next_token(out, y):
+        return torch.nn.functional.cross_entropy(out.logits.float().flatten(0, 1), y.flatten())
+
+    wl = TorchWorkload(model, next_token, (x, y), batch=16, learning_rate=0.05, name="gpt2")
+    # torch-npu's window opens after the forward pass: the masked scores' -65504 + -65504
+    # overflow is applied, and the update agrees with binary32.
+    run = simulate(workload=wl, manager="fixed", manager_args={"loss_scale": 1.0}, profile="atlas-training",
+                   detector="torch-npu", steps=3, underflow_every=3)
+    assert all(r["overflow"] and r["applied"] for r in run.records)
+    assert [r["overflow_harm"] for r in run.records] == ["harmless"] * 3
+    assert run.summary["harmless_overflow_steps"] == 3 and run.summary["harmful_overflow_steps"] == 0
+
+
+def test_scale_plot_marks_harmful_and_harmless_overflows() -> None:
+    from lossscale.app.plots import figure_run
+
+    run = simulate(detector="torch-npu", **{**LOGGED, "steps": 30})
+    drawn = {line.get_label(): line for line in figure_run(run).axes[0].get_lines()}
+    harmless = run.column("step")[run.column("overflow_harm") == "harmless"]
+    mark = "harmless overflow (applied update within 2**-4 of binary32's)"
+    assert harmless.size and np.array_equal(drawn[mark].get_xdata(), harmless)
+    assert not any(k.startswith("harmful") for k in drawn)  # none happened
