@@ -91,18 +91,16 @@ def test_quiet_steps_sit_below_the_threshold() -> None:
 
 def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    from zoo import transformers as load
+
     from lossscale.workloads import TorchWorkload
 
-    transformers.logging.set_verbosity_error()
+    transformers = load()
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8,
-                                     bos_token_id=0, eos_token_id=0)
-    try:
-        gpt2 = transformers.GPT2LMHeadModel
-    except (ImportError, RuntimeError) as err:  # a torchvision built for another torch, say
-        pytest.skip(f"transformers cannot import GPT-2 here: {err}")
+                                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
     torch.manual_seed(0)
-    model = gpt2(config, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(config)
+    assert model.config._attn_implementation == "eager"
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 32, (32, 9))
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -115,9 +113,13 @@ def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     # overflow is applied, and the update agrees with binary32.
     run = simulate(workload=wl, manager="fixed", manager_args={"loss_scale": 1.0}, profile="atlas-training",
                    detector="torch-npu", steps=3, underflow_every=3)
-    assert all(r["overflow"] and r["applied"] for r in run.records)
-    assert [r["overflow_harm"] for r in run.records] == ["harmless"] * 3
-    assert run.summary["harmless_overflow_steps"] == 3 and run.summary["harmful_overflow_steps"] == 0
+    # transformers 4 fills masked scores with the dtype's min and then adds a min mask (an
+    # overflow every step); later releases add the mask once (no overflow): either way, no
+    # step may read harmful or be skipped.
+    assert all(r["applied"] for r in run.records)
+    assert {r["overflow_harm"] for r in run.records if r["overflow"]} <= {"harmless"}
+    assert run.summary["harmful_overflow_steps"] == 0
+    assert run.summary["harmless_overflow_steps"] == sum(r["overflow"] for r in run.records)
 
 
 def test_scale_plot_marks_harmful_and_harmless_overflows() -> None:
