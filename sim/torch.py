@@ -35,6 +35,13 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   on the device into the dtype. ``native_dropout`` multiplies on the device by
   the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
   route, the same two multiplies).
+- ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
+  norm, softmax and log-softmax, GELU, SiLU, cross-entropy) chosen fused
+  (``DeviceMode(dev, fused={"softmax": False, ...})``, the defaults those of ``sim.fused``):
+  computed by torch in binary32 from the exact values of the operands, each output rounded
+  once on the device, forward and backward. A family chosen unfused is its math
+  decomposition in the tensor's dtype (torch-function level, above autograd), each piece on
+  the device.
 - ``float32``: anything else is computed by torch in binary32 from the exact
   binary32 values of its operands, and each floating result is rounded once
   on the device into the dtype torch would return, so that its overflow still
@@ -327,20 +334,6 @@ _HANDLERS["native_dropout_backward"] = _dropout_backward
 ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
                                for op in ops.OPS if op.device for packet in op.aten}
 
-def _pow(op: _Op, x, exponent):
-    """x ** n for the exponents autograd's formulas use, as the device's vector unit computes
-    them: 2 and 3 as products (x * x, rounded once: correctly rounded; x * x * x, rounded
-    twice), 0.5 sqrt, -0.5 rsqrt, -1 reciprocal, 1 the value itself."""
-    if not isinstance(x, torch.Tensor) or isinstance(exponent, torch.Tensor) or x.dtype not in _NUMPY:
-        raise _Unmapped
-    a, dev = _numpy(x), op.dev
-    ways = {2: lambda: dev.mul(a, a), 3: lambda: dev.mul(dev.mul(a, a), a), 0.5: lambda: dev.sqrt(a),
-            -0.5: lambda: dev.rsqrt(a), -1: lambda: dev.reciprocal(a), 1: lambda: a.copy()}
-    if exponent not in ways:
-        raise _Unmapped
-    return _tensor(ways[exponent]())
-
-
 def _tanh_backward(op: _Op, grad, y):
     """grad * (1 - y * y), three device operations."""
     g, t = _numpy(grad), op.operand(y, grad.dtype)
@@ -354,7 +347,7 @@ def _sigmoid_backward(op: _Op, grad, y):
 
 
 #: Compositions of device operations for the aten operations autograd's formulas make of them.
-ROUTES.update({aten.pow: _pow, aten.tanh_backward: _tanh_backward, aten.sigmoid_backward: _sigmoid_backward})
+ROUTES.update({aten.tanh_backward: _tanh_backward, aten.sigmoid_backward: _sigmoid_backward})
 
 #: Operations that move or select values without arithmetic: exact as torch computes them. Every
 #: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
@@ -744,7 +737,7 @@ def _norm(x, dims, eps):
     mean = x.mean(dims, keepdim=True)
     centred = x - mean
     var = (centred * centred).mean(dims, keepdim=True)
-    return centred * torch.rsqrt(var + eps), mean, var
+    return centred / torch.sqrt(var + eps), mean, var
 
 
 def _f_layer_norm(mode, fused, x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -765,7 +758,9 @@ def _f_rms_norm(mode, fused, x, normalized_shape, weight=None, eps=None):
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     if fused:
         return _FusedFunction.apply(mode, "aten.rms_norm", _rms32, x, list(normalized_shape), weight, eps)
-    return _rms32(x, normalized_shape, weight, eps)
+    dims = tuple(range(-len(normalized_shape), 0))
+    y = x / torch.sqrt((x * x).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * weight
 
 
 def _f_group_norm(mode, fused, x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -792,7 +787,7 @@ def _f_batch_norm(mode, fused, x, running_mean, running_var, weight=None, bias=N
                 running_mean.copy_(running_mean * (1 - momentum) + mean.reshape(-1) * momentum)
                 running_var.copy_(running_var * (1 - momentum) + var.reshape(-1) * (momentum * count / (count - 1)))
     else:
-        y = (x - running_mean.reshape(shape)) * torch.rsqrt(running_var.reshape(shape) + eps)
+        y = (x - running_mean.reshape(shape)) / torch.sqrt(running_var.reshape(shape) + eps)
     y = y if weight is None else y * weight.reshape(shape)
     return y if bias is None else y + bias.reshape(shape)
 
