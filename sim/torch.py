@@ -327,12 +327,16 @@ def _handler(op: ops.Op) -> Callable:
     return _binary(op.name) if op.arity == 2 else _unary(op.name)
 
 
-_HANDLERS["native_dropout_backward"] = _dropout_backward
+def _pow(op: _Op, x, exponent):
+    """x ** 2 as the device's ``mul(x, x)``: one rounding of the exact square, exactly what
+    x * x is (autograd's formulas make it, erf's backward among them). Any other exponent, or
+    a tensor one, takes the float32 route."""
+    if (not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or isinstance(exponent, (torch.Tensor, bool))
+            or not isinstance(exponent, (int, float)) or exponent != 2):
+        raise _Unmapped
+    a = _numpy(x)
+    return _tensor(op.dev.mul(a, a))
 
-
-#: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
-ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
-                               for op in ops.OPS if op.device for packet in op.aten}
 
 def _tanh_backward(op: _Op, grad, y):
     """grad * (1 - y * y), three device operations."""
@@ -346,8 +350,16 @@ def _sigmoid_backward(op: _Op, grad, y):
     return _tensor(op.dev.mul(g, op.dev.mul(s, op.dev.sub(op.operand(1, grad.dtype), s))))
 
 
-#: Compositions of device operations for the aten operations autograd's formulas make of them.
-ROUTES.update({aten.tanh_backward: _tanh_backward, aten.sigmoid_backward: _sigmoid_backward})
+# Compositions of device operations for packets the table declares under the operation they
+# are made of (autograd's formulas make them).
+_HANDLERS.update({"native_dropout_backward": _dropout_backward, "pow": _pow, "tanh_backward": _tanh_backward,
+                  "sigmoid_backward": _sigmoid_backward})
+
+
+#: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
+ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
+                               for op in ops.OPS if op.device for packet in op.aten}
+
 
 #: Operations that move or select values without arithmetic: exact as torch computes them. Every
 #: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
