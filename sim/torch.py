@@ -90,14 +90,14 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
 from . import fused as _fused
 from . import ops
 from .device import Device
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS"]
+__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS", "ABOVE_AUTOGRAD"]
 
 aten = torch.ops.aten
 _LABEL = "sim.module"  # the autograd node metadata key of the module path
@@ -595,12 +595,17 @@ class DeviceMode(TorchDispatchMode):
                                       f"without strict it runs in float32 and is rounded once on the device")
         return "float32", self._float32(func, args, kwargs)
 
-    def _passthrough(self, fn: Callable):
-        """fn() run by torch natively, unseen by the mode (its own computation)."""
+    def _passthrough(self, fn: Callable, *, kernel: bool = False):
+        """fn() run by torch natively, unseen by the mode (its own computation); a ``kernel``'s
+        computation is unseen by any dispatch mode too, as a routed call's is (the kernel is
+        counted as one call)."""
         depth = getattr(_busy, "depth", 0)
         _busy.depth = 1
         try:
-            return fn()
+            if not kernel:
+                return fn()
+            with _disable_current_modes():
+                return fn()
         finally:
             _busy.depth = depth
 
@@ -609,11 +614,15 @@ class DeviceMode(TorchDispatchMode):
         rounded once on the device into ``dtypes``; counted as one ``fused`` route."""
         dev, label = self.device, self._label()
         before = int(dev.get_float_status()[3])
-        with dev.label(label):
-            outs = self._passthrough(fn)
+
+        def kernel():
+            outs = fn()
             outs = outs if isinstance(outs, list) else [outs]
-            rounded = [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
-                       for o, d in zip(outs, dtypes, strict=True)]
+            return [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
+                    for o, d in zip(outs, dtypes, strict=True)]
+
+        with dev.label(label):
+            rounded = self._passthrough(kernel, kernel=True)
         if int(dev.get_float_status()[3]) != before:
             self.events[label] += 1
         self._count(name, "fused", None)
@@ -661,6 +670,10 @@ class DeviceMode(TorchDispatchMode):
 # build has no aten operation for (attention with dropout, RMS norm) ---------------------------
 
 F = torch.nn.functional
+
+#: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
+#: ``_backward``): torch's CPU build has no aten operation of them for the mode to see.
+ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm")
 
 
 class _FusedFunction(torch.autograd.Function):
@@ -738,7 +751,7 @@ def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout
             return NotImplemented  # the aten kernels (flash, efficient) are taken by the fused route
         shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
         keep = mode._passthrough(lambda: torch.empty(shape, dtype=torch.float32).bernoulli_(1 - dropout_p))
-        return _FusedFunction.apply(mode, "aten.scaled_dot_product_attention", _attention32, q, k, v, keep,
+        return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[0], _attention32, q, k, v, keep,
                                     attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       softmax=lambda s, d: _call(mode, F.softmax, s, d), dropout=lambda a, p: F.dropout(a, p))
@@ -769,7 +782,7 @@ def _rms32(x, normalized_shape, weight, eps):
 def _f_rms_norm(mode, fused, x, normalized_shape, weight=None, eps=None):
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     if fused:
-        return _FusedFunction.apply(mode, "aten.rms_norm", _rms32, x, list(normalized_shape), weight, eps)
+        return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[1], _rms32, x, list(normalized_shape), weight, eps)
     dims = tuple(range(-len(normalized_shape), 0))
     y = x / torch.sqrt((x * x).mean(dims, keepdim=True) + eps)
     return y if weight is None else y * weight
@@ -834,9 +847,10 @@ def _f_gelu(mode, fused, x, approximate="none"):
 
 
 def _f_silu(mode, fused, x, inplace=False):
-    if fused or inplace:
-        return NotImplemented
-    return x * torch.sigmoid(x)
+    if fused:
+        return NotImplemented  # silu and silu_ alike: the fused route
+    y = x * torch.sigmoid(x)
+    return x.copy_(y) if inplace else y  # in place: the same device operations, written into x
 
 
 def _nll(logp, target, reduction):

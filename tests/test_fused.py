@@ -199,3 +199,24 @@ def test_strict_accepts_models_forward_and_backward(fused_, dtype):
         assert {r for _, r in mode.routes} <= {"fused", "exact", "factory", "device", "random"}, name
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters()), name
         assert (fused_ is False) == (not any(r == "fused" for _, r in mode.routes)), name
+
+
+@pytest.mark.parametrize("fused_", [True, False], ids=["fused", "unfused"])
+def test_inplace_silu_takes_its_functional_route(fused_):
+    dev = sim.Device("atlas-training")
+    with DeviceMode(dev, strict=True, fused={"silu": fused_}) as mode:
+        functional = F.silu(X)
+        inplace = F.silu(X.clone(), inplace=True)
+    assert torch.equal(inplace.view(torch.int16), functional.view(torch.int16))
+    assert fused_ == any(r == "fused" for _, r in mode.routes)
+
+
+def test_square_is_the_device_product_and_other_powers_float32():
+    dev, ref = sim.Device("atlas-training"), sim.Device("atlas-training")
+    with DeviceMode(dev) as mode:
+        sq = X ** 2
+        cube = X.abs() ** 1.5
+    a = X.numpy()
+    assert np.array_equal(sq.numpy().view(np.uint16), ref.mul(a, a).view(np.uint16))
+    assert mode.routes["aten.pow.Tensor_Scalar", "device"] == 1
+    assert mode.routes["aten.pow.Tensor_Scalar", "float32"] == 1 and torch.isfinite(cube).all()
