@@ -6,6 +6,13 @@ this table, and ``sim.torch``'s routes and ``sim.jax``'s mapping are read from i
 an elementwise operation is its kernel (an op code in :mod:`sim.kernels`) and one entry
 here. Operations of kind ``OTHER`` have hand-written methods (a composition, a cast, a
 matmul); their entries say where the bridges send their aten packets and primitives.
+
+An aten packet is declared once, here, under the operation its device route is made of
+(``pow``, taken for an exponent of 2 as ``mul(x, x)``, under ``mul``; ``tanh_backward`` and
+``sigmoid_backward``, compositions of ``sub`` and ``mul`` of the function's value, under the
+function), or, for the packets of a fused kernel (binary32 inside, one rounding per output),
+in :data:`sim.fused.FAMILIES`; ``sim.torch`` has the handlers of the packets that need more
+than the device method of the same name.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ def _compare(name: str, code: int, doc: str, signaling: bool, fpu: bool = True, 
 OPS: tuple[Op, ...] = (
     _binary("add", K.add, "a + b, rounded once.", ("add",), ("add", "add_any"), K.add_exact),
     _binary("sub", K.sub, "a - b, rounded once.", ("sub",), ("sub",), K.sub_exact),
-    _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward"), ("mul",)),
+    _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward", "pow"), ("mul",)),
     _binary("div", K.div, "a / b, rounded once.", ("div",), ("div",)),
     _binary("maximum", K.maximum, "IEEE 754-2019 maximum: NaN if either is NaN, maximum(+0, -0) = +0.",
             ("maximum",), ("max",), inexact=False, short=False),
@@ -86,9 +93,11 @@ OPS: tuple[Op, ...] = (
     _elementary("exp", K.EXP, "e**a, correctly rounded in every mode.", ("exp",), ("exp",), exact_at=(0,)),
     _elementary("log", K.LOG, "Natural log, correctly rounded; log(0) = -Inf raises DIVBYZERO, log(<0) is "
                 "INVALID.", ("log",), ("log",), exact_at=(1,)),
-    _elementary("tanh", K.TANH, "Hyperbolic tangent, correctly rounded in every mode.", ("tanh",), ("tanh",),
+    _elementary("tanh", K.TANH, "Hyperbolic tangent, correctly rounded in every mode.", ("tanh", "tanh_backward"),
+                ("tanh",),
                 exact_at=(0,)),
-    _elementary("sigmoid", K.SIGMOID, "1 / (1 + e**-a), correctly rounded in every mode.", ("sigmoid",),
+    _elementary("sigmoid", K.SIGMOID, "1 / (1 + e**-a), correctly rounded in every mode.",
+                ("sigmoid", "sigmoid_backward"),
                 ("logistic",), exact_at=(0,)),
     Op("neg", SIGN, 1, "-a: the sign bit flipped, NaNs included; quiet (no flags, even for a signaling NaN).",
        aten=("neg",), jax=("neg",), inexact=False),

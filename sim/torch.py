@@ -35,6 +35,13 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   on the device into the dtype. ``native_dropout`` multiplies on the device by
   the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
   route, the same two multiplies).
+- ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
+  norm, softmax and log-softmax, GELU, SiLU, cross-entropy) chosen fused
+  (``DeviceMode(dev, fused={"softmax": False, ...})``, the defaults those of ``sim.fused``):
+  computed by torch in binary32 from the exact values of the operands, each output rounded
+  once on the device, forward and backward. A family chosen unfused is its math
+  decomposition in the tensor's dtype (torch-function level, above autograd), each piece on
+  the device.
 - ``float32``: anything else is computed by torch in binary32 from the exact
   binary32 values of its operands, and each floating result is rounded once
   on the device into the dtype torch would return, so that its overflow still
@@ -83,13 +90,14 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
+from . import fused as _fused
 from . import ops
 from .device import Device
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS"]
+__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS", "ABOVE_AUTOGRAD"]
 
 aten = torch.ops.aten
 _LABEL = "sim.module"  # the autograd node metadata key of the module path
@@ -319,12 +327,39 @@ def _handler(op: ops.Op) -> Callable:
     return _binary(op.name) if op.arity == 2 else _unary(op.name)
 
 
-_HANDLERS["native_dropout_backward"] = _dropout_backward
+def _pow(op: _Op, x, exponent):
+    """x ** 2 as the device's ``mul(x, x)``: one rounding of the exact square, exactly what
+    x * x is (autograd's formulas make it, erf's backward among them). Any other exponent, or
+    a tensor one, takes the float32 route."""
+    if (not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or isinstance(exponent, (torch.Tensor, bool))
+            or not isinstance(exponent, (int, float)) or exponent != 2):
+        raise _Unmapped
+    a = _numpy(x)
+    return _tensor(op.dev.mul(a, a))
+
+
+def _tanh_backward(op: _Op, grad, y):
+    """grad * (1 - y * y), three device operations."""
+    g, t = _numpy(grad), op.operand(y, grad.dtype)
+    return _tensor(op.dev.mul(g, op.dev.sub(op.operand(1, grad.dtype), op.dev.mul(t, t))))
+
+
+def _sigmoid_backward(op: _Op, grad, y):
+    """grad * (y * (1 - y)), three device operations."""
+    g, s = _numpy(grad), op.operand(y, grad.dtype)
+    return _tensor(op.dev.mul(g, op.dev.mul(s, op.dev.sub(op.operand(1, grad.dtype), s))))
+
+
+# Compositions of device operations for packets the table declares under the operation they
+# are made of (autograd's formulas make them).
+_HANDLERS.update({"native_dropout_backward": _dropout_backward, "pow": _pow, "tanh_backward": _tanh_backward,
+                  "sigmoid_backward": _sigmoid_backward})
 
 
 #: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
 ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packet in _HANDLERS else _handler(op)
                                for op in ops.OPS if op.device for packet in op.aten}
+
 
 #: Operations that move or select values without arithmetic: exact as torch computes them. Every
 #: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
@@ -356,7 +391,7 @@ _INPLACE: dict[Any, Callable] = {
     if hasattr(aten, f"{p.__name__.split('.')[-1]}_") and getattr(aten, f"{p.__name__.split('.')[-1]}_") not in ROUTES}
 
 #: The route kinds, in the order they are tried (``mode.routes`` counts each call under one).
-ROUTE_KINDS = ("exact", "factory", "random", "device", "float32")
+ROUTE_KINDS = ("exact", "factory", "random", "fused", "device", "float32")
 
 _busy = threading.local()  # depth of DeviceMode calls being computed in this thread (nested modes)
 
@@ -391,8 +426,13 @@ class DeviceMode(TorchDispatchMode):
     """Route every aten operation on float16 / bfloat16 tensors (float32 too with
     ``float32=True``) to ``device``; see the module's docstring for the routes."""
 
-    def __init__(self, device: Device, *, strict: bool = False, float32: bool = False) -> None:
+    def __init__(self, device: Device, *, strict: bool = False, float32: bool = False,
+                 fused: bool | dict[str, bool] | None = None) -> None:
         super().__init__()
+        self.fused = _fused.choose(fused)  # each family's model (sim.fused.FAMILIES)
+        self._fused_packets = frozenset(getattr(aten, p) for f in _fused.FAMILIES if self.fused[f.name]
+                                        for p in f.aten if hasattr(aten, p))
+        self._functions = _Functions(self)
         if not isinstance(device, Device):
             raise TypeError(f"DeviceMode takes a sim.Device, got {type(device).__name__}")
         self.device, self.strict = device, strict
@@ -408,13 +448,17 @@ class DeviceMode(TorchDispatchMode):
         self._modules = []
         self._hooks = [hooks.register_module_forward_pre_hook(self._enter_module),
                        hooks.register_module_forward_hook(self._leave_module)]
+        self._functions.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._functions.__exit__(*exc)
 
     def _enter_module(self, module, args) -> None:
         if not self._modules:  # the outermost module: it names the others
@@ -465,9 +509,12 @@ class DeviceMode(TorchDispatchMode):
         if getattr(_busy, "depth", 0) or not self._ours(args, kwargs):
             return func(*args, **kwargs)
         name = str(func)
-        kind = _KINDS.get(func)
-        if kind is None:
-            kind = _KINDS[func] = _kind(func)
+        if func.overloadpacket in self._fused_packets:
+            kind = "fused"
+        else:
+            kind = _KINDS.get(func)
+            if kind is None:
+                kind = _KINDS[func] = _kind(func)
         if kind == "exact":
             _busy.depth = 1  # (only reached at depth 0)
             try:
@@ -483,6 +530,8 @@ class DeviceMode(TorchDispatchMode):
                     route, result = "factory", self._factory(func, args, kwargs)
                 elif kind == "random":
                     route, result = "random", self._random(func, args, kwargs)
+                elif kind == "fused":  # a fused kernel: binary32 inside, each output rounded once
+                    route, result = "fused", self._float32(func, args, kwargs)
                 else:
                     route, result = self._route(func, func.overloadpacket, name, args, kwargs)
         finally:
@@ -546,6 +595,39 @@ class DeviceMode(TorchDispatchMode):
                                       f"without strict it runs in float32 and is rounded once on the device")
         return "float32", self._float32(func, args, kwargs)
 
+    def _passthrough(self, fn: Callable, *, kernel: bool = False):
+        """fn() run by torch natively, unseen by the mode (its own computation); a ``kernel``'s
+        computation is unseen by any dispatch mode too, as a routed call's is (the kernel is
+        counted as one call)."""
+        depth = getattr(_busy, "depth", 0)
+        _busy.depth = 1
+        try:
+            if not kernel:
+                return fn()
+            with _disable_current_modes():
+                return fn()
+        finally:
+            _busy.depth = depth
+
+    def _fused_call(self, name: str, fn: Callable, dtypes: list[torch.dtype]) -> list[Any]:
+        """A fused kernel above autograd: fn() computed by torch in binary32, each of its results
+        rounded once on the device into ``dtypes``; counted as one ``fused`` route."""
+        dev, label = self.device, self._label()
+        before = int(dev.get_float_status()[3])
+
+        def kernel():
+            outs = fn()
+            outs = outs if isinstance(outs, list) else [outs]
+            return [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
+                    for o, d in zip(outs, dtypes, strict=True)]
+
+        with dev.label(label):
+            rounded = self._passthrough(kernel, kernel=True)
+        if int(dev.get_float_status()[3]) != before:
+            self.events[label] += 1
+        self._count(name, "fused", None)
+        return rounded
+
     def _count(self, name: str, route: str, result):
         self.routes[name, route] += 1
         return result
@@ -582,3 +664,261 @@ class DeviceMode(TorchDispatchMode):
         if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
             return args[0].copy_(result)
         return result
+
+
+# --- Fused families above autograd: the unfused decompositions, and fused kernels torch's CPU
+# build has no aten operation for (attention with dropout, RMS norm) ---------------------------
+
+F = torch.nn.functional
+
+#: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
+#: ``_backward``): torch's CPU build has no aten operation of them for the mode to see.
+ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm")
+
+
+class _FusedFunction(torch.autograd.Function):
+    """A fused kernel made from a float32 function: forward and backward computed by torch in
+    binary32 from the exact values of the operands (each backward by autograd of the same
+    function), each output and gradient rounded once on the device into its operand's dtype."""
+
+    @staticmethod
+    def forward(ctx, mode: DeviceMode, name: str, fn: Callable, *xs):
+        ctx.mode, ctx.kernel, ctx.fn = mode, name, fn
+        ctx.save_for_backward(*[x if isinstance(x, torch.Tensor) else None for x in xs])
+        ctx.others = [None if isinstance(x, torch.Tensor) else x for x in xs]
+        dtype = next(x.dtype for x in xs if isinstance(x, torch.Tensor) and x.dtype in mode.dtypes)
+        return mode._fused_call(name, lambda: fn(*[_wide(x) for x in xs]), [dtype])[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        xs = [o if t is None else t for t, o in zip(saved, ctx.others, strict=True)]
+        differentiable = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                          and ctx.needs_input_grad[i + 3]]
+
+        def grads():
+            with torch.enable_grad():
+                wide = [_wide(x).detach().requires_grad_(i in differentiable) if isinstance(x, torch.Tensor) else x
+                        for i, x in enumerate(xs)]
+                out = ctx.fn(*wide)
+                return list(torch.autograd.grad(out, [wide[i] for i in differentiable], grad.float(),
+                                                allow_unused=True))
+
+        rounded = ctx.mode._fused_call(ctx.kernel + "_backward", grads, [xs[i].dtype for i in differentiable])
+        result: list[Any] = [None] * (3 + len(xs))
+        for i, g in zip(differentiable, rounded, strict=True):
+            result[i + 3] = g
+        return tuple(result)
+
+
+def _wide(x):
+    """A floating tensor of ours as binary32 (exact); anything else as it is."""
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _attention(q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+               softmax: Callable, dropout: Callable):
+    """Scaled dot-product attention as torch's math path writes it, in the operands' own dtype."""
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+    scale = 1 / q.shape[-1] ** 0.5 if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    L, S = q.shape[-2], k.shape[-2]
+    if is_causal:
+        mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = torch.where(mask, scores, torch.full((), float("-inf"), dtype=scores.dtype))
+        else:
+            scores = scores + mask
+    attn = softmax(scores, -1)
+    if dropout_p > 0:
+        attn = dropout(attn, dropout_p)
+    return attn @ v
+
+
+def _attention32(q, k, v, keep, mask, p, is_causal, scale, enable_gqa):
+    """Attention in binary32 with a given dropout keep mask (1/(1-p) applied inside)."""
+    return _attention(q, k, v, mask, p if keep is not None else 0.0, is_causal, scale, enable_gqa,
+                      softmax=lambda s, d: torch.softmax(s, d), dropout=lambda a, _p: a * keep / (1 - p))
+
+
+def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False):
+    if fused:
+        if dropout_p == 0:
+            return NotImplemented  # the aten kernels (flash, efficient) are taken by the fused route
+        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+        keep = mode._passthrough(lambda: torch.empty(shape, dtype=torch.float32).bernoulli_(1 - dropout_p))
+        return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[0], _attention32, q, k, v, keep,
+                                    attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      softmax=lambda s, d: _call(mode, F.softmax, s, d), dropout=lambda a, p: F.dropout(a, p))
+
+
+def _norm(x, dims, eps):
+    """(x - mean) / sqrt(var + eps) over ``dims`` in x's dtype; also the mean and biased variance."""
+    mean = x.mean(dims, keepdim=True)
+    centred = x - mean
+    var = (centred * centred).mean(dims, keepdim=True)
+    return centred / torch.sqrt(var + eps), mean, var
+
+
+def _f_layer_norm(mode, fused, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if fused:
+        return NotImplemented
+    y = _norm(x, tuple(range(-len(normalized_shape), 0)), eps)[0]
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _rms32(x, normalized_shape, weight, eps):
+    dims = tuple(range(-len(normalized_shape), 0))
+    y = x * torch.rsqrt((x * x).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def _f_rms_norm(mode, fused, x, normalized_shape, weight=None, eps=None):
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    if fused:
+        return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[1], _rms32, x, list(normalized_shape), weight, eps)
+    dims = tuple(range(-len(normalized_shape), 0))
+    y = x / torch.sqrt((x * x).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def _f_group_norm(mode, fused, x, num_groups, weight=None, bias=None, eps=1e-5):
+    if fused:
+        return NotImplemented
+    n, c = x.shape[:2]
+    y = _norm(x.reshape(n, num_groups, -1), (2,), eps)[0].reshape(x.shape)
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    y = y if weight is None else y * weight.reshape(shape)
+    return y if bias is None else y + bias.reshape(shape)
+
+
+def _f_batch_norm(mode, fused, x, running_mean, running_var, weight=None, bias=None, training=False,
+                  momentum=0.1, eps=1e-5):
+    if fused or momentum is None:
+        return NotImplemented
+    dims = (0, *range(2, x.dim()))
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    if training or running_mean is None:
+        y, mean, var = _norm(x, dims, eps)
+        if training and running_mean is not None:
+            count = x.numel() // x.shape[1]
+            with torch.no_grad():
+                running_mean.copy_(running_mean * (1 - momentum) + mean.reshape(-1) * momentum)
+                running_var.copy_(running_var * (1 - momentum) + var.reshape(-1) * (momentum * count / (count - 1)))
+    else:
+        y = (x - running_mean.reshape(shape)) / torch.sqrt(running_var.reshape(shape) + eps)
+    y = y if weight is None else y * weight.reshape(shape)
+    return y if bias is None else y + bias.reshape(shape)
+
+
+def _softmax_dim(x, dim):
+    return dim if dim is not None else (0 if x.dim() in (0, 1, 3) else 1)  # torch's legacy implicit dim
+
+
+def _f_softmax(mode, fused, x, dim=None, _stacklevel=3, dtype=None):
+    if fused or (dtype is not None and dtype != x.dtype):
+        return NotImplemented
+    dim = _softmax_dim(x, dim)
+    e = torch.exp(x - x.amax(dim, keepdim=True).detach())
+    return e / e.sum(dim, keepdim=True)
+
+
+def _f_log_softmax(mode, fused, x, dim=None, _stacklevel=3, dtype=None):
+    if fused or (dtype is not None and dtype != x.dtype):
+        return NotImplemented
+    dim = _softmax_dim(x, dim)
+    shifted = x - x.amax(dim, keepdim=True).detach()
+    return shifted - torch.log(torch.exp(shifted).sum(dim, keepdim=True))
+
+
+def _f_gelu(mode, fused, x, approximate="none"):
+    if fused:
+        return NotImplemented
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * (2 / torch.pi) ** 0.5
+        return x * 0.5 * (torch.tanh(inner) + 1)
+    return x * 0.5 * (torch.erf(x * 0.5 ** 0.5) + 1)
+
+
+def _f_silu(mode, fused, x, inplace=False):
+    if fused:
+        return NotImplemented  # silu and silu_ alike: the fused route
+    y = x * torch.sigmoid(x)
+    return x.copy_(y) if inplace else y  # in place: the same device operations, written into x
+
+
+def _nll(logp, target, reduction):
+    """The negative log-likelihood as a one-hot product and device sums (class dimension 1)."""
+    classes = logp.shape[1] if logp.dim() > 1 else logp.shape[0]
+    onehot = F.one_hot(target, classes).to(logp.dtype)
+    if logp.dim() > 2:
+        onehot = onehot.movedim(-1, 1)
+    picked = -(logp * onehot).sum(1 if logp.dim() > 1 else 0)
+    if reduction == "none":
+        return picked
+    return picked.mean() if reduction == "mean" else picked.sum()
+
+
+def _plain(target, weight, ignore_index, reduction, label_smoothing=0.0, size_average=None, reduce=None) -> bool:
+    return (weight is None and ignore_index == -100 and label_smoothing == 0.0 and size_average is None
+            and reduce is None and reduction in ("mean", "sum", "none") and not target.is_floating_point())
+
+
+def _f_nll_loss(mode, fused, logp, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                reduction="mean"):
+    if fused or not _plain(target, weight, ignore_index, reduction, 0.0, size_average, reduce):
+        return NotImplemented
+    return _nll(logp, target, reduction)
+
+
+def _f_cross_entropy(mode, fused, x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                     reduction="mean", label_smoothing=0.0):
+    if fused or not _plain(target, weight, ignore_index, reduction, label_smoothing, size_average, reduce):
+        return NotImplemented
+    return _nll(_call(mode, F.log_softmax, x, 1 if x.dim() > 1 else 0), target, reduction)
+
+
+#: The torch functions of the fused families: their family and their function (called with the
+#: mode, whether the family is fused, and the call's arguments; NotImplemented: call torch's own).
+FUNCTIONS: dict[Callable, tuple[str, Callable]] = {
+    F.scaled_dot_product_attention: ("attention", _f_attention),
+    F.layer_norm: ("layer_norm", _f_layer_norm),
+    F.group_norm: ("group_norm", _f_group_norm),
+    F.batch_norm: ("batch_norm", _f_batch_norm),
+    F.softmax: ("softmax", _f_softmax), torch.softmax: ("softmax", _f_softmax),
+    torch.Tensor.softmax: ("softmax", _f_softmax),
+    F.log_softmax: ("softmax", _f_log_softmax), torch.log_softmax: ("softmax", _f_log_softmax),
+    torch.Tensor.log_softmax: ("softmax", _f_log_softmax),
+    F.gelu: ("gelu", _f_gelu), F.silu: ("silu", _f_silu),
+    F.nll_loss: ("cross_entropy", _f_nll_loss), F.cross_entropy: ("cross_entropy", _f_cross_entropy),
+}
+if hasattr(F, "rms_norm"):
+    FUNCTIONS[F.rms_norm] = ("rms_norm", _f_rms_norm)
+
+
+def _call(mode: DeviceMode, func: Callable, *args, **kwargs):
+    """func as the mode computes it (its family's model), else torch's own."""
+    family, fn = FUNCTIONS[func]
+    result = fn(mode, mode.fused[family], *args, **kwargs)
+    return func(*args, **kwargs) if result is NotImplemented else result
+
+
+class _Functions(torch.overrides.TorchFunctionMode):
+    """A DeviceMode's torch-function level: the functions of the fused families on our tensors."""
+
+    def __init__(self, mode: DeviceMode) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FUNCTIONS and not getattr(_busy, "depth", 0) and args and isinstance(args[0], torch.Tensor) \
+                and args[0].dtype in self.mode.dtypes and args[0].device.type == "cpu":
+            return _call(self.mode, func, *args, **kwargs)
+        return func(*args, **kwargs)

@@ -55,3 +55,12 @@ def test_reciprocal_on_the_device_reaches_the_register() -> None:
     out = dev.reciprocal(np.array([2.0, -0.0, 4.0], np.float16))
     assert out.tolist() == [0.5, -np.inf, 0.25] and dev.get_float_status()[2] == 1
     assert Fpu().reciprocal(np.float16(3.0), return_flags=True)[1] == 1  # INEXACT
+
+
+def test_each_aten_packet_is_declared_once() -> None:
+    """A packet is the table's (a device route) or a fused family's (sim.fused), never both."""
+    from sim import fused
+    table = [p for op in ops.OPS for p in op.aten]
+    families = [p for f in fused.FAMILIES for p in f.aten]
+    assert len(table) == len(set(table)) and len(families) == len(set(families))
+    assert not set(table) & set(families)

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from sim import Device  # noqa: E402
-from sim.torch import ROUTE_KINDS, DeviceMode  # noqa: E402
+from sim.torch import ABOVE_AUTOGRAD, ROUTE_KINDS, DeviceMode  # noqa: E402
 
 H = np.float16
 F16 = torch.float16
@@ -222,7 +222,7 @@ def test_inplace_and_functional_float32_ops_agree(op: str) -> None:
         else:
             inplace = f(inplace)
     assert bits(inplace) == bits(functional)
-    assert {route for _, route in mode.routes} <= {"float32", "exact"}
+    assert {route for _, route in mode.routes} <= {"float32", "fused", "exact"}
 
 
 class Seen(TorchDispatchMode):
@@ -276,7 +276,11 @@ def test_no_operation_on_our_dtypes_runs_uncounted(dtype: torch.dtype) -> None:
     for (name, route), n in mode.routes.items():
         counted[name] += n
         assert route in ROUTE_KINDS
-    assert counted == seen.ops
+    # A fused kernel above autograd (attention with dropout) is one counted call that no aten
+    # operation names; its binary32 computation inside is the kernel's own.
+    kernels = {f"{k}{tail}" for k in ABOVE_AUTOGRAD for tail in ("", "_backward")}
+    assert all(route == "fused" for name, route in mode.routes if name in kernels)
+    assert collections.Counter({name: n for name, n in counted.items() if name not in kernels}) == seen.ops
     assert all(p.grad is not None for p in model.parameters())
 
 

@@ -33,7 +33,8 @@ def test_builtin_torch_workloads_register_catches_what_isfinite_misses(name: str
     first = caught.summary["first_overflow"]
     assert first["step"] == 0 and first["phase"] == "backward" and first["label"] in paths | {"loss"}
     wl.forward_backward(__import__("sim").Device("atlas-training"), wl.init_params(), 2.0**32, wl.batches(1)[0])
-    assert {route for _, route in wl.routes} <= {"device", "exact", "float32", "factory", "random"} and wl.events
+    assert {route for _, route in wl.routes} <= {"device", "exact", "fused", "float32", "factory", "random"} \
+        and wl.events
 
 
 class Regression(torch.nn.Module):
@@ -103,10 +104,10 @@ ROUTE_TABLES = {
         "exact": {"detach.default": 6, "max_pool2d_with_indices.default": 1, "t.default": 5,
                   "threshold_backward.default": 1, "view.default": 3}},
     "torch-transformer": {
-        "float32": {"_softmax.default": 1, "_softmax_backward_data.default": 1,
-                    "embedding_dense_backward.default": 2, "gelu.default": 1,
-                    "gelu_backward.default": 1, "masked_fill.Scalar": 2, "native_layer_norm.default": 3,
-                    "native_layer_norm_backward.default": 3},
+        "float32": {"embedding_dense_backward.default": 2, "masked_fill.Scalar": 2},
+        "fused": {"_softmax.default": 1, "_softmax_backward_data.default": 1, "gelu.default": 1,
+                  "gelu_backward.default": 1, "native_layer_norm.default": 3,
+                  "native_layer_norm_backward.default": 3},
         "device": {"_to_copy.default": 2, "add.Tensor": 5, "addmm.default": 5, "bmm.default": 6, "mm.default": 10,
                    "mul.Tensor": 6, "sum.dim_IntList": 6, "div_.Scalar": 2},
         "factory": {"empty_like.default": 2},  # dropout's mask: empty_like().bernoulli_().div_(), then mul

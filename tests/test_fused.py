@@ -1,0 +1,222 @@
+"""Fused operation families (sim.fused) under DeviceMode: fused against float64, unfused as device ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import sim  # noqa: E402
+from sim import fused  # noqa: E402
+from sim.torch import DeviceMode  # noqa: E402
+
+
+def _within_one_rounding(a: torch.Tensor, ref64: torch.Tensor) -> bool:
+    """a is the float64 reference rounded once into a's dtype, give or take binary32's error inside:
+    |a - ref| at most one ulp of a's dtype (at the reference) plus 2**-18 of the largest |ref|."""
+    info = torch.finfo(a.dtype)
+    r = ref64.double()
+    ulp = 2.0 ** torch.floor(torch.log2(r.abs().clamp(min=info.tiny))) * info.eps
+    slack = 2.0 ** -18 * float(r.abs().max()) if r.numel() else 0.0
+    return bool(((a.double() - r).abs() <= ulp + slack).all())
+
+
+def _wide64(x):
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return x.detach().double()
+    return torch.float64 if isinstance(x, torch.dtype) and x in (torch.float16, torch.bfloat16) else x
+
+
+def _check_fused(fn, *xs, monkeypatch):
+    """Every fused aten call of fn's forward and backward (and the fused kernels above autograd) gives,
+    for each output of our dtype, the same call in float64 on the same operands rounded once."""
+    from torch.utils._pytree import tree_map
+
+    calls = []
+    real = DeviceMode._float32
+
+    def record(self, func, args, kwargs):
+        out = real(self, func, args, kwargs)
+        calls.append((func, tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (args, kwargs)), out))
+        return out
+
+    monkeypatch.setattr(DeviceMode, "_float32", record)
+    dev = sim.Device("atlas-training")
+    ins = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
+    with DeviceMode(dev, strict=True, fused=True) as mode:
+        y = fn(*ins)
+        g = torch.randn_like(y.float()).to(y.dtype)
+        y.backward(g)
+    assert {r for _, r in mode.routes} <= {"fused", "exact", "factory", "device"}
+    fused_calls = [k for k, r in mode.routes if r == "fused"]
+    assert fused_calls
+    for func, (args, kwargs), out in calls:
+        ref = func(*tree_map(_wide64, args), **tree_map(_wide64, kwargs))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        refs = ref if isinstance(ref, (tuple, list)) else [ref]
+        for o, r in zip(outs, refs, strict=True):
+            if isinstance(o, torch.Tensor) and o.dtype in (torch.float16, torch.bfloat16):
+                assert _within_one_rounding(o, r), str(func)
+    if not calls:  # a fused kernel above autograd: float64 autograd of the same function
+        wide = [x.double().requires_grad_(x.is_floating_point()) for x in xs]
+        ref = fn(*wide)
+        ref.backward(g.double())
+        assert _within_one_rounding(y.detach(), ref.detach())
+        for x, w in zip(ins, wide, strict=True):
+            if x.is_floating_point():
+                assert _within_one_rounding(x.grad, w.grad)
+
+
+torch.manual_seed(0)
+X = torch.randn(6, 16).half()
+IMG = torch.randn(2, 8, 5, 5).half()
+
+
+@pytest.mark.parametrize("name,fn,xs", [
+    ("gelu", F.gelu, (X,)),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), (X,)),
+    ("silu", F.silu, (X,)),
+    ("softmax", lambda x: F.softmax(x, -1), (X,)),
+    ("log_softmax", lambda x: F.log_softmax(x, -1), (X,)),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (16,), w, b), (X, torch.randn(16).half(), torch.randn(16).half())),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (16,), w, 1e-5), (X, torch.randn(16).half())),
+    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b), (IMG, torch.randn(8).half(), torch.randn(8).half())),
+    ("batch_norm", lambda x, w, b: F.batch_norm(x, None, None, w, b, True), (IMG, torch.randn(8).half(),
+                                                                           torch.randn(8).half())),
+    ("nll_loss", lambda x: F.nll_loss(x, torch.tensor([1, 0, 3, 2, 5, 4])), (X,)),
+    ("attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (torch.randn(2, 3, 5, 8).half(),) * 3),
+    ("attention_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+     (torch.randn(2, 3, 5, 8).half(),) * 3),
+])
+def test_fused_within_one_rounding_of_float64(name, fn, xs, monkeypatch):
+    _check_fused(fn, *xs, monkeypatch=monkeypatch)
+
+
+def test_fused_attention_with_dropout_reuses_its_mask():
+    """With dropout, the fused kernel draws one mask; forward and backward agree with float64 on it."""
+    q = torch.randn(1, 2, 4, 8).half().requires_grad_()
+    dev = sim.Device("atlas-training")
+    torch.manual_seed(3)
+    with DeviceMode(dev, strict=True) as mode:
+        y = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        y.sum().backward()
+    assert mode.routes["aten.scaled_dot_product_attention", "fused"] == 1
+    assert mode.routes["aten.scaled_dot_product_attention_backward", "fused"] == 1
+    assert torch.isfinite(q.grad).all() and torch.isfinite(y).all()
+
+
+def test_fused_overflow_inside_reaches_the_register():
+    """A binary32 value beyond binary16 (softmax of fine inputs is not; layer norm's output times a big
+    weight is) is rounded once on the device: saturated to 65504 with the register set."""
+    dev = sim.Device("atlas-training")
+    x = torch.randn(2, 16).half()
+    with DeviceMode(dev, strict=True):
+        y = F.layer_norm(x, (16,), torch.full((16,), 60000.0).half())
+    assert dev.get_float_status().any() and y.abs().max() == 65504
+
+
+def _device_gelu(dev, a):
+    h = dev.mul(a, np.float16(0.5))
+    return dev.mul(h, dev.add(dev.erf(dev.mul(a, np.float16(0.5 ** 0.5))), np.float16(1)))
+
+
+def test_unfused_gelu_is_the_device_ops_one_by_one():
+    dev = sim.Device("atlas-training")
+    with DeviceMode(dev, strict=True, fused={"gelu": False}) as mode:
+        y = F.gelu(X)
+    assert not any(r == "fused" for _, r in mode.routes)
+    expect = _device_gelu(sim.Device("atlas-training"), X.numpy())
+    assert np.array_equal(y.numpy().view(np.uint16), expect.view(np.uint16))
+
+
+def test_unfused_softmax_is_the_device_ops_one_by_one():
+    dev, ref = sim.Device("atlas-training"), sim.Device("atlas-training")
+    with DeviceMode(dev, strict=True, fused={"softmax": False}):
+        y = F.softmax(X, -1)
+    a = X.numpy()
+    m = ref.amax(a.T, axis=0)[:, None]
+    e = ref.exp(ref.sub(a, m))
+    s = ref.sum(e.T, axis=0, accumulate=np.float32, out_dtype=np.float16)[:, None]
+    assert np.array_equal(y.numpy().view(np.uint16), ref.div(e, s).view(np.uint16))
+
+
+def test_family_names_and_defaults():
+    assert fused.choose() == {f.name: f.default for f in fused.FAMILIES}
+    assert set(fused.choose(False).values()) == {False}
+    assert fused.choose({"softmax": False})["softmax"] is False
+    with pytest.raises(ValueError, match="unknown fused family"):
+        DeviceMode(sim.Device("atlas-training"), fused={"softmaxx": True})
+
+
+class _Block(nn.Module):
+    """A small transformer block calling F.scaled_dot_product_attention."""
+
+    def __init__(self, d=16, heads=2, dropout=0.0, causal=False, masked=False):
+        super().__init__()
+        self.heads, self.dropout, self.causal, self.masked = heads, dropout, causal, masked
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(t, t, dtype=torch.bool).tril() if self.masked else None
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout, is_causal=self.causal)
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def _models():
+    torch.manual_seed(1)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.SiLU(), nn.LayerNorm(32),
+                        nn.RMSNorm(32), nn.Linear(32, 10))
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.GroupNorm(2, 8),
+                        nn.SiLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    tokens = torch.randn(2, 6, 16)
+    return [("mlp", mlp, torch.randn(4, 16)), ("cnn", cnn, torch.randn(2, 3, 8, 8)),
+            ("block", nn.Sequential(_Block(), nn.Flatten(), nn.Linear(96, 10)), tokens),
+            ("block_dropout", nn.Sequential(_Block(dropout=0.1), nn.Flatten(), nn.Linear(96, 10)), tokens),
+            ("block_causal", nn.Sequential(_Block(causal=True), nn.Flatten(), nn.Linear(96, 10)), tokens),
+            ("block_masked", nn.Sequential(_Block(masked=True), nn.Flatten(), nn.Linear(96, 10)), tokens)]
+
+
+@pytest.mark.parametrize("fused_", [None, False], ids=["defaults", "unfused"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_strict_accepts_models_forward_and_backward(fused_, dtype):
+    """MLP (GELU, SiLU, LayerNorm, RMSNorm), transformer blocks (sdpa: plain, dropout, causal, masked), a
+    CNN (BatchNorm, GroupNorm), each with cross-entropy: strict refuses nothing, forward or backward."""
+    for name, model, x in _models():
+        model = model.to(dtype).train()
+        dev = sim.Device("atlas-a2")
+        with DeviceMode(dev, strict=True, fused=fused_) as mode:
+            loss = F.cross_entropy(model(x.to(dtype)), torch.arange(x.shape[0]) % 10)
+            loss.backward()
+        assert {r for _, r in mode.routes} <= {"fused", "exact", "factory", "device", "random"}, name
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters()), name
+        assert (fused_ is False) == (not any(r == "fused" for _, r in mode.routes)), name
+
+
+@pytest.mark.parametrize("fused_", [True, False], ids=["fused", "unfused"])
+def test_inplace_silu_takes_its_functional_route(fused_):
+    dev = sim.Device("atlas-training")
+    with DeviceMode(dev, strict=True, fused={"silu": fused_}) as mode:
+        functional = F.silu(X)
+        inplace = F.silu(X.clone(), inplace=True)
+    assert torch.equal(inplace.view(torch.int16), functional.view(torch.int16))
+    assert fused_ == any(r == "fused" for _, r in mode.routes)
+
+
+def test_square_is_the_device_product_and_other_powers_float32():
+    dev, ref = sim.Device("atlas-training"), sim.Device("atlas-training")
+    with DeviceMode(dev) as mode:
+        sq = X ** 2
+        cube = X.abs() ** 1.5
+    a = X.numpy()
+    assert np.array_equal(sq.numpy().view(np.uint16), ref.mul(a, a).view(np.uint16))
+    assert mode.routes["aten.pow.Tensor_Scalar", "device"] == 1
+    assert mode.routes["aten.pow.Tensor_Scalar", "float32"] == 1 and torch.isfinite(cube).all()
