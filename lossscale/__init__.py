@@ -17,7 +17,7 @@ checks, and that nothing imports in a circle):
 ``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
 releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
 ``lossscale.detectors``, ``lossscale.optimizers``, ``lossscale.managers``,
-``lossscale.policies``) still import: each is the module of its layer.
+``lossscale.policies``, ``lossscale.cli``) still import: each is the module of its layer.
 """
 
 from .policy import Manager, Policy, PolicyManager, frameworks, trajectory
