@@ -98,3 +98,18 @@ def test_sweep_heat_maps_over_any_two_axes() -> None:
     assert texts.count("failed (2)") == 1 and texts.count("10.5\n10-11") == 3
     assert [t.get_text() for t in skipped.get_xticklabels()] == ["inf_nan", "saturation"]
     assert loss.get_title().startswith("final loss")
+
+
+def test_importing_and_drawing_leaves_the_backend_alone() -> None:
+    """In a fresh interpreter whose backend is set (as Jupyter's inline one is), importing the
+    plots and drawing a run changes neither the backend nor pyplot's figures."""
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot as plt\n"
+            "from lossscale.app import plots\nfrom lossscale.simulate import simulate\n"
+            "run = simulate(steps=5)\nfig = plots.figure_run(run)\n"
+            "assert plots.plot_run(run).startswith(b'\\x89PNG')\n"
+            "print(matplotlib.get_backend(), len(plt.get_fignums()), type(fig).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["svg", "0", "Figure"]

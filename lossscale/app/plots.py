@@ -1,7 +1,8 @@
 """Plots of runs, comparisons, sweeps and event logs: the scale on a log2 axis ticked at
 whole powers of two, each kind of step marked where it occurs, the loss against the binary32
-baseline. Rendered with matplotlib's Agg backend to PNG bytes,
-with fixed metadata so the same run gives the same file."""
+baseline. The ``figure_*`` functions return matplotlib figures made without pyplot, so they
+change no backend and show inline in Jupyter; the ``plot_*`` functions render them to PNG,
+SVG or PDF bytes with fixed metadata, so the same run gives the same file."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from collections.abc import Sequence
 import matplotlib
 import matplotlib.patches
 import matplotlib.ticker
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..training.simulate import Run  # noqa: E402
+from ..training.simulate import Run
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
            "figure_events", "figure_fp8", "plot_fp8", "FORMATS", "MARKS"]
@@ -36,7 +35,6 @@ def _png(fig, fmt: str = "png") -> bytes:
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "lossscale"}):
         fig.savefig(buf, format=fmt, dpi=110, metadata=_METADATA[fmt])
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -100,8 +98,8 @@ def figure_run(run: Run):
     and, with several ranks, each rank's events and decisions."""
     ranks = int(run.summary.get("arguments", {}).get("ranks", 1) or 1)
     heights = [3, 2, 1.4, 1.6] + ([0.35 * ranks + 0.9] if ranks > 1 else [])
-    fig, axes = plt.subplots(len(heights), 1, figsize=(8, 1.6 * sum(heights) + 0.8), sharex=True,
-                             height_ratios=heights)
+    fig = Figure(figsize=(8, 1.6 * sum(heights) + 0.8))
+    axes = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)
     scale_ax, loss_ax, under_ax, grad_ax = axes[:4]
     steps = run.column("step")
     draw_scale(scale_ax, run, marks=True, color="tab:blue")
@@ -165,7 +163,8 @@ def figure_compare(runs: Sequence[tuple[str, Run]]):
     """Several managers on one figure: their scales with register events, skipped and undetected steps marked
     (line styles and widths differ, so that overlapping lines stay visible), their losses
     against the binary32 baseline below."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
+    fig = Figure(figsize=(8, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     n = len(runs)
     for i, (name, run) in enumerate(runs):
         line = dict(ls=_STYLES[i % len(_STYLES)], lw=1 + 1.6 * (n - 1 - i) / max(n - 1, 1), color=f"C{i}")
@@ -219,8 +218,8 @@ def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
     cell = lambda r: (row_values.index(label(r.get(row_axis))),  # noqa: E731
                       col_values.index(label(r.get(col_axis))) if col_axis else 0)
     width = max(4.8, 1.1 * len(col_values) + 2.2)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(width * len(metrics), 0.5 * len(row_values) + 2.4),
-                             squeeze=False)
+    fig = Figure(figsize=(width * len(metrics), 0.5 * len(row_values) + 2.4))
+    axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         values = [[[] for _ in col_values] for _ in row_values]
         failed = np.zeros((len(row_values), len(col_values)), int)
@@ -270,7 +269,8 @@ def figure_fp8(run: Run, rank: int = 0):
     whose cast overflowed per step, summed over tensors (bottom): the recipe in the title."""
     rows = [r for r in run.fp8 if r["rank"] == rank]
     tensors = list(dict.fromkeys(r["tensor"] for r in rows))
-    fig, (scale_ax, amax_ax, over_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True, height_ratios=[3, 2, 1.3])
+    fig = Figure(figsize=(8, 7.5))
+    scale_ax, amax_ax, over_ax = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 1.3])
     styles = ["-", "--", ":", "-."]
     for i, name in enumerate(tensors):
         mine = [r for r in rows if r["tensor"] == name]
@@ -317,7 +317,8 @@ def figure_events(run: Run, top: int = 12):
         key = e["label"] or "(unlabelled)"
         if key in labels and e["step"] is not None:
             grid[labels.index(key), e["step"]] += 1
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.8))
+    fig = Figure(figsize=(8, 0.35 * len(labels) + 1.8))
+    ax = fig.subplots()
     im = ax.imshow(np.ma.masked_equal(grid, 0), aspect="auto", interpolation="nearest", cmap="viridis",
                    extent=(-0.5, steps - 0.5, len(labels) - 0.5, -0.5))
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
