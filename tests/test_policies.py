@@ -198,3 +198,14 @@ def test_trajectory_and_determinism() -> None:
     policy = ExponentialUpdateLossScaleManager(2**16, 3).policy
     assert trajectory(policy, steps) == trajectory(policy, steps)
     assert trajectory(policy, steps) == run(ExponentialUpdateLossScaleManager(2**16, 3), steps)
+
+
+def test_trajectory_refuses_what_is_not_a_bool() -> None:
+    """A string is truthy: "False" must not be read as a finite step."""
+    from lossscale.policies import TorchPolicy
+
+    with pytest.raises(TypeError, match=r"finite\[0\] must be a bool.*'False'"):
+        trajectory(TorchPolicy(init_scale=4.0), ["False", "True"])
+    with pytest.raises(TypeError, match=r"finite\[1\]"):
+        trajectory(TorchPolicy(init_scale=4.0), [True, 1])
+    assert trajectory(TorchPolicy(init_scale=4.0), np.array([False, True])) == [4.0, 2.0, 2.0]

@@ -65,10 +65,14 @@ class Policy:
 
 
 def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
-    """The scale before each step and after the last, for a finite/overflow sequence."""
+    """The scale before each step and after the last, for a finite/overflow sequence of bools
+    (True or numpy True: the step's gradients were finite); TypeError naming the first other value
+    (a string such as "False" is truthy, so it is refused rather than read)."""
     state = policy.initial()
     scales = [float(state.scale)]
-    for ok in finite:
+    for i, ok in enumerate(finite):
+        if not isinstance(ok, (bool, np.bool_)):
+            raise TypeError(f"finite[{i}] must be a bool (True: the step's gradients were finite), got {ok!r}")
         state = policy.next(state, bool(ok))
         scales.append(float(state.scale))
     return scales
