@@ -209,3 +209,17 @@ def test_trajectory_refuses_what_is_not_a_bool() -> None:
     with pytest.raises(TypeError, match=r"finite\[1\]"):
         trajectory(TorchPolicy(init_scale=4.0), [True, 1])
     assert trajectory(TorchPolicy(init_scale=4.0), np.array([False, True])) == [4.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("name,arg", [("torch", "init_scale"), ("torch-npu", "init_scale"), ("keras", "initial_scale"),
+                                      ("keras3", "initial_scale"), ("megatron", "initial_scale"),
+                                      ("mindspore", "init_loss_scale"), ("jmp", "loss_scale"),
+                                      ("exponential", "init_loss_scale"), ("fixed", "loss_scale")])
+def test_a_binary32_scale_beyond_binary32_is_refused(name: str, arg: str) -> None:
+    """These frameworks keep the scale in a float32 tensor or variable: 1e39 would be Inf, and every
+    step would be skipped. 3.4028235e38 (binary32's largest) is taken."""
+    from lossscale.simulate import make_manager
+
+    with pytest.raises(ValueError, match=rf"{arg} must be finite in binary32.*at most 3\.403e\+38.*1e\+39"):
+        make_manager(name, {arg: 1e39}, defaults="framework")
+    assert make_manager(name, {arg: 3.4028235e38}, defaults="framework").get_loss_scale() == np.float32(3.4028235e38)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .core import DEMO_SCALE, Policy, check_at_least, check_bool, check_period, check_ratio, f32, face, register
+from .core import DEMO_SCALE, Policy, check_bool, check_period, check_ratio, check_scale, f32, face, register
 
 __all__ = ["FixedLossScale", "ExponentialUpdate", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
 
@@ -41,7 +41,7 @@ class FixedLossScale(Policy):
         scale: np.float32
 
     def __post_init__(self) -> None:
-        check_at_least("loss_scale", self.loss_scale, 1)
+        check_scale("loss_scale", self.loss_scale, 1)
         check_bool("enable_overflow_check", self.enable_overflow_check)
 
     def checks_overflow(self) -> bool:
@@ -80,7 +80,7 @@ class ExponentialUpdate(Policy):
         bad: int = 0
 
     def __post_init__(self) -> None:
-        check_at_least("init_loss_scale", self.init_loss_scale, 1)
+        check_scale("init_loss_scale", self.init_loss_scale, 1)
         check_period("incr_every_n_steps", self.incr_every_n_steps)
         check_period("decr_every_n_nan_or_inf", self.decr_every_n_nan_or_inf)
         check_ratio("incr_ratio", self.incr_ratio, above_one=True)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 __all__ = ["Policy", "Manager", "PolicyManager", "face", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED",
-           "register", "DEMO_SCALE", "describe", "missing_scaler_methods"]
+           "register", "DEMO_SCALE", "describe", "check_scale", "missing_scaler_methods"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -288,6 +288,20 @@ def check_at_least(name: str, value: Any, low: float) -> None:
 def check_positive(name: str, value: Any) -> None:
     if _number(name, value) <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def check_scale(name: str, value: Any, low: float = 0.0) -> None:
+    """A loss scale the framework holds in binary32 (a float32 tensor or variable): above 0 (at
+    least ``low``, where given), and finite once rounded to binary32."""
+    v = _number(name, value)
+    if low and v < low:
+        raise ValueError(f"{name} must be at least {low:g}, got {value!r}")
+    if not low and v <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.float32(v)):
+            raise ValueError(f"{name} must be finite in binary32, the format the scale is kept in (at most "
+                             f"{F32_MAX:.4g}), got {value!r}")
 
 
 def check_ratio(name: str, value: Any, above_one: bool) -> None:

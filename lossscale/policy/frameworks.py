@@ -35,11 +35,11 @@ from .ascend import ExponentialUpdate
 from .core import (
     DEMO_SCALE,
     Policy,
-    check_at_least,
     check_bool,
     check_period,
     check_positive,
     check_ratio,
+    check_scale,
     f32,
     face,
     register,
@@ -78,7 +78,7 @@ class TorchPolicy(Policy):
     State = _Counted
 
     def __post_init__(self) -> None:
-        check_positive("init_scale", self.init_scale)
+        check_scale("init_scale", self.init_scale)
         check_ratio("growth_factor", self.growth_factor, above_one=True)
         check_ratio("backoff_factor", self.backoff_factor, above_one=False)
         check_period("growth_interval", self.growth_interval)
@@ -152,7 +152,7 @@ class KerasPolicy(Policy):
     State = _Counted
 
     def __post_init__(self) -> None:
-        check_at_least("initial_scale", self.initial_scale, 1)
+        check_scale("initial_scale", self.initial_scale, 1)
         check_period("dynamic_growth_steps", self.dynamic_growth_steps)
         check_ratio("multiplier", self.multiplier, above_one=True)
 
@@ -183,7 +183,7 @@ class Keras3Policy(Policy):
     State = _Counted
 
     def __post_init__(self) -> None:
-        check_positive("initial_scale", self.initial_scale)
+        check_scale("initial_scale", self.initial_scale)
         check_period("dynamic_growth_steps", self.dynamic_growth_steps)
 
     def initial(self) -> _Counted:
@@ -284,7 +284,7 @@ class MegatronPolicy(Policy):
     State = MegatronState
 
     def __post_init__(self) -> None:
-        check_positive("initial_scale", self.initial_scale)
+        check_scale("initial_scale", self.initial_scale)
         check_positive("min_scale", self.min_scale)
         if self.min_scale > self.initial_scale:
             raise ValueError(f"min_scale must not exceed initial_scale, "
@@ -331,7 +331,7 @@ class MindSporePolicy(Policy):
     State = MindSporeState
 
     def __post_init__(self) -> None:
-        check_at_least("init_loss_scale", self.init_loss_scale, 1)
+        check_scale("init_loss_scale", self.init_loss_scale, 1)
         check_ratio("scale_factor", self.scale_factor, above_one=True)
         check_period("scale_window", self.scale_window)
 
@@ -367,7 +367,7 @@ class JmpPolicy(Policy):
     State = _Counted
 
     def __post_init__(self) -> None:
-        check_positive("loss_scale", self.loss_scale)
+        check_scale("loss_scale", self.loss_scale)
         check_period("counter", self.counter, low=0)
         check_period("period", self.period)
         check_ratio("factor", self.factor, above_one=True)
