@@ -134,3 +134,37 @@ def test_ranks_skip_together_and_stay_in_step() -> None:
     assert run.summary["skipped_steps"] > 0
     one = simulate(profile="atlas-training", ranks=1, steps=40)
     assert run.summary["skipped_steps"] == one.summary["skipped_steps"]  # same scale schedule on any rank count
+
+
+def test_force_leaves_no_file_of_the_earlier_run(capsys, tmp_path) -> None:
+    """--force replaces the folder: an FP8 run's fp8.csv does not survive a run without FP8,
+    and redrawing draws no FP8 figure for it."""
+    out = tmp_path / "x"
+    assert main(["run", "--profile", "atlas-350", "--fp8", "delayed", "--steps", "4", "--out", str(out), "--quiet"]) == 0
+    assert (out / "fp8.csv").exists()
+    assert main(["run", "--manager", "torch", "--steps", "4", "--out", str(out), "--force", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["events.csv", "events.png", "scale.png", "summary.json",
+                                                      "trajectory.csv"]
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 0
+    assert "fp8" not in capsys.readouterr().out
+    assert not list(tmp_path.glob(".x.*"))  # no staging folder left behind
+
+
+def test_a_folder_filled_meanwhile_is_left_alone_and_the_run_kept(tmp_path) -> None:
+    """Two runs into one empty folder: the second to finish changes nothing of the first's files
+    and says where its own are."""
+    from lossscale.app.files import staged
+
+    out = tmp_path / "x"
+    out.mkdir()
+    with pytest.raises(ValueError, match=r"was filled by another run while this one ran.*'.*x-2'"):
+        with staged(out, force=False) as stage:
+            (stage / "trajectory.csv").write_text("mine\n")
+            (out / "trajectory.csv").write_text("theirs\n")  # the other run finished first
+    assert (out / "trajectory.csv").read_text() == "theirs\n"
+    assert (tmp_path / "x-2" / "trajectory.csv").read_text() == "mine\n"
+    with pytest.raises(RuntimeError), staged(tmp_path / "y", force=False) as stage:
+        (stage / "half").write_text("")
+        raise RuntimeError("the run failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x", "x-2"]  # nothing half-written

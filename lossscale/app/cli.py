@@ -326,19 +326,22 @@ def _describe(run: Run) -> str:
     return "\n".join([head, *notes])
 
 
-def _runs(args: argparse.Namespace, names: list[str], out: Path, nested: bool) -> list[tuple[str, Run]]:
-    """Each manager's run, written as it finishes; on Ctrl-C the one in progress is written
-    with the steps it finished (marked interrupted), and the interruption goes on."""
+def _runs(args: argparse.Namespace, names: list[str], stage: Path, out: Path,
+          nested: bool) -> list[tuple[str, Run]]:
+    """Each manager's run, written into the staging folder as it finishes; on Ctrl-C the one in
+    progress is written with the steps it finished (marked interrupted), and the interruption
+    goes on (the staging folder then becomes ``out`` all the same)."""
     from .files import write_run
     runs = []
     for name in names:
-        where = out / name if nested else out
+        where = stage / name if nested else stage
         try:
             run = _simulate(args, name)
         except Interrupted as stop:
             write_run(stop.run, where)
             print(_describe(stop.run))
-            print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {where}", file=sys.stderr)
+            shown = out / name if nested else out
+            print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {shown}", file=sys.stderr)
             raise
         write_run(run, where)
         runs.append((name, run))
@@ -347,15 +350,17 @@ def _runs(args: argparse.Namespace, names: list[str], out: Path, nested: bool) -
 
 def cmd_run(args: argparse.Namespace) -> None:
     _manager_args(args, args.manager)  # refuse a bad --manager-arg before any work
+    from .files import staged
     out = _out_folder(args, args.manager)
-    [(_, run)] = _runs(args, [args.manager], out, nested=False)
+    with staged(out, args.force) as stage:
+        [(_, run)] = _runs(args, [args.manager], stage, out, nested=False)
     print(_describe(run))
     print(_table([_row(args.manager, run)]))
     print(f"wrote {out}: " + ", ".join(p.name for p in sorted(out.iterdir()) if not p.name.startswith(".")))
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .files import write_atomic
+    from .files import staged, write_atomic
     from .plots import plot_compare
     names = list(dict.fromkeys(args.manager))
     if len(names) < 2:
@@ -363,9 +368,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for name in names:  # every manager's arguments checked before any run
         manager_arguments(name, _manager_args(args, name), args.defaults)
     out = _out_folder(args, "compare")
-    runs = _runs(args, names, out, nested=True)
-    write_atomic(out / "compare.json", (json.dumps({"managers": names}) + "\n").encode())
-    write_atomic(out / "compare.png", plot_compare(runs))
+    with staged(out, args.force) as stage:
+        runs = _runs(args, names, stage, out, nested=True)
+        write_atomic(stage / "compare.json", (json.dumps({"managers": names}) + "\n").encode())
+        write_atomic(stage / "compare.png", plot_compare(runs))
     print(_head(runs[0][1].summary))
     for _, run in runs:
         print(_arguments(run.summary))

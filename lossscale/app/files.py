@@ -9,12 +9,16 @@ complete.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,7 @@ from ..training.fp8 import FP8_COLUMNS
 from ..training.simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
-           "json_text"]
+           "json_text", "staged"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -57,6 +61,63 @@ def check_out(out: Path, force: bool) -> Path:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"output folder {str(out)!r} exists and is not empty; use --force to overwrite")
     return out
+
+
+@contextlib.contextmanager
+def staged(out: Path, force: bool) -> Iterator[Path]:
+    """A new folder beside ``out`` to write a run's files into; when the block ends (or is
+    interrupted, whose finished steps are written), it becomes ``out`` in one rename, so no
+    earlier run's file survives beside the new ones and a reader never sees half of them.
+
+    ``out`` absent or empty: replaced. Not empty (``force``): the old folder is moved aside, the
+    new one put in place, then the old one removed. Not empty without ``force`` (another run
+    filled it meanwhile): nothing of it is touched; this run's files go to ``out-2`` (or the
+    next free name) and ValueError says so. An error in the block removes the new folder."""
+    out = Path(out)
+    made = not out.parent.exists()
+    out.parent.mkdir(parents=True, exist_ok=True)  # the default runs/ folder
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".writing"))
+    os.chmod(stage, 0o777 & ~_UMASK)
+    try:
+        yield stage
+    except KeyboardInterrupt:
+        _publish(stage, out, force)
+        raise
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):
+                out.parent.rmdir()
+        raise
+    _publish(stage, out, force)
+
+
+def _publish(stage: Path, out: Path, force: bool) -> None:
+    try:
+        os.rename(stage, out)  # atomic; succeeds only where out is absent or an empty folder
+        return
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    if force:
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".replaced"))
+        os.rename(out, old / out.name)
+        os.rename(stage, out)
+        shutil.rmtree(old)
+        return
+    n = 2
+    while True:
+        keep = out.with_name(f"{out.name}-{n}")
+        try:
+            os.rename(stage, keep)
+            break
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            n += 1
+    raise ValueError(f"output folder {str(out)!r} was filled by another run while this one ran; nothing of it "
+                     f"was changed, and this run's files are in {str(keep)!r}")
 
 
 def json_text(value: Any, indent: int | None = 2) -> str:
