@@ -140,7 +140,8 @@ def test_force_leaves_no_file_of_the_earlier_run(capsys, tmp_path) -> None:
     """--force replaces the folder: an FP8 run's fp8.csv does not survive a run without FP8,
     and redrawing draws no FP8 figure for it."""
     out = tmp_path / "x"
-    assert main(["run", "--profile", "atlas-350", "--fp8", "delayed", "--steps", "4", "--out", str(out), "--quiet"]) == 0
+    fp8 = ["--profile", "atlas-350", "--fp8", "delayed"]
+    assert main(["run", *fp8, "--steps", "4", "--out", str(out), "--quiet"]) == 0
     assert (out / "fp8.csv").exists()
     assert main(["run", "--manager", "torch", "--steps", "4", "--out", str(out), "--force", "--quiet"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["events.csv", "events.png", "scale.png", "summary.json",
@@ -168,3 +169,17 @@ def test_a_folder_filled_meanwhile_is_left_alone_and_the_run_kept(tmp_path) -> N
         (stage / "half").write_text("")
         raise RuntimeError("the run failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x", "x-2"]  # nothing half-written
+
+
+def test_workload_text_arguments_and_repeated_keys(capsys, tmp_path) -> None:
+    """A workload argument may be text (the workload checks it); a key given twice is refused."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bf16"
+    assert main(["run", "--workload", "torch-mlp", "--workload-arg", "dtype=bfloat16", "--steps", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text())["arguments"]["workload_args"] == {"dtype": "bfloat16"}
+    assert main(["run", "--manager-arg", "init_loss_scale=8", "--manager-arg", "init_loss_scale=16",
+                 "--out", str(tmp_path / "twice")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lossscale: error: --manager-arg gives init_loss_scale twice (8 and '16'); give it once"]
+    assert not (tmp_path / "twice").exists()

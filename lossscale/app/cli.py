@@ -61,7 +61,10 @@ def _pairs(items: list[str], what: str, words: bool = False) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise UsageError(f"{what} takes KEY=VALUE, got {item!r}")
-        out[key.strip()] = _value(key.strip(), text, words)
+        key = key.strip()
+        if key in out:
+            raise UsageError(f"{what} gives {key} twice ({out[key]!r} and {text.strip()!r}); give it once")
+        out[key] = _value(key, text, words)
     return out
 
 

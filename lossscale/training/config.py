@@ -155,7 +155,8 @@ class RunConfig:
     seed: int = setting(0, "the workload's seed", low=0)
     underflow_every: int = setting(10, "measure the gradients' underflow every N steps", low=1)
     workload_args: dict[str, Any] | None = setting(
-        None, "a named workload's arguments, such as log_perplexity=true", option="--workload-arg", table=True)
+        None, "a named workload's arguments, such as log_perplexity=true or dtype=bfloat16 (text is kept as "
+        "text; the workload checks its own arguments)", option="--workload-arg", table=True, words=True)
     progress: Callable[[int, int], None] | None = setting(
         None, "called with (steps done, steps) after every step", option=None, recorded=False)
     record_events: bool = setting(
