@@ -102,3 +102,19 @@ def test_dask_gives_the_same_table_as_local(tmp_path) -> None:
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         run_sweep(g, tmp_path / "dask", scheduler=cluster.scheduler_address)
     assert (tmp_path / "dask" / "results.csv").read_bytes() == (tmp_path / "local" / "results.csv").read_bytes()
+
+
+def test_a_value_twice_and_a_heat_map_over_one_axis_are_refused(tmp_path) -> None:
+    from lossscale.app.sweep import heatmap_axes
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[sweep]\nworkload = "trace"\n[grid]\nseed = [0, 0, 1]\n')
+    with pytest.raises(ValueError, match=r"grid axis 'seed' lists 0 more than once"):
+        load_grid(grid)
+    rows = [{"manager": "torch", "seed": "0", "profile": "atlas-a2"}, {"manager": "keras", "seed": "1",
+                                                                       "profile": "atlas-a2"}]
+    with pytest.raises(ValueError, match="two different axes, got 'manager' twice"):
+        heatmap_axes(rows, ("manager", "manager"))
+    with pytest.warns(UserWarning, match=r"'profile' does not vary in this sweep \(one value: 'atlas-a2'\); "
+                                         r"axes that do: manager, seed"):
+        assert heatmap_axes(rows, ("manager", "profile")) == ("manager", "profile")

@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -83,6 +84,10 @@ def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]]]:
             raise ValueError(f"grid axis {name!r} must be a non-empty list, got {values!r}")
         if name in fixed:
             raise ValueError(f"{name!r} is both fixed ([sweep]) and an axis ([grid])")
+        shown = [json.dumps(v, sort_keys=True) for v in values]
+        twice = sorted({v for v in shown if shown.count(v) > 1})
+        if twice:  # the same point twice: duplicate rows, double-weighted heat-map cells
+            raise ValueError(f"grid axis {name!r} lists {', '.join(twice)} more than once; give each value once")
     return fixed, axes
 
 
@@ -288,6 +293,14 @@ def heatmap_axes(rows: list[dict[str, Any]], axes: tuple[str, str] | None = None
         for name in axes:
             if name not in AXES:
                 raise ValueError(f"unknown heat-map axis {name!r}; valid: {', '.join(AXES)}")
+        if axes[0] == axes[1]:
+            raise ValueError(f"the heat map needs two different axes, got {axes[0]!r} twice")
+        for name in axes:
+            values = {str(r.get(name)) for r in rows}
+            if len(values) < 2:
+                varying = [a for a in AXES if len({str(r.get(a)) for r in rows}) > 1]
+                warnings.warn(f"heat-map axis {name!r} does not vary in this sweep (one value: {values.pop()!r}); "
+                              f"axes that do: {', '.join(varying) or 'none'}", UserWarning, stacklevel=2)
         return axes[0], axes[1]
     varying = [a for a in ("manager", "profile", *AXES) if len({str(r.get(a)) for r in rows}) > 1]
     varying = list(dict.fromkeys(varying))
