@@ -297,7 +297,7 @@ def heatmap_axes(rows: list[dict[str, Any]], axes: tuple[str, str] | None = None
             raise ValueError(f"the heat map needs two different axes, got {axes[0]!r} twice")
         for name in axes:
             values = {str(r.get(name)) for r in rows}
-            if len(values) < 2:
+            if len(values) == 1:
                 varying = [a for a in AXES if len({str(r.get(a)) for r in rows}) > 1]
                 warnings.warn(f"heat-map axis {name!r} does not vary in this sweep (one value: {values.pop()!r}); "
                               f"axes that do: {', '.join(varying) or 'none'}", UserWarning, stacklevel=2)
