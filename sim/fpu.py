@@ -174,10 +174,9 @@ class Fpu:
         self.default_nan = self.format.default_nan if default_nan is None else _quiet_nan(default_nan, self.format)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}
-        self._own = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
-                           self.nan_to_zero, random_bits=self._bits)
         #: The kernels' settings for results in this unit's format (see :meth:`settings_for`).
-        self.settings = self._own
+        self.settings = config(self.format, self.rounding, self.overflow, self.tininess, self.default_nan,
+                               self.nan_to_zero, random_bits=self._bits)
         #: The compiled kernel of each binary operation on this unit's format.
         self.kernels = {op: binary_kernel(op, self.format) for op in _BINARY}
         #: The unsigned integer dtype of the format's bits.
@@ -298,7 +297,7 @@ class Fpu:
         nan = self.default_nan if dst == self.format else None
         cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)
         before = self._status
-        result, shape, scalar = self._apply("convert", (x,), False, src=src, dst=dst, cfg=cfg)
+        result, shape, scalar = self.run("convert", (x,), src=src, dst=dst, cfg=cfg)
         if dst.pack is None and dst.signed:
             return result, shape, scalar
         self._status = before  # the status is the OR of the final element flags, set below
@@ -318,7 +317,7 @@ class Fpu:
                      keep: int = 0x1F) -> np.ndarray:
         """The kernels' settings for results in ``fmt`` (cached: it is made on every call's path)."""
         if fmt is self.format and rounding is None and quantum is None and keep == 0x1F:
-            return self._own
+            return self.settings
         key = (fmt.name, rounding, quantum, keep)
         cfg = self._configs.get(key)
         if cfg is None:
@@ -378,7 +377,7 @@ class Fpu:
         out = np.empty(n, dst.uint)
         flags = np.empty(n, np.uint8)
         if cfg is None:
-            cfg = self._own if dst is self.format else self.settings_for(dst)
+            cfg = self.settings if dst is self.format else self.settings_for(dst)
         cfg = self._keyed(cfg)
         if op in _BINARY:
             kernel = self.kernels[op] if src is self.format else binary_kernel(op, src)
@@ -393,10 +392,6 @@ class Fpu:
             status = K.sign_op(op == "neg", flat[0], out, flags, cfg)
         self._status |= status
         return Result(out.view(dst.dtype), flags, status), shape, scalar
-
-    def _apply(self, op: str, args: tuple, want_flags: bool, **kw) -> tuple[Result, tuple[int, ...], bool]:
-        """:meth:`run`, by the name the conversions call."""
-        return self.run(op, args, **kw)
 
     def cast_to(self, x, dst: Format, rounding: Rounding | None,
                 overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
