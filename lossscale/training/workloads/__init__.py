@@ -44,12 +44,13 @@ from .builtin import Mlp, Trace
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
            "is_import_path", "import_factory"]
 
+#: The built-in torch workloads by name: classes of the optional extra, imported when made.
+_TORCH_BUILT_IN = {"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"}
 WORKLOADS: dict[str, Any] = {"mlp": Mlp, "trace": Trace}
-if importlib.util.find_spec("torch") is not None:  # the optional extra: named here, imported when made
-    WORKLOADS.update({"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"})
+if importlib.util.find_spec("torch") is not None:
+    WORKLOADS.update(_TORCH_BUILT_IN)
 
-
-_TORCH_NAMES = ("TorchWorkload", "TorchMlp", "TorchCnn", "TorchTransformer")
+_TORCH_NAMES = ("TorchWorkload", *_TORCH_BUILT_IN.values())
 
 
 def __getattr__(name: str) -> Any:
