@@ -304,6 +304,47 @@ def _convolution_backward(op: _Op, grad, x, w, bias_sizes, stride, padding, dila
     return gi, gw, gb
 
 
+_OPERANDS = object()  # _result_dtypes' mark: no meta kernel, the results take the operands' dtype
+_EACH = object()  # _result_dtypes' mark: a list of results, each of one dtype
+_DTYPES: dict[tuple, tuple] = {}
+
+
+def _signature(x) -> Any:
+    """What of an argument can decide a result's dtype: a tensor's dtype and whether it is 0-d (a
+    0-d tensor promotes as a scalar), a scalar's Python type, a dtype argument itself."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.dim() == 0
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(y) for y in x)
+    return x if isinstance(x, torch.dtype) else type(x)
+
+
+def _result_dtypes(func, args, kwargs, ours: frozenset) -> tuple:
+    """The dtypes torch gives func's results, from its meta kernel (no values computed), kept per
+    overload and argument signature (dtypes, 0-d tensors, scalar types: all that decides them), so
+    the meta kernel runs once per signature. Without one: ``(_OPERANDS, dtype)``, the first of our
+    dtypes among the operands (torch's own errors, such as full(1e6, fp16), propagate)."""
+    key = (func, tuple(_signature(x) for x in args), tuple((k, _signature(v)) for k, v in kwargs.items()))
+    dtypes = _DTYPES.get(key)
+    if dtypes is None:
+        to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        try:
+            meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+            if isinstance(meta, list):  # Tensor[] (split...): as many as the values say, of one dtype
+                if not meta:
+                    return ()
+                dtypes = (_EACH, meta[0].dtype)
+            else:
+                dtypes = tuple(m.dtype if isinstance(m, torch.Tensor) else None
+                               for m in (meta if isinstance(meta, tuple) else [meta]))
+        except NotImplementedError:
+            leaves = [kwargs.get("dtype")] + [t.dtype for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                                              if isinstance(t, torch.Tensor)]
+            return _OPERANDS, next(d for d in leaves if d in ours)
+        _DTYPES[key] = dtypes
+    return dtypes
+
+
 class _Unmapped(Exception):
     """This call's arguments have no device equivalent: take the float32 route."""
 
@@ -634,17 +675,8 @@ class DeviceMode(TorchDispatchMode):
 
     def _float32(self, func, args, kwargs):
         """func computed by torch in binary32, each floating result rounded once on the device
-        into the dtype torch gives it (from its meta kernel; failing one, the operands' dtype)."""
-        to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
-        try:
-            meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
-            dtypes = [m.dtype if isinstance(m, torch.Tensor) else None
-                      for m in (meta if isinstance(meta, (tuple, list)) else [meta])]
-        except NotImplementedError:  # no meta kernel (torch's own errors, such as full(1e6, fp16), propagate)
-            leaves = [kwargs.get("dtype")] + [t.dtype for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                                              if isinstance(t, torch.Tensor)]
-            ours = next(d for d in leaves if d in self.dtypes)
-            dtypes = None
+        into the dtype torch gives it (see ``_result_dtypes``)."""
+        dtypes = _result_dtypes(func, args, kwargs, self.dtypes)
 
         def wide(x):  # our tensors as float32, and dtype arguments naming ours (input_dtype=...) too
             if isinstance(x, torch.Tensor) and x.dtype in self.dtypes:
@@ -653,7 +685,10 @@ class DeviceMode(TorchDispatchMode):
 
         out = func(*tree_map(wide, args), **tree_map(wide, kwargs))
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        dtypes = dtypes or [ours if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
+            dtypes = [dtypes[1] if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        elif dtypes and dtypes[0] is _EACH:
+            dtypes = [dtypes[1]] * len(outs)
         narrowed = [_tensor(self.device.cast(_numpy(o), _NUMPY[d]))
                     if isinstance(o, torch.Tensor) and d in self.dtypes and o.dtype != d else o
                     for o, d in zip(outs, dtypes, strict=True)]
