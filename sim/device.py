@@ -688,15 +688,41 @@ class Device:
             self._record(status, name, m * n)
             return out.view(fmt.dtype).reshape(m, n)
         lead, stack_a, stack_b = matrix_stacks(a, b)
-        starts = None if init is None else np.broadcast_to(init, (*lead, m, n)).reshape(-1, m, n)
-        out = np.empty((len(stack_a), m * n), fmt.uint)
-        status = 0
-        for i in range(len(stack_a)):
-            start = None if starts is None else np.ascontiguousarray(starts[i])
-            out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu, bf16, start)
-            status |= s
+        if acc_fpu is self.fpu:  # binary16 accumulation: matrix by matrix
+            out = np.empty((len(stack_a), m * n), fmt.uint)
+            status = 0
+            for i in range(len(stack_a)):
+                out[i], s = self._matmul(stack_a[i], stack_b[i], acc_fpu, out_fpu, bf16)
+                status |= s
+        else:
+            starts = np.zeros((len(stack_a), m, n), np.float32) if init is None else \
+                np.ascontiguousarray(np.broadcast_to(init, (*lead, m, n)).reshape(-1, m, n))
+            out, status = self._matmul_stack(stack_a, stack_b, starts, acc_fpu, out_fpu, bf16)
         self._record(status, name, out.size)
         return out.view(fmt.dtype).reshape(*lead, m, n)
+
+    def _matmul_stack(self, a: np.ndarray, b: np.ndarray, init: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu,
+                      bf16: bool) -> tuple[np.ndarray, int]:
+        """Stacks of (M, K) @ (K, N) products from binary32 ``init`` sums in one compiled call
+        (blocks of the stack on worker threads where the work is large): their output bits
+        (S, M*N) and flags, not yet recorded; each product as :meth:`_matmul` computes it."""
+        a16, b16 = np.ascontiguousarray(a).view(np.uint16), np.ascontiguousarray(b).view(np.uint16)
+        count, m, n = len(a), a.shape[1], b.shape[2]
+        out = np.empty((count, m * n), out_fpu.format.uint)
+        flags = np.empty((count, m * n), np.uint8)
+        settings = acc_fpu.settings, out_fpu.settings
+        workers = min(self.threads, count) if a.size * n >= THREADED_MATMUL else 1
+        bounds = np.linspace(0, count, workers + 1).astype(int)
+        parts = list(_pool(workers).map(
+            lambda lo, hi: K.matmul_stack(a16[lo:hi], b16[lo:hi], init[lo:hi], out[lo:hi], flags[lo:hi], *settings,
+                                          bf16), bounds[:-1], bounds[1:])) if workers > 1 else \
+            [K.matmul_stack(a16, b16, init, out, flags, *settings, bf16)]
+        status = functools.reduce(operator.or_, (p[0] for p in parts))
+        special, nonfinite = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        unit = self._fpus[BFLOAT16.dtype] if bf16 else self.fpu
+        for i in np.flatnonzero(special | (nonfinite & bf16)):  # INVALID (bfloat16: OVERFLOW) inside the sums
+            status |= K.matmul32_flags(a16[i], b16[i], unit.settings, init[i])
+        return out, status
 
     def _matmul(self, a: np.ndarray, b: np.ndarray, acc_fpu: Fpu, out_fpu: Fpu, bf16: bool = False,
                 init: np.ndarray | None = None) -> tuple[np.ndarray, int]:
@@ -968,9 +994,15 @@ def _per_dim(name: str, v, d: int, low: int) -> tuple[int, ...]:
 
 def _pad(x: np.ndarray, lo, hi) -> np.ndarray:
     """x with lo[i] / hi[i] +0s before / after spatial axis i (cropped where negative)."""
-    x = np.pad(x, ((0, 0), (0, 0), *((max(a, 0), max(b, 0)) for a, b in zip(lo, hi, strict=True))))
-    return x[(slice(None), slice(None), *(slice(max(-a, 0), x.shape[i + 2] - max(-b, 0))
-                                          for i, (a, b) in enumerate(zip(lo, hi, strict=True))))]
+    if not any(lo) and not any(hi):
+        return x
+    inner = x[(slice(None), slice(None), *(slice(max(-a, 0), x.shape[i + 2] - max(-b, 0))
+                                           for i, (a, b) in enumerate(zip(lo, hi, strict=True))))]
+    shape = [s + max(a, 0) + max(b, 0) for s, a, b in zip(inner.shape[2:], lo, hi, strict=True)]
+    out = np.zeros((*x.shape[:2], *shape), x.dtype)
+    out[(slice(None), slice(None), *(slice(max(a, 0), max(a, 0) + s) for a, s in zip(lo, inner.shape[2:],
+                                                                                     strict=True)))] = inner
+    return out
 
 
 def _im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:

@@ -1097,3 +1097,19 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
         # accumulation rounded takes a second, slower pass that tracks it.
         status |= matmul32_inexact(left, right, start)
     return status | out_status, special, nonfinite
+
+
+@jit
+def matmul_stack(a, b, init, out, flags, acc, dst, bf16):
+    """:func:`matmul_from` for each matrix of the stacks ``a`` (S, M, K), ``b`` (S, K, N) and
+    ``init`` (S, M, N) into ``out`` and ``flags`` (S, M*N): one call for a batch or the groups
+    of a convolution. Returns the OR of the flags, and per matrix whether an operand or an
+    initial sum is Inf or NaN (``special``) and whether a sum is (``nonfinite``)."""
+    count = a.shape[0]
+    special = np.zeros(count, np.bool_)
+    nonfinite = np.zeros(count, np.bool_)
+    status = 0
+    for i in range(count):
+        s, special[i], nonfinite[i] = matmul_from(a[i], b[i], init[i], out[i], flags[i], acc, dst, bf16)
+        status |= s
+    return status, special, nonfinite

@@ -450,7 +450,7 @@ def _kind(func) -> str:
     return "device"
 
 
-_KINDS: dict[Any, str] = {}
+_KINDS: dict[Any, tuple[str, str]] = {}  # each overload's name and route kind, as first met
 
 
 def _check_backward(grad_outputs):
@@ -549,13 +549,12 @@ class DeviceMode(TorchDispatchMode):
         # innermost mode computes.
         if getattr(_busy, "depth", 0) or not self._ours(args, kwargs):
             return func(*args, **kwargs)
-        name = str(func)
-        if func.overloadpacket in self._fused_packets:
+        known = _KINDS.get(func)
+        if known is None:
+            known = _KINDS[func] = str(func), _kind(func)
+        name, kind = known
+        if func.overloadpacket in self._fused_packets:  # before the others: attention's kernels draw dropout
             kind = "fused"
-        else:
-            kind = _KINDS.get(func)
-            if kind is None:
-                kind = _KINDS[func] = _kind(func)
         if kind == "exact":
             _busy.depth = 1  # (only reached at depth 0)
             try:
@@ -650,17 +649,19 @@ class DeviceMode(TorchDispatchMode):
         finally:
             _busy.depth = depth
 
-    def _fused_call(self, name: str, fn: Callable, dtypes: list[torch.dtype]) -> list[Any]:
-        """A fused kernel above autograd: fn() computed by torch in binary32, each of its results
-        rounded once on the device into ``dtypes``; counted as one ``fused`` route."""
+    def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype]) -> list[Any]:
+        """A fused kernel above autograd: fn() (a tensor or a list) computed by torch in binary32,
+        each of its results rounded once on the device into ``dtypes`` (one dtype: for each);
+        counted as one ``fused`` route."""
         dev, label = self.device, self._label()
         before = int(dev.get_float_status()[3])
 
         def kernel():
             outs = fn()
             outs = outs if isinstance(outs, list) else [outs]
+            each = dtypes if isinstance(dtypes, list) else [dtypes] * len(outs)
             return [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
-                    for o, d in zip(outs, dtypes, strict=True)]
+                    for o, d in zip(outs, each, strict=True)]
 
         with dev.label(label):
             rounded = self._passthrough(kernel, kernel=True)
@@ -693,7 +694,7 @@ class DeviceMode(TorchDispatchMode):
                     if isinstance(o, torch.Tensor) and d in self.dtypes and o.dtype != d else o
                     for o, d in zip(outs, dtypes, strict=True)]
         result = narrowed[0] if isinstance(out, torch.Tensor) else type(out)(narrowed)
-        name = str(func)
+        name = _KINDS[func][0] if func in _KINDS else str(func)
         if isinstance(kwargs.get("out"), torch.Tensor) and isinstance(result, torch.Tensor):
             return _write(_Op(self), kwargs["out"], result)  # out=: the result written into out
         if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
@@ -702,19 +703,20 @@ class DeviceMode(TorchDispatchMode):
 
 
 # --- Fused families above autograd: the unfused decompositions, and fused kernels torch's CPU
-# build has no aten operation for (attention with dropout, RMS norm) ---------------------------
+# build has no aten operation for (attention with dropout, RMS norm, LSTM, GRU)--------------------------
 
 F = torch.nn.functional
 
 #: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
 #: ``_backward``): torch's CPU build has no aten operation of them for the mode to see.
-ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm")
+ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm", "aten.lstm", "aten.gru")
 
 
 class _FusedFunction(torch.autograd.Function):
     """A fused kernel made from a float32 function: forward and backward computed by torch in
     binary32 from the exact values of the operands (each backward by autograd of the same
-    function), each output and gradient rounded once on the device into its operand's dtype."""
+    function), each output and gradient rounded once on the device into its operand's dtype.
+    ``fn`` returns one tensor or a tuple of them (then so does the kernel)."""
 
     @staticmethod
     def forward(ctx, mode: DeviceMode, name: str, fn: Callable, *xs):
@@ -722,24 +724,34 @@ class _FusedFunction(torch.autograd.Function):
         ctx.save_for_backward(*[x if isinstance(x, torch.Tensor) else None for x in xs])
         ctx.others = [None if isinstance(x, torch.Tensor) else x for x in xs]
         dtype = next(x.dtype for x in xs if isinstance(x, torch.Tensor) and x.dtype in mode.dtypes)
-        return mode._fused_call(name, lambda: fn(*[_wide(x) for x in xs]), [dtype])[0]
+        ctx.tuple = False
+
+        def kernel():
+            out = fn(*[_wide(x) for x in xs])
+            ctx.tuple = isinstance(out, tuple)
+            return list(out) if ctx.tuple else out
+
+        rounded = mode._fused_call(name, kernel, dtype)
+        return tuple(rounded) if ctx.tuple else rounded[0]
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, *grads):
         saved = ctx.saved_tensors
         xs = [o if t is None else t for t, o in zip(saved, ctx.others, strict=True)]
         differentiable = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.is_floating_point()
                           and ctx.needs_input_grad[i + 3]]
 
-        def grads():
+        def kernel():
             with torch.enable_grad():
                 wide = [_wide(x).detach().requires_grad_(i in differentiable) if isinstance(x, torch.Tensor) else x
                         for i, x in enumerate(xs)]
                 out = ctx.fn(*wide)
-                return list(torch.autograd.grad(out, [wide[i] for i in differentiable], grad.float(),
-                                                allow_unused=True))
+                outs = list(out) if ctx.tuple else [out]
+                pairs = [(o, g.float()) for o, g in zip(outs, grads, strict=True) if g is not None]
+                return list(torch.autograd.grad([o for o, _ in pairs], [wide[i] for i in differentiable],
+                                                [g for _, g in pairs], allow_unused=True))
 
-        rounded = ctx.mode._fused_call(ctx.kernel + "_backward", grads, [xs[i].dtype for i in differentiable])
+        rounded = ctx.mode._fused_call(ctx.kernel + "_backward", kernel, [xs[i].dtype for i in differentiable])
         result: list[Any] = [None] * (3 + len(xs))
         for i, g in zip(differentiable, rounded, strict=True):
             result[i + 3] = g
@@ -790,6 +802,23 @@ def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout
                                     attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       softmax=lambda s, d: _call(mode, F.softmax, s, d), dropout=lambda a, p: F.dropout(a, p))
+
+
+def _f_rnn(mode, fused, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    """torch.lstm / torch.gru (nn.LSTM, nn.GRU) on a padded batch: one fused kernel, its state
+    (h, or h and c) and weights its operands. A packed sequence, or dropout between layers in
+    training (a draw inside the kernel), takes torch's own decomposition."""
+    lstm = isinstance(hx, (tuple, list))
+    if not fused or not isinstance(params, (tuple, list)) or (dropout and train):
+        return NotImplemented
+    state = tuple(hx) if lstm else (hx,)
+    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+
+    def rnn32(x, *rest):
+        h, ps = rest[:len(state)], list(rest[len(state):])
+        return torch.lstm(x, h, ps, *flags) if lstm else torch.gru(x, h[0], ps, *flags)
+
+    return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[2 if lstm else 3], rnn32, x, *state, *params)
 
 
 def _norm(x, dims, eps):
@@ -935,6 +964,7 @@ FUNCTIONS: dict[Callable, tuple[str, Callable]] = {
 }
 if hasattr(F, "rms_norm"):
     FUNCTIONS[F.rms_norm] = ("rms_norm", _f_rms_norm)
+FUNCTIONS[torch.lstm] = FUNCTIONS[torch.gru] = ("rnn", _f_rnn)  # as nn.LSTM / nn.GRU call them (torch._VF)
 
 
 def _call(mode: DeviceMode, func: Callable, *args, **kwargs):

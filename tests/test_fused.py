@@ -76,6 +76,11 @@ X = torch.randn(6, 16).half()
 IMG = torch.randn(2, 8, 5, 5).half()
 
 
+#: The weights of 2-layer nn.LSTM / nn.GRU (4 -> 8), as torch.lstm / torch.gru take them.
+RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_first=True)._flat_weights]
+               for name, cls in (("lstm", nn.LSTM), ("gru", nn.GRU))}
+
+
 @pytest.mark.parametrize("name,fn,xs", [
     ("gelu", F.gelu, (X,)),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), (X,)),
@@ -91,6 +96,10 @@ IMG = torch.randn(2, 8, 5, 5).half()
     ("attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (torch.randn(2, 3, 5, 8).half(),) * 3),
     ("attention_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
      (torch.randn(2, 3, 5, 8).half(),) * 3),
+    ("lstm", lambda x, *ps: torch.lstm(x, (torch.zeros(2, 3, 8, dtype=x.dtype),) * 2, list(ps), True, 2, 0.0, True,
+                                       False, True)[0], (torch.randn(3, 5, 4).half(), *RNN_WEIGHTS["lstm"])),
+    ("gru", lambda x, *ps: torch.gru(x, torch.zeros(2, 3, 8, dtype=x.dtype), list(ps), True, 2, 0.0, True, False,
+                                     True)[0], (torch.randn(3, 5, 4).half(), *RNN_WEIGHTS["gru"])),
 ])
 def test_fused_within_one_rounding_of_float64(name, fn, xs, monkeypatch):
     _check_fused(fn, *xs, monkeypatch=monkeypatch)
@@ -117,6 +126,30 @@ def test_fused_overflow_inside_reaches_the_register():
     with DeviceMode(dev, strict=True):
         y = F.layer_norm(x, (16,), torch.full((16,), 60000.0).half())
     assert dev.get_float_status().any() and y.abs().max() == 65504
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+def test_fused_rnn_is_one_kernel_and_its_gradient_overflow_reaches_the_register(cls):
+    """nn.LSTM / nn.GRU are one fused kernel forward and one backward (strict accepts them); a loss
+    scaled past binary16 saturates their weight gradients on atlas-training (register set, finite)
+    and makes them infinite on atlas-a2; unfused, they are the device operations of torch's cell."""
+    torch.manual_seed(2)
+    model = cls(4, 8, num_layers=2, batch_first=True).half()
+    x = torch.randn(3, 5, 4).half()
+    for profile in ("atlas-training", "atlas-a2"):
+        model.zero_grad()
+        dev = sim.Device(profile)
+        with DeviceMode(dev, strict=True) as mode:
+            (model(x)[0].float().sum() * 2.0 ** 20).backward()
+        kernel = "aten.lstm" if cls is nn.LSTM else "aten.gru"
+        assert mode.routes[kernel, "fused"] == 1 and mode.routes[kernel + "_backward", "fused"] == 1
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert dev.get_float_status()[0] == 1
+        assert (bool(torch.isfinite(grads).all()) and grads.abs().max() == 65504) if profile == "atlas-training" \
+            else not torch.isfinite(grads).all()
+    with DeviceMode(sim.Device("atlas-training"), fused={"rnn": False}) as unfused:
+        model(x)[0].float().sum().backward()
+    assert not any(r == "fused" for _, r in unfused.routes) and unfused.routes["aten.sigmoid_.default", "device"] > 0
 
 
 def _device_gelu(dev, a):
