@@ -36,7 +36,7 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
   route, the same two multiplies).
 - ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
-  norm, softmax and log-softmax, GELU, SiLU, cross-entropy) chosen fused
+  norm, softmax and log-softmax, GELU, SiLU, cross-entropy, LSTM and GRU) chosen fused
   (``DeviceMode(dev, fused={"softmax": False, ...})``, the defaults those of ``sim.fused``):
   computed by torch in binary32 from the exact values of the operands, each output rounded
   once on the device, forward and backward. A family chosen unfused is its math
@@ -703,7 +703,7 @@ class DeviceMode(TorchDispatchMode):
 
 
 # --- Fused families above autograd: the unfused decompositions, and fused kernels torch's CPU
-# build has no aten operation for (attention with dropout, RMS norm, LSTM, GRU)--------------------------
+# build has no aten operation for (attention with dropout, RMS norm, LSTM, GRU) ---------------------
 
 F = torch.nn.functional
 
