@@ -63,6 +63,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("cross_entropy", ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"),
            True, "aclnnNLLLoss, aclnnNLLLossBackward (after the log_softmax of the softmax family)",
            "F.cross_entropy / F.nll_loss: the negative log-likelihood part"),
+    Family("embedding_backward", ("embedding_dense_backward",), True,
+           "aclnnEmbeddingDenseBackward (EmbeddingDenseGrad: each float16/bfloat16 gradient row cast to binary32, "
+           "the rows of one index summed in binary32, the sum cast once to the output dtype), hicann/ops-nn "
+           "index/embedding_dense_grad/op_kernel/arch35/embedding_dense_grad_base.h, ProcessPerGradGroup; "
+           "no unfused model: chosen unfused, it takes the float32 route",
+           "the weight gradient of F.embedding / nn.Embedding: a gradient accumulation"),
+    Family("max_pool_backward", ("max_pool2d_with_indices_backward",), True,
+           "MaxPoolGradWithArgmaxV3 (each input's gradient summed in binary32 over the overlapping windows whose "
+           "argmax it is, cast once to the output dtype), hicann/ops-nn pooling/max_pool_grad_with_argmax_v3/"
+           "op_kernel/arch35/max_pool_grad_with_argmax_v3_simt.h, MaxPoolGradWithArgmaxNchw; no unfused model: "
+           "chosen unfused, it takes the float32 route",
+           "the input gradient of F.max_pool2d / nn.MaxPool2d: overlapping windows' gradients accumulated"),
 )
 
 #: The families by name.

@@ -10,7 +10,8 @@ matmul); their entries say where the bridges send their aten packets and primiti
 An aten packet is declared once, here, under the operation its device route is made of
 (``pow``, taken for an exponent of 2 as ``mul(x, x)``, under ``mul``; ``tanh_backward`` and
 ``sigmoid_backward``, compositions of ``sub`` and ``mul`` of the function's value, under the
-function), or, for the packets of a fused kernel (binary32 inside, one rounding per output),
+function; ``clamp`` under ``maximum``; ``hardsigmoid``, ``hardswish`` and their backward under
+their last operation), or, for the packets of a fused kernel (binary32 inside, one rounding per output),
 in :data:`sim.fused.FAMILIES`; ``sim.torch`` has the handlers of the packets that need more
 than the device method of the same name.
 """
@@ -78,12 +79,13 @@ def _compare(name: str, code: int, doc: str, signaling: bool, fpu: bool = True, 
 OPS: tuple[Op, ...] = (
     _binary("add", K.add, "a + b, rounded once.", ("add",), ("add", "add_any"), K.add_exact),
     _binary("sub", K.sub, "a - b, rounded once.", ("sub",), ("sub",), K.sub_exact),
-    _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward", "pow"), ("mul",)),
-    _binary("div", K.div, "a / b, rounded once.", ("div",), ("div",)),
+    _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward", "pow", "hardswish",
+                                                   "hardsigmoid_backward", "hardswish_backward"), ("mul",)),
+    _binary("div", K.div, "a / b, rounded once.", ("div", "hardsigmoid"), ("div",)),
     _binary("maximum", K.maximum, "IEEE 754-2019 maximum: NaN if either is NaN, maximum(+0, -0) = +0.",
-            ("maximum",), ("max",), inexact=False, short=False),
+            ("maximum", "clamp", "clamp_min"), ("max",), inexact=False, short=False),
     _binary("minimum", K.minimum, "IEEE 754-2019 minimum: NaN if either is NaN, minimum(+0, -0) = -0.",
-            ("minimum",), ("min",), inexact=False, short=False),
+            ("minimum", "clamp_max"), ("min",), inexact=False, short=False),
     _elementary("sqrt", K.SQRT, "Square root, correctly rounded; sqrt(-0) is -0, sqrt(<0) is INVALID.",
                 ("sqrt",), ("sqrt",)),
     _elementary("rsqrt", K.RSQRT, "1/sqrt(a), correctly rounded (one rounding); +-0 gives +-Inf with "

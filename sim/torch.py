@@ -13,13 +13,20 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   ``addmm`` and biased convolutions place the bias as the device's
   ``matmul_bias`` says (default: the product rounded, then the bias added);
   sums and means accumulate in binary32 and round once to the tensor's dtype.
+  Compositions of device operations, each documented with its order:
+  ``clamp`` (maximum, then minimum), ``hardsigmoid`` and ``hardswish`` and their
+  backward (torch's CPU formulas, operation by operation in the tensor's
+  dtype), ``tanh_backward``, ``sigmoid_backward``, and ``pow`` for the
+  exponents of CANN's Pows kernel (2, 3, 0.5, -1, -2, -0.5; see ``_pow``).
   In-place (``add_``, ``relu_``...) and ``out=`` overloads take their functional
   operation's route, the result written into the destination (rounded on the
   device where its dtype differs).
 - ``exact``: views, in-place views (``transpose_``, ``unsqueeze_``,
   ``as_strided_``..., applied to the tensor itself), and pure data movement and
-  selection (reshape, cat, index, gather, where, pooling indices, ...), which
-  torch computes exactly itself.
+  selection (reshape, cat, index, gather, where, splits, pooling indices, the
+  gradients of a selection: ``select_backward``, ``slice_backward``), and the
+  quiet classifications (``isinf``, ``isnan``), which torch computes exactly
+  itself.
 - ``factory``: operations that create values (``empty*``, ``new_empty*``,
   ``zeros``, ``ones``, ``*_like``, ``full``, ``fill_``, ``scalar_tensor``,
   ``arange``, ``linspace``, ``eye``): torch makes the tensor in our dtype
@@ -36,7 +43,8 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
   route, the same two multiplies).
 - ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
-  norm, softmax and log-softmax, GELU, SiLU, cross-entropy, LSTM and GRU) chosen fused
+  norm, softmax and log-softmax, GELU, SiLU, cross-entropy, LSTM and GRU, and the gradient
+  accumulations of embeddings and max pooling) chosen fused
   (``DeviceMode(dev, fused={"softmax": False, ...})``, the defaults those of ``sim.fused``):
   computed by torch in binary32 from the exact values of the operands, each output rounded
   once on the device, forward and backward. A family chosen unfused is its math
@@ -368,15 +376,46 @@ def _handler(op: ops.Op) -> Callable:
     return _binary(op.name) if op.arity == 2 else _unary(op.name)
 
 
+#: aclnnPowTensorScalar's exponents taken by the Pows kernel on the Atlas A2 and A3 (hicann/ops-math
+#: math/pow/op_host/op_api/aclnn_pow.cpp, CheckSupportPows), as ``_pow`` models them.
+_POWS = (2, 0.5, -1, 3, -2, -0.5)
+
+
 def _pow(op: _Op, x, exponent):
-    """x ** 2 as the device's ``mul(x, x)``: one rounding of the exact square, exactly what
-    x * x is (autograd's formulas make it, erf's backward among them). Any other exponent, or
-    a tensor one, takes the float32 route."""
+    """x ** e for a Python-number exponent of ``_POWS``, as the Pows kernel computes it
+    (hicann/ops-math math/pows/op_kernel/pows_fp16.h and pows_base.h, ComputePowsBase: a float16
+    or bfloat16 operand cast to binary32, the kernel's operations in binary32, the result rounded
+    once into the dtype):
+
+    - 2: x * x, exact in binary32, one rounding: the device's ``mul(x, x)``, what x * x is
+      (autograd's formulas make it, erf's and pow's backward among them);
+    - 0.5 and -1: one binary32 rounding of sqrt(x) or 1/x, then one into the dtype, which is the
+      one rounding of the device's ``sqrt`` and ``reciprocal`` (binary32's 24 bits are at least
+      2p + 2 for binary16's and bfloat16's p, so the double rounding is innocuous);
+    - 3, -2 and -0.5: x * (x * x), 1 / (x * x) and 1 / sqrt(x), each operation rounded to binary32
+      in the kernel's order (numpy binary32 arithmetic), then rounded once on the device (GPT-2's
+      GELU takes x ** 3). For binary16 operands that is also the one rounding of the exact power
+      (tests/test_torch_routes.py checks every finite one); for bfloat16 the binary32 steps can
+      differ from it where they leave binary32's normal range.
+
+    The model takes the Pows kernel on every profile; on the Atlas training series (Ascend910)
+    aclnn sends these exponents to its general Pow kernel, whose binary32 algorithm is not
+    modelled. Any other exponent, a tensor one, or a Python-number base takes the float32 route."""
     if (not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or isinstance(exponent, (torch.Tensor, bool))
-            or not isinstance(exponent, (int, float)) or exponent != 2):
+            or not isinstance(exponent, (int, float)) or exponent not in _POWS):
         raise _Unmapped
     a = _numpy(x)
-    return _tensor(op.dev.mul(a, a))
+    if exponent == 2:
+        return _tensor(op.dev.mul(a, a))
+    if exponent in (0.5, -1):
+        return _tensor(op.dev.sqrt(a) if exponent == 0.5 else op.dev.reciprocal(a))
+    w = a.astype(np.float32)
+    with np.errstate(all="ignore"):  # binary32 overflow and division by zero: Inf, as the kernel's
+        if exponent == 3:
+            r = w * (w * w)
+        else:
+            r = np.float32(1) / (w * w if exponent == -2 else np.sqrt(w))
+    return _tensor(op.dev.cast(r, a.dtype))
 
 
 def _tanh_backward(op: _Op, grad, y):
@@ -391,10 +430,104 @@ def _sigmoid_backward(op: _Op, grad, y):
     return _tensor(op.dev.mul(g, op.dev.mul(s, op.dev.sub(op.operand(1, grad.dtype), s))))
 
 
+def _promoted(x, *others) -> torch.dtype:
+    """The dtype of an elementwise result of x (a floating tensor of ours) and others (tensors,
+    Python numbers, None), by torch's promotion; any other x takes the float32 route."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY:
+        raise _Unmapped
+    dtype = x.dtype
+    for o in others:
+        if o is not None:
+            dtype = torch.promote_types(dtype, torch.result_type(x, o))
+    return dtype
+
+
+def _clamp(op: _Op, x, min=None, max=None):
+    """clamp with scalar or tensor bounds (clamp_min, clamp_max: one bound): the device's
+    maximum with the lower bound, then its minimum with the upper one, as torch's CPU kernel
+    writes it (aten/src/ATen/native/cpu/TensorCompareKernel.cpp, clamp: min(max(x, lo), hi)).
+    The bounds are in the result's dtype (rounded on the device where they are not, as torch
+    converts them); maximum and minimum round nothing, and a NaN anywhere gives NaN."""
+    if min is None and max is None:
+        raise _Unmapped
+    dtype = _promoted(x, min, max)
+    y = op.operand(x, dtype)
+    if min is not None:
+        y = op.dev.maximum(y, op.operand(min, dtype))
+    if max is not None:
+        y = op.dev.minimum(y, op.operand(max, dtype))
+    return _tensor(y)
+
+
+def _relu6_plus_3(op: _Op, a: np.ndarray, dtype: torch.dtype):
+    """min(max(x + 3, 0), 6) on the device in a's dtype: add (rounded), maximum, minimum (exact)."""
+    c = lambda v: op.operand(v, dtype)  # noqa: E731
+    return op.dev.minimum(op.dev.maximum(op.dev.add(a, c(3)), c(0)), c(6))
+
+
+def _hardsigmoid(op: _Op, x):
+    """relu6(x + 3) / 6 in the order of torch's CPU kernel (aten/src/ATen/native/cpu/Activation.cpp,
+    hardsigmoid_kernel: min(max(x + 3, 0), 6) / 6), each operation on the device in the tensor's
+    dtype: two roundings (x + 3, the division). torch's CPU kernel evaluates the formula in binary32
+    for float16 and rounds once; what the NPU's aclnnHardsigmoid does inside is not in the sources
+    found, so the model is this composition, as an unfused NPU graph computes it."""
+    return _tensor(op.dev.div(_relu6_plus_3(op, _numpy(x), x.dtype), op.operand(6, x.dtype)))
+
+
+def _hardswish(op: _Op, x):
+    """x * relu6(x + 3) / 6 in the order of torch's CPU kernel (Activation.cpp, hardswish_kernel:
+    x * min(max(x + 3, 0), 6) / 6, the product first), each operation on the device in the tensor's
+    dtype (as ``_hardsigmoid``): x * 6 overflows binary16 above 10922, so x = 65504 gives 10917.33
+    with the register set in saturation mode (Inf in INF/NaN mode), where the exact value is x."""
+    a = _numpy(x)
+    return _tensor(op.dev.div(op.dev.mul(a, _relu6_plus_3(op, a, x.dtype)), op.operand(6, x.dtype)))
+
+
+def _gradient_where(op: _Op, grad, x) -> tuple[np.ndarray, np.ndarray, Callable]:
+    """An activation backward's grad and x (in grad's dtype) as numpy, and a function filling
+    ``out`` where ``mask`` with ``fn(*parts)`` of the masked elements only (on the device, so the
+    elements outside the range, which torch's kernel does not compute, raise no flags)."""
+    if not isinstance(x, torch.Tensor) or grad.shape != x.shape or grad.dtype not in _NUMPY:
+        raise _Unmapped
+
+    def fill(out: np.ndarray, mask: np.ndarray, fn: Callable, *parts: np.ndarray) -> np.ndarray:
+        if mask.any():
+            out[mask] = fn(*[p[mask] for p in parts])
+        return out
+
+    return _numpy(grad), op.operand(x, grad.dtype), fill
+
+
+def _hardsigmoid_backward(op: _Op, grad, x):
+    """grad * (1/6) where -3 < x < 3, +0 elsewhere, as torch's CPU kernel writes it (Activation.cpp,
+    hardsigmoid_backward_kernel): the device's gt and lt select, the device's mul by 1/6 rounded into
+    grad's dtype."""
+    g, a, fill = _gradient_where(op, grad, x)
+    c = lambda v: op.operand(v, grad.dtype)  # noqa: E731
+    inside = np.asarray(op.dev.gt(a, c(-3))) & np.asarray(op.dev.lt(a, c(3)))
+    return _tensor(fill(np.zeros_like(g), inside, lambda gi: op.dev.mul(gi, c(1 / 6)), g))
+
+
+def _hardswish_backward(op: _Op, grad, x):
+    """As torch's CPU kernel writes it (Activation.cpp, hardswish_backward_kernel): +0 where x < -3,
+    grad * (x / 3 + 0.5) where -3 <= x <= 3 (the device's div, add and mul, in that order), grad
+    itself elsewhere (x > 3, or NaN); the ranges by the device's lt and le."""
+    g, a, fill = _gradient_where(op, grad, x)
+    c = lambda v: op.operand(v, grad.dtype)  # noqa: E731
+    below = np.asarray(op.dev.lt(a, c(-3)))
+    middle = ~below & np.asarray(op.dev.le(a, c(3)))
+    return _tensor(fill(np.where(below, np.zeros_like(g), g), middle,
+                        lambda gi, ai: op.dev.mul(gi, op.dev.add(op.dev.div(ai, c(3)), c(0.5))), g, a))
+
+
 # Compositions of device operations for packets the table declares under the operation they
-# are made of (autograd's formulas make them).
+# are made of (autograd's formulas make some of them).
 _HANDLERS.update({"native_dropout_backward": _dropout_backward, "pow": _pow, "tanh_backward": _tanh_backward,
-                  "sigmoid_backward": _sigmoid_backward})
+                  "sigmoid_backward": _sigmoid_backward, "clamp": _clamp,
+                  "clamp_min": lambda op, x, min: _clamp(op, x, min, None),
+                  "clamp_max": lambda op, x, max: _clamp(op, x, None, max),
+                  "hardsigmoid": _hardsigmoid, "hardswish": _hardswish,
+                  "hardsigmoid_backward": _hardsigmoid_backward, "hardswish_backward": _hardswish_backward})
 
 
 #: Operations with a device equivalent, by aten overload packet (from the table of sim.ops).
@@ -404,12 +537,16 @@ ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packe
 
 #: Operations that move or select values without arithmetic: exact as torch computes them. Every
 #: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
-#: torch's ``inplace_view`` tag) is exact too, applied to the tensor itself.
+#: torch's ``inplace_view`` tag) is exact too, applied to the tensor itself. Among them: the
+#: non-view splits (``unsafe_split``...), the gradients of a selection (``select_backward``,
+#: ``slice_backward``: +0 everywhere, the gradient copied into its place), and the quiet IEEE
+#: classifications (``isinf``, ``isnan``...: predicates on the stored bits, raising no flags).
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
     aten.where, aten.clone, aten.detach, aten.alias, aten.split, aten.split_with_sizes, aten.unbind,
-    aten.threshold_backward, aten.embedding,
+    aten.unsafe_split, aten.unsafe_split_with_sizes, aten.select_backward, aten.slice_backward,
+    aten.isinf, aten.isnan, aten.isposinf, aten.isneginf, aten.threshold_backward, aten.embedding,
     aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh,
     aten._reshape_alias, aten.flip, aten.roll, aten.repeat,
 })

@@ -123,14 +123,14 @@ def test_the_float32_route_gives_each_call_its_own_result_dtypes_and_count() -> 
     """The float32 route keeps the result dtypes per signature: a list result's length still
     follows each call's values, and a dtype that follows the operands' does too."""
     x16 = torch.arange(12, dtype=torch.float16).reshape(3, 4)
-    with DeviceMode(Device()) as mode:
-        halves = torch.ops.aten.unsafe_split(x16, 2, 1)
-        quarters = torch.ops.aten.unsafe_split(x16, 1, 1)
-        thirds = torch.ops.aten.unsafe_split(x16.to(torch.bfloat16), 3, 0)
+    with DeviceMode(Device()) as mode:  # split_copy: a list result the float32 route takes
+        halves = torch.ops.aten.split_copy(x16, 2, 1)
+        quarters = torch.ops.aten.split_copy(x16, 1, 1)
+        thirds = torch.ops.aten.split_copy(x16.to(torch.bfloat16), 3, 0)
     assert [t.dtype for t in halves] == [torch.float16] * 2 and len(quarters) == 4
     assert [t.dtype for t in thirds] == [torch.bfloat16]
     assert [t.tolist() for t in quarters] == [x16[:, i:i + 1].tolist() for i in range(4)]
-    assert sum(n for (name, _), n in mode.routes.items() if name == "aten.unsafe_split.Tensor") == 3
+    assert mode.routes["aten.split_copy.Tensor", "float32"] == 3
 
 
 def mlp(seed: int = 0):

@@ -18,24 +18,6 @@ from sim.torch import ROUTE_KINDS, DeviceMode  # noqa: E402
 
 F16 = torch.float16
 FAST = {"gpt2", "hf_vit", "sdpa"}  # a step under a second, cold: in the default run
-# The operations each model still sends to the float32 route (from mode.routes, with the fused
-# kernels on), which strict=True refuses: gradients of embeddings, selections and pooling, and a
-# few unmapped elementwise ops.
-GAPS = {
-    "resnet18": "max_pool2d_with_indices_backward",
-    "mobilenet_v3_small": "hardsigmoid, hardsigmoid_backward, hardswish_, hardswish_backward",
-    "vit_tiny": "select_backward",
-    "gpt2": "embedding_dense_backward, pow.Tensor_Scalar",
-    "bert": "embedding_dense_backward",
-    "llama": "embedding_dense_backward, slice_backward",
-    "t5": "clamp.Tensor, embedding_dense_backward, isinf",
-    "hf_vit": "select_backward",
-    "lstm": "embedding_dense_backward, unsafe_split.Tensor",
-    "gru": "embedding_dense_backward, unsafe_split.Tensor",
-    "sdpa": "embedding_dense_backward",
-}
-
-
 def _params(marks: tuple = ()) -> list:
     return [pytest.param(name, marks=[*marks] + ([] if name in FAST else [pytest.mark.zoo]), id=name)
             for name in zoo.ZOO]
@@ -87,10 +69,8 @@ def test_a_three_step_loop_with_a_new_mode_per_step_and_the_loss_alive(name: str
 
 
 @pytest.mark.parametrize("name", _params())
-def test_strict_accepts_the_forward_and_backward(name: str, request: pytest.FixtureRequest) -> None:
-    if name in GAPS:
-        request.applymarker(pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                                              reason=f"float32 route: {GAPS[name]}"))
+def test_strict_accepts_the_forward_and_backward(name: str) -> None:
+    """No operation of any zoo model takes the float32 route (strict=True refuses it), forward or backward."""
     model, batch = half(name)
     mode, loss = step(Device("atlas-training"), model, batch, strict=True)
     assert np.isfinite(loss) and {route for _, route in mode.routes} <= set(ROUTE_KINDS) - {"float32"}

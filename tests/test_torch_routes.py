@@ -1,0 +1,214 @@
+"""The deliberate routes of sim.torch.DeviceMode for the operations real models use beyond the
+basic table: exact selections and predicates, clamp, hardsigmoid and hardswish (forward and
+backward) as device compositions, pow's Pows-kernel exponents, and the fused gradient
+accumulations of embeddings and max pooling. Each against a reference of independent means:
+numpy float16 arithmetic (binary32 then rounded to binary16, the same as one binary16 rounding for
++, -, *, /, sqrt), float64 sums rounded once, and explicit loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim import Device  # noqa: E402
+from sim.torch import DeviceMode  # noqa: E402
+
+H, F32 = np.float16, np.float32
+aten = torch.ops.aten
+F = torch.nn.functional
+MAX = 65504.0
+
+
+def bits(x) -> list[int]:
+    a = x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    return a.view(np.uint16).ravel().tolist()
+
+
+def routed(fn, profile: str = "atlas-a2"):
+    """fn() under a strict mode on a new device: its result, the routes that computed (all but the
+    exact ones: views, the operands' tensors), the register."""
+    dev = Device(profile)
+    with DeviceMode(dev, strict=True) as mode:
+        out = fn()
+    return out, {route for _, route in mode.routes if route != "exact"}, dev.get_float_status()
+
+
+def sat(a: np.ndarray) -> np.ndarray:
+    """A binary16 result as saturation mode writes it: an overflow to +-Inf becomes +-65504."""
+    return np.clip(a, -MAX, MAX).astype(H)
+
+
+def t(a) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def test_splits_selection_gradients_and_classifications_are_exact() -> None:
+    x = np.array([[1.0, -0.0, np.inf], [np.nan, -np.inf, 65504.0]], H)
+    g = np.array([3.0, 2.0**-24, -7.5], H)
+    dev = Device("atlas-a2")
+    with DeviceMode(dev, strict=True) as mode:
+        parts, sel = aten.unsafe_split(t(x), 2, 1), aten.select_backward(t(g), [2, 3], 0, 1)
+        sl, inf, nan = aten.slice_backward(t(g[:2]), [5], 0, 1, 5, 2), torch.isinf(t(x)), torch.isnan(t(x))
+    assert {route for _, route in mode.routes} == {"exact"} and not dev.get_float_status().any()
+    assert {name.split(".")[1] for name, _ in mode.routes} >= {"unsafe_split", "select_backward", "isinf"}
+    assert [bits(p) for p in parts] == [bits(x[:, :2]), bits(x[:, 2:])]
+    want = np.zeros((2, 3), H)
+    want[1] = g
+    assert bits(sel) == bits(want)
+    want = np.zeros(5, H)
+    want[1], want[3] = g[0], g[1]
+    assert bits(sl) == bits(want) and not np.signbit(sl.numpy()[[0, 2, 4]]).any()  # +0 where nothing was
+    assert inf.tolist() == [[False, False, True], [False, True, False]]
+    assert nan.tolist() == [[False, False, False], [True, False, False]]
+
+
+def test_clamp_is_the_device_maximum_then_minimum_with_bounds_rounded_into_the_dtype() -> None:
+    x = np.array([-np.inf, -65504.0, -3.0, 0.5, 64500.0, 65504.0, np.nan, 2.0**-24], H)
+    lo = np.array([-1.0, -2.0, -2.5, 1.0, 0.0, -5.0, 0.0, 0.0], H)
+    hi = np.array([1.0, 4.0, 3.0, 2.0, 64000.0, np.nan, 1.0, 1.0], H)
+    bound = torch.tensor(64504.0)  # float32, 0-d: the result stays float16 and the bound rounds to 64512
+    (both, scalar, low, wide), routes, status = routed(lambda: (
+        torch.clamp(t(x), t(lo), t(hi)), torch.clamp(t(x), -bound, bound), torch.clamp_min(t(x), 0.1),
+        torch.clamp(t(x), max=t(hi.astype(F32)))))
+    assert routes == {"device"} and not status[0]
+    assert bits(both) == bits(np.minimum(np.maximum(x, lo), hi))  # numpy's maximum and minimum keep NaN too
+    assert float(np.float16(64504.0)) == 64512.0 and scalar.dtype == torch.float16
+    assert bits(scalar) == bits(np.clip(x, H(-64512.0), H(64512.0)))
+    assert bits(low) == bits(np.maximum(x, H(0.1)))
+    # A float32 bound of full shape promotes: x widened exactly, a binary32 minimum.
+    assert wide.dtype == torch.float32
+    assert np.array_equal(wide.numpy(), np.minimum(x.astype(F32), hi.astype(F32)), equal_nan=True)
+
+
+XS = np.array([-65504.0, -100.0, -3.0, -2.998, -1.0, -0.0, 0.0, 0.1, 1.0, 2.5, 3.0, 3.002, 7.0, 10000.0,
+               12000.0, 65504.0], H)
+
+
+def hardsigmoid16(x: np.ndarray) -> np.ndarray:
+    """relu6(x + 3) / 6 in binary16, each operation rounded (numpy float16)."""
+    return (np.minimum(np.maximum(x + H(3), H(0)), H(6)) / H(6)).astype(H)
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_hardsigmoid_and_hardswish_are_device_compositions_in_torchs_order(profile: str) -> None:
+    (sig, swish, inplace), routes, status = routed(
+        lambda: (F.hardsigmoid(t(XS)), F.hardswish(t(XS)), F.hardswish(t(XS.copy()), inplace=True)), profile)
+    assert routes == {"device"} and sig.dtype == swish.dtype == torch.float16
+    assert bits(sig) == bits(hardsigmoid16(XS))
+    with np.errstate(over="ignore"):
+        product = XS * np.minimum(np.maximum(XS + H(3), H(0)), H(6))  # x * relu6: Inf above 10922
+    # x * 6 overflows binary16 from 10922 up: Inf in INF/NaN mode, 65504 in saturation mode,
+    # and the register knows in both.
+    want = (product if profile == "atlas-a2" else sat(product)) / H(6)
+    assert bits(swish) == bits(want.astype(H)) and bits(inplace) == bits(swish)
+    assert status[0] == 1
+    if profile == "atlas-training":
+        assert float(swish[-1]) == float(H(MAX / 6)) and float(swish[-2]) == float(H(MAX / 6))
+    _, _, quiet = routed(lambda: F.hardswish(t(XS[XS < 10000])), profile)
+    assert not quiet[0]  # below 10922 nothing overflows
+
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_the_hard_activations_backward_computes_only_inside_their_range(profile: str) -> None:
+    x = np.array([-4.0, -3.0, -2.0, 0.0, 1.5, 3.0, 4.0, np.nan, 100.0, -100.0], H)
+    g = np.array([1.0, 3.0, -2.5, 7.0, 0.1, 2.0, 5.0, 9.0, 65504.0, 65504.0], H)
+    (sig, swish), routes, status = routed(
+        lambda: (aten.hardsigmoid_backward(t(g), t(x)), aten.hardswish_backward(t(g), t(x))), profile)
+    assert routes == {"device"}
+    inside = (x > -3) & (x < 3)
+    assert bits(sig) == bits(np.where(inside, g * H(1 / 6), H(0)).astype(H))
+    middle = (x >= -3) & (x <= 3)
+    want = np.where(x < -3, H(0), np.where(middle, g * (x / H(3) + H(0.5)), g)).astype(H)  # NaN x: grad
+    assert bits(swish) == bits(want)
+    # 65504 gradients outside the range pass through (or vanish) without a flag: nothing computed there.
+    assert not status[0]
+    (big,), _, flagged = routed(lambda: (aten.hardswish_backward(t(np.array([65504.0], H)),
+                                                                 t(np.array([2.0], H))),), profile)
+    assert flagged[0] == 1 and float(big[0]) == (np.inf if profile == "atlas-a2" else MAX)
+
+
+def test_pow_takes_the_pows_kernel_for_its_six_exponents() -> None:
+    """On every finite binary16 operand: the kernel's binary32 steps (each exact in float64, then
+    rounded to binary32), rounded to binary16; which is, for binary16, also the one rounding of the
+    exact power (float64 values rounded once)."""
+    finite = np.arange(0, 0x7C00, dtype=np.uint16).view(H)
+    x = np.concatenate([finite, -finite[1:]])
+    pos = finite[1:]
+    exponents = (2, 3, 0.5, -1, -2, -0.5)
+    outs, routes, _ = routed(lambda: [torch.pow(t(x if e in (2, 3) else pos), e) for e in exponents])
+    assert routes == {"device"}
+    r32 = lambda v: v.astype(F32).astype(np.float64)  # noqa: E731
+    x64, p64 = x.astype(np.float64), pos.astype(np.float64)
+    with np.errstate(all="ignore"):
+        kernel = [x64 * x64, r32(x64 * r32(x64 * x64)), np.sqrt(p64), 1 / p64, r32(1 / r32(p64 * p64)),
+                  r32(1 / r32(np.sqrt(p64)))]
+        exact = [x64**2, x64**3, np.sqrt(p64), 1 / p64, 1 / (p64 * p64), 1 / np.sqrt(p64)]
+    for e, got, k, ref in zip(exponents, outs, kernel, exact, strict=True):
+        assert bits(got) == bits(k.astype(H)) == bits(ref.astype(H)), e
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_pow_overflow_reaches_the_register_and_other_exponents_take_float32(profile: str) -> None:
+    (cube, bf), _, status = routed(lambda: (torch.pow(t(np.array([300.0, -2.0], H)), 3),
+                                            torch.pow(torch.tensor([1e13, 2.0], dtype=torch.bfloat16), 3)), profile)
+    assert status[0] == 1 and float(cube[1]) == -8.0 and float(bf[1]) == 8.0
+    big = np.inf if profile == "atlas-a2" else MAX
+    assert float(cube[0]) == big  # 2.7e7 overflows binary16
+    # 1e39 overflows binary32 inside the kernel: Inf, kept or saturated to bfloat16's largest
+    assert float(bf[0]) == (np.inf if profile == "atlas-a2" else float(torch.finfo(torch.bfloat16).max))
+    with pytest.raises(NotImplementedError, match="pow.Tensor_Scalar"):
+        routed(lambda: torch.pow(t(np.array([2.0], H)), 2.5), profile)
+
+
+def exact_sum16(values: list[float]) -> float:
+    """A sum of binary16 values in float64 (exact for the values used here), rounded once."""
+    return float(np.float16(np.sum(np.asarray(values, np.float64))))
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_embedding_backward_is_a_fused_binary32_accumulation(profile: str) -> None:
+    """Each row of the weight gradient: the gradients of its index summed in binary32, rounded once.
+    60000 + 60000 - 60000 stays finite (a binary16 running sum would overflow); 40000 + 40000 does not."""
+    ids = torch.tensor([[0, 1, 0, 3], [1, 0, 2, 2]])
+    grads = np.array([[[60000.0, 1.0], [1 + 2.0**-10, 3.0], [60000.0, 2.0**-11], [5.0, 6.0]],
+                      [[1 + 2.0**-10, 7.0], [-60000.0, 2.0**-11], [40000.0, 1.0], [40000.0, 0.5]]], H)
+    dev = Device(profile)
+    weight = torch.zeros(4, 2, dtype=torch.float16, requires_grad=True)
+    with DeviceMode(dev, strict=True) as mode:
+        F.embedding(ids, weight).backward(t(grads))
+    assert mode.routes["aten.embedding_dense_backward.default", "fused"] == 1
+    flat, idx = grads.reshape(-1, 2), ids.reshape(-1).numpy()
+    want = np.array([[exact_sum16([flat[k, c] for k in range(len(idx)) if idx[k] == row]) for c in range(2)]
+                     for row in range(4)])
+    if profile == "atlas-training":
+        want = np.clip(want, -MAX, MAX)
+    assert weight.grad.numpy().tolist() == want.tolist()
+    assert float(weight.grad[0, 0]) == 60000.0 and float(weight.grad[0, 1]) == float(H(1 + 2.0**-11 * 2))
+    assert dev.get_float_status()[0] == 1  # row 2's 80000 overflowed binary16, and only that
+
+
+def test_max_pool_backward_sums_overlapping_windows_in_binary32_once() -> None:
+    """3x3 windows at stride 1 over a 5x5 image whose centre is the largest value: the centre's
+    gradient is the sum of all nine windows' gradients, rounded once (the other positions, maxima of
+    no window, get +0), as a loop over the windows computes it."""
+    rng = np.random.default_rng(0)
+    img = rng.permutation(25).astype(H).reshape(1, 1, 5, 5)
+    img[0, 0, 2, 2] = 100.0
+    img[0, 0, 0, 0] = 99.0  # the maximum of the top-left window only, not the centre
+    g = (rng.integers(-2000, 2000, (1, 1, 3, 3)) * 2.0**-4 + 2.0**-10).astype(H)
+    x = t(img).requires_grad_(True)
+    dev = Device("atlas-a2")
+    with DeviceMode(dev, strict=True) as mode:
+        F.max_pool2d(x, 3, stride=1).backward(t(g))
+    assert mode.routes["aten.max_pool2d_with_indices_backward.default", "fused"] == 1
+    want = np.zeros((5, 5))
+    for i in range(3):
+        for j in range(3):
+            window = img[0, 0, i:i + 3, j:j + 3]
+            r, c = np.unravel_index(np.argmax(window), (3, 3))
+            want[i + r, j + c] += float(g[0, 0, i, j])
+    assert x.grad.numpy()[0, 0].tolist() == want.astype(H).astype(np.float64).tolist()
+    assert not dev.get_float_status()[0]
