@@ -14,9 +14,9 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   ``matmul_bias`` says (default: the product rounded, then the bias added);
   sums and means accumulate in binary32 and round once to the tensor's dtype.
   Compositions of device operations, each documented with its order:
-  ``clamp`` (maximum, then minimum), ``hardsigmoid`` and ``hardswish`` and their
-  backward (torch's CPU formulas, operation by operation in the tensor's
-  dtype), ``tanh_backward``, ``sigmoid_backward``, and ``pow`` for the
+  ``clamp`` (maximum, then minimum), ``hardsigmoid`` and ``hardswish`` (the
+  NPU kernel's order) and their backward (torch's CPU formulas), operation by
+  operation in the tensor's dtype, ``tanh_backward``, ``sigmoid_backward``, and ``pow`` for the
   exponents of CANN's Pows kernel (2, 3, 0.5, -1, -2, -0.5; see ``_pow``).
   In-place (``add_``, ``relu_``...) and ``out=`` overloads take their functional
   operation's route, the result written into the destination (rounded on the
@@ -466,21 +466,21 @@ def _relu6_plus_3(op: _Op, a: np.ndarray, dtype: torch.dtype):
 
 
 def _hardsigmoid(op: _Op, x):
-    """relu6(x + 3) / 6 in the order of torch's CPU kernel (aten/src/ATen/native/cpu/Activation.cpp,
-    hardsigmoid_kernel: min(max(x + 3, 0), 6) / 6), each operation on the device in the tensor's
-    dtype: two roundings (x + 3, the division). torch's CPU kernel evaluates the formula in binary32
-    for float16 and rounds once; what the NPU's aclnnHardsigmoid does inside is not in the sources
-    found, so the model is this composition, as an unfused NPU graph computes it."""
+    """relu6(x + 3) / 6 as the NPU's HardSwish kernel computes its factor (CANN ops-math
+    ``math/hard_swish/op_kernel/hard_swish.h``, ``HardSwish<T>::Compute``: Adds 3, Maxs 0, Mins 6,
+    Div by 6, in the tensor's own type), each operation on the device in the tensor's dtype: two
+    roundings (x + 3, the division)."""
     return _tensor(op.dev.div(_relu6_plus_3(op, _numpy(x), x.dtype), op.operand(6, x.dtype)))
 
 
 def _hardswish(op: _Op, x):
-    """x * relu6(x + 3) / 6 in the order of torch's CPU kernel (Activation.cpp, hardswish_kernel:
-    x * min(max(x + 3, 0), 6) / 6, the product first), each operation on the device in the tensor's
-    dtype (as ``_hardsigmoid``): x * 6 overflows binary16 above 10922, so x = 65504 gives 10917.33
-    with the register set in saturation mode (Inf in INF/NaN mode), where the exact value is x."""
+    """x * (relu6(x + 3) / 6), the factor first, as the NPU's HardSwish kernel computes it in the
+    tensor's own type (CANN ops-math ``math/hard_swish/op_kernel/hard_swish.h``: Adds, Maxs, Mins,
+    Div, then Mul by x), each operation on the device: x >= 3 gives x exactly (the factor is 1), so
+    nothing overflows that the result does not. (torch's CPU kernel writes x * relu6(x + 3) / 6 in
+    binary32; in binary16 that order would overflow at x * 6 above 10922.)"""
     a = _numpy(x)
-    return _tensor(op.dev.div(op.dev.mul(a, _relu6_plus_3(op, a, x.dtype)), op.operand(6, x.dtype)))
+    return _tensor(op.dev.mul(a, op.dev.div(_relu6_plus_3(op, a, x.dtype), op.operand(6, x.dtype))))
 
 
 def _gradient_where(op: _Op, grad, x) -> tuple[np.ndarray, np.ndarray, Callable]:

@@ -92,23 +92,17 @@ def hardsigmoid16(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
-def test_hardsigmoid_and_hardswish_are_device_compositions_in_torchs_order(profile: str) -> None:
+def test_hardsigmoid_and_hardswish_are_device_compositions_in_the_npu_kernels_order(profile: str) -> None:
+    """hardsigmoid = relu6(x + 3) / 6 and hardswish = x * that, each step rounded in binary16 (numpy
+    float16 is IEEE binary16 arithmetic): nothing overflows, x >= 3 gives x itself."""
     (sig, swish, inplace), routes, status = routed(
         lambda: (F.hardsigmoid(t(XS)), F.hardswish(t(XS)), F.hardswish(t(XS.copy()), inplace=True)), profile)
     assert routes == {"device"} and sig.dtype == swish.dtype == torch.float16
     assert bits(sig) == bits(hardsigmoid16(XS))
-    with np.errstate(over="ignore"):
-        product = XS * np.minimum(np.maximum(XS + H(3), H(0)), H(6))  # x * relu6: Inf above 10922
-    # x * 6 overflows binary16 from 10922 up: Inf in INF/NaN mode, 65504 in saturation mode,
-    # and the register knows in both.
-    want = (product if profile == "atlas-a2" else sat(product)) / H(6)
-    assert bits(swish) == bits(want.astype(H)) and bits(inplace) == bits(swish)
-    assert status[0] == 1
-    if profile == "atlas-training":
-        assert float(swish[-1]) == float(H(MAX / 6)) and float(swish[-2]) == float(H(MAX / 6))
-    _, _, quiet = routed(lambda: F.hardswish(t(XS[XS < 10000])), profile)
-    assert not quiet[0]  # below 10922 nothing overflows
-
+    assert bits(swish) == bits((XS * hardsigmoid16(XS)).astype(H)) and bits(inplace) == bits(swish)
+    big = XS >= 3
+    assert np.array_equal(np.asarray(bits(swish))[big], np.asarray(bits(XS))[big])
+    assert not status[0]
 
 
 @pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
