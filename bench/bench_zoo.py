@@ -1,13 +1,13 @@
 """Cost of a real model's training step under sim.torch.DeviceMode against its eager float32 step.
 
 Each model of the zoo (tests/zoo.py: torchvision, timm, transformers and torch.nn models from
-small configs, batch 2) runs forward and backward in float16 under a DeviceMode on
+small configs, batch 2 unless ``--batch`` says otherwise) runs forward and backward in float16 under a DeviceMode on
 atlas-training, and the same model (same weights) in eager torch float32 on the CPU; the two
 are timed in turn, best of ``--repeat``, in one run. Prints each model's ratio, then the
 median and the maximum over the zoo. Models whose library is missing are left out.
 Target: median at most 5x, no model above 15x.
 
-    python bench/bench_zoo.py [--repeat 5] [--models gpt2 lstm]
+    python bench/bench_zoo.py [--repeat 5] [--batch 2] [--models gpt2 lstm]
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from sim import Device  # noqa: E402
 from sim.torch import DeviceMode  # noqa: E402
 
 
-def time_model(name: str, repeat: int) -> tuple[float, float]:
+def time_model(name: str, repeat: int, batch: int) -> tuple[float, float]:
     """(eager float32 seconds, DeviceMode float16 seconds) for one step of model ``name``."""
-    m32, b32 = zoo.build(name)
+    m32, b32 = zoo.build(name, batch=batch)
     m16, b16 = copy.deepcopy(m32).half(), b32.to(torch.float16)
     dev = Device("atlas-training")
 
@@ -55,16 +55,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--models", nargs="*", default=list(zoo.ZOO), choices=list(zoo.ZOO))
+    ap.add_argument("--batch", type=int, default=zoo.BATCH, help="examples per step (default: the tests' 2)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
-    print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; torch threads: 1; best of {args.repeat}")
+    print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; torch threads: 1; best of {args.repeat}; "
+          f"batch {args.batch}")
     print(f"{'model':<20}{'library':<14}{'eager f32 ms':>14}{'DeviceMode ms':>15}{'ratio':>8}")
     ratios: dict[str, float] = {}
     for name in args.models:
         entry = zoo.ZOO[name]
         try:
-            t_eager, t_emul = time_model(name, args.repeat)
+            t_eager, t_emul = time_model(name, args.repeat, args.batch)
         except ImportError as e:
             print(f"{name:<20}{entry.library:<14}  skipped: {e}")
             continue

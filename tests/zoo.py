@@ -184,24 +184,25 @@ ZOO: dict[str, Entry] = {
 }
 
 
-def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, Batch]:
-    """Model ``name`` in float32 (train mode, weights seeded) and its batch (float32 images)."""
+def build(name: str, seed: int = 0, batch: int = BATCH) -> tuple[torch.nn.Module, Batch]:
+    """Model ``name`` in float32 (train mode, weights seeded) and a batch of ``batch`` examples
+    (float32 images, or token sequences)."""
     entry = ZOO[name]
     torch.manual_seed(seed)
     model = entry.make().train()
     g = torch.Generator().manual_seed(seed)
     if entry.kind == "image":
-        x = torch.randn(BATCH, 3, 32, 32, generator=g)
-        batch = Batch({"x": x}, torch.randint(0, CLASSES, (BATCH,), generator=g))
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        examples = Batch({"x": x}, torch.randint(0, CLASSES, (batch,), generator=g))
     else:
-        ids = torch.randint(1, VOCAB, (BATCH, TOKENS), generator=g)
+        ids = torch.randint(1, VOCAB, (batch, TOKENS), generator=g)
         inputs = {"input_ids": ids}
         if entry.kind == "seq2seq":
             inputs["decoder_input_ids"] = torch.roll(ids, 1, 1)
-        batch = Batch(inputs, torch.roll(ids, -1, 1))
+        examples = Batch(inputs, torch.roll(ids, -1, 1))
     if entry.library == "transformers" and entry.kind == "image":
-        batch = Batch({"pixel_values": batch.inputs["x"]}, batch.target)
-    return model, batch
+        examples = Batch({"pixel_values": examples.inputs["x"]}, examples.target)
+    return model, examples
 
 
 def logits(out: Any) -> torch.Tensor:
