@@ -12,7 +12,8 @@ checks, and that nothing imports in a circle):
   in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 scaling
   recipes and the substitute that runs a device's matmuls in FP8), ``phases`` (``PHASES`` and
   ``begin_phase``: the step's phases as the device's context tags);
-- ``app``: ``cli``, ``files``, ``plots``, ``sweep``.
+- ``app``: ``cli``, ``files``, ``plots``, ``sweep``, ``results`` (``load_run``: an output
+  folder back as typed values, exported here and imported on first use).
 
 ``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
 releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
@@ -31,5 +32,14 @@ policies = frameworks  # the earlier name of lossscale.policy.frameworks
 __all__ = [
     "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
     "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies", "__version__",
-    "PHASES", "begin_phase",
+    "PHASES", "begin_phase", "load_run",
 ]
+
+
+def __getattr__(name: str):
+    """``load_run`` on first use: the app layer (file reading) loads only when asked for."""
+    if name == "load_run":
+        from .app.results import load_run
+
+        return load_run
+    raise AttributeError(f"module 'lossscale' has no attribute {name!r}")

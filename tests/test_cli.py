@@ -183,3 +183,31 @@ def test_workload_text_arguments_and_repeated_keys(capsys, tmp_path) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["lossscale: error: --manager-arg gives init_loss_scale twice (8 and '16'); give it once"]
     assert not (tmp_path / "twice").exists()
+
+
+def test_run_and_compare_draw_in_the_format_asked(capsys, tmp_path) -> None:
+    out = tmp_path / "svg"
+    assert main(["run", "--steps", "6", "--quiet", "--format", "svg", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["events.csv", "events.svg", "scale.svg", "summary.json",
+                                                      "trajectory.csv"]
+    assert (out / "scale.svg").read_bytes().lstrip().startswith(b"<?xml")
+    cmp = tmp_path / "pdf"
+    assert main(["compare", "--manager", "torch", "--manager", "fixed", "--steps", "4", "--quiet", "--no-events",
+                 "--format", "pdf", "--out", str(cmp)]) == 0
+    assert (cmp / "compare.pdf").read_bytes().startswith(b"%PDF") and not (cmp / "compare.png").exists()
+    assert sorted(p.name for p in (cmp / "torch").iterdir()) == ["scale.pdf", "summary.json", "trajectory.csv"]
+    assert "compare.pdf" in capsys.readouterr().out
+    code, _, err = run_cli(capsys, "run", "--format", "gif")
+    assert code == 2 and "invalid choice: 'gif'" in err
+
+
+def test_run_help_lists_each_workload_and_its_arguments(capsys) -> None:
+    from lossscale.training.workloads import WORKLOADS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    listing = text[text.index("workloads and their --workload-arg"):]
+    assert [line.split(":")[0].strip() for line in listing.splitlines()[1:]] == [*WORKLOADS, "package.module"]
+    assert "  mlp: hidden=32, batch=64, learning_rate=0.1, momentum=0.9, log_perplexity=False" in listing
+    assert "  trace: size=4096, batch=1, learning_rate=0.01, drift=0.15, spike_rate=0.03, spread=3.0" in listing

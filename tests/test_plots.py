@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lossscale.app.plots import MARKS, figure_compare, figure_heatmaps, figure_run
+from lossscale.app.plots import MARKS, figure_compare, figure_events, figure_fp8, figure_heatmaps, figure_run
 from lossscale.simulate import simulate
 
 
@@ -113,3 +113,62 @@ def test_importing_and_drawing_leaves_the_backend_alone() -> None:
             "print(matplotlib.get_backend(), len(plt.get_fignums()), type(fig).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["svg", "0", "Figure"]
+
+
+@pytest.fixture(scope="module")
+def fp8_run():
+    return simulate(profile="atlas-350", fp8="delayed", steps=25)
+
+
+def test_fp8_plot_has_a_panel_per_tensor_group_marking_inf_amax_and_overflows(fp8_run) -> None:
+    log = fp8_run.fp8
+    groups = list(dict.fromkeys(r["tensor"].rsplit(".", 2)[0] for r in log))  # label.phase
+    fig = figure_fp8(fp8_run)
+    assert [ax.get_ylabel() for ax in fig.axes[:-1]] == groups == ["fc1.forward", "fc2.forward", "fc2.backward",
+                                                                   "fc1.backward"]
+    tensors = list(dict.fromkeys(r["tensor"] for r in log))
+    inf_steps = {t: [r["step"] for r in log if r["tensor"] == t and not np.isfinite(r["amax"])] for t in tensors}
+    over_steps = {t: [r["step"] for r in log if r["tensor"] == t and r["saturated"] > 0] for t in tensors}
+    assert any(inf_steps.values()) and any(over_steps.values())  # the run has both to show
+    for ax, group in zip(fig.axes, groups, strict=False):
+        drawn = lines(ax)
+        for tensor in (t for t in inf_steps if t.startswith(group + ".")):
+            short = tensor[len(group) + 1:]
+            assert {f"{short} scale", f"{short} amax"} <= set(drawn)
+            inf = drawn.get(f"{short} amax Inf/NaN")
+            assert (list(inf.get_xdata()) if inf else []) == inf_steps[tensor]
+            over = drawn.get(f"{short}: cast overflowed")
+            assert (list(over.get_xdata()) if over else []) == over_steps[tensor]
+    bottom = lines(fig.axes[-1])
+    steps = sorted({r["step"] for r in log})
+    assert list(bottom["overflowed (saturated or NaN/Inf)"].get_ydata()) == [
+        sum(r["saturated"] for r in log if r["step"] == t) for t in steps]
+    assert fig.axes[-1].get_yscale() == "symlog"  # a few overflowed elements show beside thousands of NaNs
+
+
+def test_an_underflow_panel_with_nothing_to_show_says_so(naive) -> None:
+    import dataclasses
+
+    for fill, words in ((0.0, "no underflow: every measured fraction is 0"), (np.nan, "underflow not measured")):
+        run = dataclasses.replace(naive, records=[{**r, "underflow_fraction": fill} for r in naive.records])
+        under = figure_run(run).axes[2]
+        assert [t.get_text() for t in under.texts] == [words] and not under.get_lines()
+        assert list(under.get_yticks()) == []
+    records = [{**r, "underflow_fraction": 0.25 if r["step"] == 3 else np.nan} for r in naive.records]
+    under = figure_run(dataclasses.replace(naive, records=records)).axes[2]
+    [line] = under.get_lines()
+    assert list(line.get_xdata()) == [3] and not under.texts
+
+
+def test_every_figure_function_returns_a_figure_and_events_have_a_y_title(fp8_run) -> None:
+    from matplotlib.figure import Figure
+
+    from lossscale.app import plots
+
+    made = {"figure_run": figure_run(fp8_run), "figure_compare": figure_compare([("a", fp8_run), ("b", fp8_run)]),
+            "figure_heatmaps": figure_heatmaps([{"manager": "a", "status": "ok", "skipped_steps": 1,
+                                                 "final_loss": 1}], "manager", None),
+            "figure_fp8": figure_fp8(fp8_run), "figure_events": figure_events(fp8_run)}
+    assert set(made) == {n for n in plots.__all__ if n.startswith("figure_")}
+    assert all(type(fig) is Figure for fig in made.values())
+    assert made["figure_events"].axes[0].get_ylabel() == "label (module or device.label)"

@@ -19,6 +19,8 @@ def test_readme_python_examples_run(capsys) -> None:
     for block in blocks:
         if "import torch" in block and importlib.util.find_spec("torch") is None:
             continue  # the optional extra; CI installs it
+        if "to_pandas()" in block and importlib.util.find_spec("pandas") is None:
+            continue
         capsys.readouterr()
         exec(compile(block, str(README), "exec"), ns)  # noqa: S102
         out = capsys.readouterr().out
@@ -41,6 +43,11 @@ def test_readme_python_examples_run(capsys) -> None:
             assert ns["sat"].astype(float).tolist() == [1, 288, 448, 0]
             assert np.array_equal(ns["formats"].decode(ns["hif8"], "hifloat8"), [1, 256, 1024, nan], equal_nan=True)
             assert ns["q"].scales.shape == (4, 2)
+        if "load_run(folder)" in block:  # the run's first row and summary, read back from its files
+            register, skipped = out.splitlines()[-2:]
+            assert register == "(1, 1, 0, 4, 0, 0, 0, 0)" and ns["run"].rows[0].register == (1, 1, 0, 4, 0, 0, 0, 0)
+            assert int(skipped) == sum(not r.applied for r in ns["run"].rows) > 0
+            assert list(ns["frame"].columns)[:2] == ["step", "loss_scale"] and len(ns["frame"]) == 20
         if "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())

@@ -118,3 +118,18 @@ def test_a_value_twice_and_a_heat_map_over_one_axis_are_refused(tmp_path) -> Non
     with pytest.warns(UserWarning, match=r"'profile' does not vary in this sweep \(one value: 'atlas-a2'\); "
                                          r"axes that do: manager, seed"):
         assert heatmap_axes(rows, ("manager", "profile")) == ("manager", "profile")
+
+
+def test_the_example_grid_has_a_second_axis_that_shows_a_difference() -> None:
+    """examples/sweep-trace.toml: its heat maps' two default axes (manager, detector) both vary,
+    and the detector changes the skipped steps of one manager and seed."""
+    from pathlib import Path
+
+    from lossscale.app.sweep import heatmap_axes, run_point
+
+    fixed, axes = load_grid(Path(__file__).parent.parent / "examples" / "sweep-trace.toml")
+    grid = points(fixed, axes)
+    assert len(grid) == 200 and heatmap_axes(grid) == ("manager", "detector")
+    pair = [p for p in grid if p["manager"] == "torch" and p["seed"] == 0]
+    skipped = {p["detector"]: run_point(p)["skipped_steps"] for p in pair}
+    assert skipped["isfinite"] == 0 < skipped["tf-npu"]

@@ -3,3 +3,7 @@
 
 The top layer of ``lossscale``: it uses ``lossscale.training`` and ``lossscale.policy``.
 """
+
+#: The image formats the plots are written in (``--format``): here, so that the command line
+#: names them without importing matplotlib.
+FORMATS = ("png", "svg", "pdf")

@@ -22,6 +22,7 @@ from sim import profiles
 
 from ..training.config import settings
 from ..training.simulate import MANAGERS, Interrupted, Run, manager_arguments, simulate
+from . import FORMATS
 
 __all__ = ["main"]
 
@@ -137,6 +138,23 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
                    help="output folder (its parent must exist; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--format", choices=FORMATS, default="png", help="the plots' image format")
+    plain = p.format_help
+
+    def with_workloads() -> str:  # read on --help only: the torch workloads' signatures import torch
+        return plain() + "\n" + _workload_listing()
+    p.format_help = with_workloads  # type: ignore[method-assign]
+
+
+def _workload_listing() -> str:
+    """Each built-in workload's --workload-arg names and defaults, as the constructors declare them."""
+    from ..training.workloads import WORKLOADS, arguments
+    lines = ["workloads and their --workload-arg KEY=VALUE arguments (defaults):"]
+    for name in WORKLOADS:
+        shown = ", ".join(f"{k}={v}" for k, v in arguments(name).items())
+        lines.append(f"  {name}: {shown or 'no arguments'}")
+    lines.append("  package.module:factory: the factory's own keyword arguments (it is called with seed too)")
+    return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot = command("plot", "redraw the plots of a run, compare or sweep folder",
                    "Redraw the plots of a folder that lossscale run, compare or sweep wrote.")
     plot.add_argument("folder", type=Path, help="the output folder")
-    plot.add_argument("--format", choices=["png", "svg", "pdf"], default="png", help="the image format")
+    plot.add_argument("--format", choices=FORMATS, default="png", help="the image format")
     plot.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
                       help="a sweep's heat-map axes, such as detector,overflow_mode (default: the first two that "
                            "vary)")
@@ -228,7 +246,8 @@ def _out_folder(args: argparse.Namespace, name: str) -> Path:
     from .files import check_out
     if args.out is not None:
         return check_out(args.out, args.force)
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force", "quiet", "command")}
+    skip = ("out", "force", "quiet", "command", "format")  # what does not change the run
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in skip}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
     stem = Path("runs") / (f"{name}-{args.profile}-{args.overflow_mode or 'default'}-{args.detector or 'auto'}-"
                            f"r{args.ranks}-seed{args.seed}-{digest}")
@@ -341,12 +360,12 @@ def _runs(args: argparse.Namespace, names: list[str], stage: Path, out: Path,
         try:
             run = _simulate(args, name)
         except Interrupted as stop:
-            write_run(stop.run, where)
+            write_run(stop.run, where, fmt=args.format)
             print(_describe(stop.run))
             shown = out / name if nested else out
             print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {shown}", file=sys.stderr)
             raise
-        write_run(run, where)
+        write_run(run, where, fmt=args.format)
         runs.append((name, run))
     return runs
 
@@ -374,19 +393,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
     with staged(out, args.force) as stage:
         runs = _runs(args, names, stage, out, nested=True)
         write_atomic(stage / "compare.json", (json.dumps({"managers": names}) + "\n").encode())
-        write_atomic(stage / "compare.png", plot_compare(runs))
+        write_atomic(stage / f"compare.{args.format}", plot_compare(runs, fmt=args.format))
     print(_head(runs[0][1].summary))
     for _, run in runs:
         print(_arguments(run.summary))
     print(_table([_row(name, run) for name, run in runs]))
-    print(f"wrote {out / 'compare.png'} and one folder per manager under {out}")
+    print(f"wrote {out / f'compare.{args.format}'} and one folder per manager under {out}")
 
 
 def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
     """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
     paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
     from .files import check_folder, read_run, write_atomic, write_plots
-    from .plots import FORMATS, plot_compare
+    from .plots import plot_compare
     if fmt not in FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
     folder = check_folder(folder, "the folder that lossscale run, compare or sweep wrote")
@@ -396,10 +415,8 @@ def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = Non
         from .sweep import redraw_sweep
 
         return [redraw_sweep(folder, fmt, heatmap)]
-    members = sorted(p for p in folder.iterdir() if (p / "trajectory.csv").exists())
-    if (folder / "compare.json").exists():  # the managers in the order compare ran them
-        order = json.loads((folder / "compare.json").read_text())["managers"]
-        members = [folder / name for name in order if (folder / name / "trajectory.csv").exists()]
+    from .results import compare_members
+    members = compare_members(folder)
     if members:
         path = folder / f"compare.{fmt}"
         write_atomic(path, plot_compare([(p.name, read_run(p)) for p in members], fmt=fmt))

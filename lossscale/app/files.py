@@ -19,14 +19,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
-from ..training.fp8 import FP8_COLUMNS
-from ..training.simulate import COLUMNS, EVENT_COLUMNS, SCHEMA, Run
+from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, EventRow, Fp8Row, Run
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
-           "json_text", "staged"]
+           "json_text", "staged", "cell"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -142,6 +142,8 @@ def _csv_value(value: Any) -> str:
         return "1" if value else "0"
     if isinstance(value, float):
         return repr(value)  # shortest round-trip text: the file carries the exact binary64 value
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)  # the register: its numbers, space-separated
     return str(value)
 
 
@@ -154,8 +156,9 @@ def _csv(columns, rows) -> bytes:
     return buf.getvalue().encode()
 
 
-def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
-    """Write the run's files into ``out`` (created if need be); returns their paths."""
+def write_run(run: Run, out: Path, plot: bool = True, fmt: str = "png") -> list[Path]:
+    """Write the run's files into ``out`` (created if need be), the plots in ``fmt`` (png, svg
+    or pdf); returns their paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "trajectory.csv", out / "summary.json"]
@@ -168,7 +171,7 @@ def write_run(run: Run, out: Path, plot: bool = True) -> list[Path]:
         paths.append(out / "fp8.csv")
         write_atomic(paths[-1], _csv(FP8_COLUMNS, run.fp8))
     if plot:
-        paths += write_plots(run, out)
+        paths += write_plots(run, out, fmt)
     return paths
 
 
@@ -198,8 +201,9 @@ def check_folder(folder: Path, what: str) -> Path:
 
 
 def read_run(folder: Path) -> Run:
-    """A run back from its files (for ``lossscale plot``); ValueError naming a missing or
-    malformed file."""
+    """A run back from its files (for ``lossscale plot`` and :func:`lossscale.load_run`), each
+    cell of the type its column has (:class:`Row`, :class:`EventRow`, :class:`Fp8Row`);
+    ValueError naming a missing or malformed file."""
     folder = check_folder(folder, "the run's folder (it holds trajectory.csv)")
     try:
         text = (folder / "trajectory.csv").read_text()
@@ -210,22 +214,41 @@ def read_run(folder: Path) -> Run:
         summary = json.loads(summary_text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{str(folder / 'summary.json')!r} is not valid JSON ({err})") from None
-    records = _rows(folder / "trajectory.csv", text, COLUMNS, {k: SCHEMA[k] for k in COLUMNS})
-    events = []
-    if (folder / "events.csv").exists():
-        kinds = {"rank": int, "step": int, "phase": str, "label": str, "op": str, "flags": str, "elements": int}
-        events = [{**e, "phase": e["phase"] or None, "label": e["label"] or None}
-                  for e in _rows(folder / "events.csv", (folder / "events.csv").read_text(), EVENT_COLUMNS, kinds)]
-    fp8 = []
-    if (folder / "fp8.csv").exists():
-        kinds = {"step": int, "rank": int, "tensor": str, "format": str, "scale": float, "amax": float,
-                 "saturated": int, "nonfinite": int}
-        fp8 = _rows(folder / "fp8.csv", (folder / "fp8.csv").read_text(), FP8_COLUMNS, kinds)
-    return Run(records, summary, summary.get("arguments", {}), events, fp8)
+    records = _rows(folder / "trajectory.csv", text, SCHEMA)
+    logs = {}
+    for name, record in (("events", EventRow), ("fp8", Fp8Row)):
+        path = folder / f"{name}.csv"
+        logs[name] = _rows(path, path.read_text(), {f.name: f.type for f in fields(record)}) if path.exists() else []
+    return Run(records, summary, summary.get("arguments", {}), logs["events"], logs["fp8"])
 
 
-def _rows(path: Path, text: str, columns: tuple[str, ...], kinds: dict[str, type]) -> list[dict[str, Any]]:
-    """A CSV file's rows by ``kinds`` (empty cells: None); ValueError naming the file and line."""
+def cell(kind: Any, text: str) -> Any:
+    """One CSV cell as a value of ``kind``, a column's type: an empty cell is None, except in a
+    column of type ``str`` (text, possibly empty); booleans are written 1/0; a tuple of ints (the
+    register) is its numbers separated by spaces."""
+    optional = type(None) in get_args(kind)
+    if optional:
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    if kind is str:
+        return None if optional and text == "" else text
+    if text == "":
+        return None
+    if kind is bool:
+        if text not in _BOOLS:
+            raise ValueError(f"{text!r} is not 1 or 0")
+        return _BOOLS[text]
+    if get_origin(kind) is tuple:
+        return tuple(int(v) for v in text.split())
+    return kind(text)
+
+
+_BOOLS = {"1": True, "0": False, "True": True, "False": False}
+
+
+def _rows(path: Path, text: str, kinds: dict[str, Any]) -> list[dict[str, Any]]:
+    """A CSV file's rows, each cell by :func:`cell` of its column's type in ``kinds`` (whose keys
+    are the columns, in order); ValueError naming the file and line."""
+    columns = tuple(kinds)
     reader = csv.DictReader(io.StringIO(text))
     if tuple(reader.fieldnames or ()) != columns:
         raise ValueError(f"{str(path)!r} does not have the columns {', '.join(columns)}")
@@ -234,8 +257,7 @@ def _rows(path: Path, text: str, columns: tuple[str, ...], kinds: dict[str, type
         try:
             if None in row or None in row.values():
                 raise ValueError("wrong number of cells")
-            rows.append({k: v if kinds[k] is str else None if v == "" else v == "1" if kinds[k] is bool
-                         else kinds[k](v) for k, v in row.items()})
+            rows.append({k: cell(kinds[k], v) for k, v in row.items()})
         except (TypeError, ValueError) as err:
             raise ValueError(f"{str(path)!r} line {line} is malformed ({err}); the file may be truncated") from None
     return rows

@@ -16,14 +16,12 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..training.simulate import Run
+from . import FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
            "figure_events", "figure_fp8", "plot_fp8", "FORMATS", "MARKS"]
 
 
-
-#: Image formats the plots are written in.
-FORMATS = ("png", "svg", "pdf")
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
              "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}
 
@@ -92,7 +90,7 @@ def plot_run(run: Run, fmt: str = "png") -> bytes:
     return _png(figure_run(run), fmt)
 
 
-def figure_run(run: Run):
+def figure_run(run: Run) -> Figure:
     """One run: the scale with its step markers; the loss against the binary32 baseline; the
     underflow fraction; the largest gradient against what binary16 holds at the step's scale;
     and, with several ranks, each rank's events and decisions."""
@@ -111,11 +109,7 @@ def figure_run(run: Run):
     loss_ax.set_ylabel("loss")
     loss_ax.set_yscale("log")
     loss_ax.legend(loc="best", fontsize=7)
-    fraction = run.column("underflow_fraction").astype(float)
-    measured = ~np.isnan(fraction)
-    under_ax.plot(steps[measured], fraction[measured], ".-", color="tab:green", label="gradients lost to underflow")
-    under_ax.set_ylabel("underflow\nfraction")
-    under_ax.legend(loc="best", fontsize=7)
+    _draw_underflow(under_ax, steps, run.column("underflow_fraction").astype(float))
     grad = run.column("grad_max").astype(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         grad_ax.plot(steps, np.where(grad > 0, grad, np.nan), color="tab:brown", label="largest |gradient|")
@@ -131,6 +125,20 @@ def figure_run(run: Run):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _draw_underflow(ax, steps: np.ndarray, fraction: np.ndarray) -> None:
+    """The measured underflow fractions; when none is above zero (or none was measured), the
+    panel says so in words instead of drawing a flat line on an axis of no scale."""
+    measured = ~np.isnan(fraction)
+    ax.set_ylabel("underflow\nfraction")
+    if not (fraction[measured] > 0).any():
+        words = "no underflow: every measured fraction is 0" if measured.any() else "underflow not measured"
+        ax.text(0.5, 0.5, words, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="tab:green")
+        ax.set_yticks([])
+        return
+    ax.plot(steps[measured], fraction[measured], ".-", color="tab:green", label="gradients lost to underflow")
+    ax.legend(loc="best", fontsize=7)
 
 
 def _draw_ranks(ax, run: Run, ranks: int) -> None:
@@ -159,7 +167,7 @@ def plot_compare(runs: Sequence[tuple[str, Run]], fmt: str = "png") -> bytes:
     return _png(figure_compare(runs), fmt)
 
 
-def figure_compare(runs: Sequence[tuple[str, Run]]):
+def figure_compare(runs: Sequence[tuple[str, Run]]) -> Figure:
     """Several managers on one figure: their scales with register events, skipped and undetected steps marked
     (line styles and widths differ, so that overlapping lines stay visible), their losses
     against the binary32 baseline below."""
@@ -207,7 +215,7 @@ def heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
 
 
 def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
-                    metrics: Sequence[str] = ("skipped_steps", "final_loss")):
+                    metrics: Sequence[str] = ("skipped_steps", "final_loss")) -> Figure:
     """One heat map per metric over two axes of a sweep (``col_axis`` None: one column): each
     cell the mean over the points that share its two values (seeds, other axes), written with
     the spread (min-max) when they differ; cells whose points all failed say so, and a cell
@@ -264,35 +272,63 @@ def plot_fp8(run: Run, fmt: str = "png") -> bytes:
     return _png(figure_fp8(run), fmt)
 
 
-def figure_fp8(run: Run, rank: int = 0):
-    """Every tensor's FP8 scale (top) and amax (middle) per step on ``rank``, and the elements
-    whose cast overflowed per step, summed over tensors (bottom): the recipe in the title."""
+def _fp8_group(tensor: str) -> str:
+    """A tensor's group: its label and phase (``fc2.backward`` of ``fc2.backward.1.a``)."""
+    return tensor.rsplit(".", 2)[0]
+
+
+def figure_fp8(run: Run, rank: int = 0) -> Figure:
+    """The FP8 log of ``rank``: one panel per tensor group (label and phase) with each tensor's
+    scale (solid) and amax (dotted) per step on a log2 axis, an amax of Inf or NaN marked by a
+    triangle at the panel's top and a step where a tensor's cast overflowed by a cross on its
+    amax; below, the elements that overflowed and that became NaN or Inf per step, summed over
+    tensors, on a symmetric log axis (so that 8 shows beside 2000). The recipe in the title."""
     rows = [r for r in run.fp8 if r["rank"] == rank]
     tensors = list(dict.fromkeys(r["tensor"] for r in rows))
-    fig = Figure(figsize=(8, 7.5))
-    scale_ax, amax_ax, over_ax = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 1.3])
-    styles = ["-", "--", ":", "-."]
-    for i, name in enumerate(tensors):
-        mine = [r for r in rows if r["tensor"] == name]
-        steps = [r["step"] for r in mine]
-        kw = dict(linestyle=styles[(i // 10) % len(styles)], linewidth=1.2, label=name)
-        scale_ax.plot(steps, [r["scale"] for r in mine], **kw)
-        amax_ax.plot(steps, [r["amax"] if r["amax"] > 0 else np.nan for r in mine], **kw)
-    for ax, label in ((scale_ax, "scale (per tensor)"), (amax_ax, "amax (binary16 operand)")):
+    groups = list(dict.fromkeys(_fp8_group(t) for t in tensors))
+    fig = Figure(figsize=(9, 1.9 * len(groups) + 2.6))
+    axes = fig.subplots(len(groups) + 1, 1, sharex=True, squeeze=False,
+                        height_ratios=[2] * len(groups) + [1.6])[:, 0]
+    for ax, group in zip(axes, groups, strict=False):
+        mine = [t for t in tensors if _fp8_group(t) == group]
+        for i, name in enumerate(mine):
+            log = [r for r in rows if r["tensor"] == name]
+            steps = np.array([r["step"] for r in log])
+            scale, amax = (np.array([r[k] for r in log], float) for k in ("scale", "amax"))
+            over = np.array([r["saturated"] > 0 for r in log])
+            short = name[len(group) + 1:]
+            ax.plot(steps, scale, "-", color=f"C{i}", lw=1.2, label=f"{short} scale")
+            with np.errstate(invalid="ignore"):
+                shown = np.where(np.isfinite(amax) & (amax > 0), amax, np.nan)
+            ax.plot(steps, shown, ":", color=f"C{i}", lw=1.4, label=f"{short} amax")
+            if over.any():
+                ax.plot(steps[over], np.where(np.isnan(shown[over]), np.nanmax(scale), shown[over]), "x",
+                        color=f"C{i}", ms=7, label=f"{short}: cast overflowed")
+            bad = ~np.isfinite(amax)
+            if bad.any():
+                ax.plot(steps[bad], np.full(bad.sum(), 0.96), "^", color=f"C{i}", ms=6, mec="black",
+                        transform=ax.get_xaxis_transform(), clip_on=False, label=f"{short} amax Inf/NaN")
         ax.set_yscale("log", base=2)
-        ax.set_ylabel(label)
-    scale_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=6)
+        ax.set_ylabel(group, fontsize=8)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=6)
+        ax.grid(alpha=0.3)
+    over_ax = axes[-1]
     steps = sorted({r["step"] for r in rows})
-    over = [sum(r["saturated"] for r in rows if r["step"] == t) for t in steps]
-    bad = [sum(r["nonfinite"] for r in rows if r["step"] == t) for t in steps]
-    over_ax.bar(steps, over, width=1.0, color="tab:orange", label="overflowed (saturated or NaN/Inf)")
-    over_ax.plot(steps, bad, ".", color="tab:red", markersize=3, label="became NaN or Inf")
-    over_ax.set_ylabel("elements")
+    for column, style, text in (("saturated", dict(color="tab:orange", marker="s"), "overflowed (saturated or "
+                                 "NaN/Inf)"), ("nonfinite", dict(color="tab:red", marker="."), "became NaN or Inf")):
+        totals = [sum(r[column] for r in rows if r["step"] == t) for t in steps]
+        over_ax.plot(steps, totals, ms=4, lw=1, label=text, **style)
+    over_ax.set_yscale("symlog", linthresh=1)
+    over_ax.set_ylim(bottom=0)
+    over_ax.set_ylabel("elements\n(all tensors)")
     over_ax.set_xlabel("step")
-    over_ax.legend(loc="best", fontsize=7)
+    over_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    over_ax.grid(alpha=0.3)
     f = run.summary.get("fp8") or {}
     shown = ", ".join(f"{k}={v}" for k, v in (f.get("arguments") or {}).items())
-    scale_ax.set_title(f"FP8 matmuls: {f.get('recipe', '?')} ({shown})\n{_title(run)}", fontsize=8)
+    axes[0].set_title(f"FP8 matmuls: {f.get('recipe', '?')} ({shown})\n{_title(run)}\n"
+                      f"one panel per tensor group (label.phase): each tensor's scale solid, its amax dotted",
+                      fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -302,7 +338,7 @@ def plot_events(run: Run, top: int = 12, fmt: str = "png") -> bytes:
     return _png(figure_events(run, top), fmt)
 
 
-def figure_events(run: Run, top: int = 12):
+def figure_events(run: Run, top: int = 12) -> Figure:
     """Operations with register events per label (rows, the ``top`` labels by events) and
     step (columns), summed over ranks; the first overflow named in the title."""
     events = run.events
@@ -323,6 +359,7 @@ def figure_events(run: Run, top: int = 12):
                    extent=(-0.5, steps - 0.5, len(labels) - 0.5, -0.5))
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("step")
+    ax.set_ylabel("label (module or device.label)")
     first = run.summary.get("first_overflow")
     where = (f"first: step {first['step']}, {first['op']} in {first['label'] or '(unlabelled)'} ({first['phase']})"
              if first else "no events")

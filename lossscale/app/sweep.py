@@ -53,7 +53,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["load_grid", "points", "run_point", "run_sweep", "RESULT_COLUMNS", "check_points", "redraw_sweep",
-           "heatmap_axes"]
+           "heatmap_axes",
+           "read_results"]
 
 #: The settings a grid can fix or vary: those that say what a run is (``RunConfig``'s recorded fields).
 AXES = tuple(f.name for f in recorded())
@@ -256,12 +257,37 @@ def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> None:
                          f"start it over with this grid")
 
 
+def read_results(folder: Path, typed: bool = False) -> list[dict[str, Any]]:
+    """``results.csv``'s rows: as text, or (``typed``) each cell as its value: the index and
+    count metrics as ints, the other metrics as floats, an axis by its ``RunConfig`` field
+    (tables decoded from JSON, integers), None where a cell is empty; ValueError naming the file."""
+    path = Path(folder) / "results.csv"
+    rows = list(csv.DictReader(io.StringIO(path.read_text())))
+    if not rows or tuple(rows[0]) != RESULT_COLUMNS:
+        raise ValueError(f"{str(path)!r} does not have the columns {', '.join(RESULT_COLUMNS)}")
+    if not typed:
+        return rows
+    kinds = {**{f.name: _axis_kind(f) for f in recorded()}, "index": int,
+             **{m: int if m == "steps_run" or m.endswith(("_steps", "_elements")) else float for m in METRICS}}
+    try:
+        return [{k: v if k not in kinds else None if v == "" else kinds[k](v) for k, v in row.items()}
+                for row in rows]
+    except ValueError as err:
+        raise ValueError(f"{str(path)!r} has a malformed cell ({err})") from None
+
+
+def _axis_kind(f: Any) -> Callable[[str], Any]:
+    """How a ``results.csv`` cell of the setting ``f`` is read: tables as JSON, integers as int."""
+    if f.metadata["table"]:
+        return json.loads
+    if isinstance(f.default, int) and not isinstance(f.default, bool):
+        return int
+    return str
+
+
 def redraw_sweep(folder: Path, fmt: str = "png", axes: tuple[str, str] | None = None) -> Path:
     """``sweep.FMT`` redrawn from ``results.csv`` (over ``axes``, or the default pair)."""
-    text = (Path(folder) / "results.csv").read_text()
-    rows = list(csv.DictReader(io.StringIO(text)))
-    if not rows or tuple(rows[0]) != RESULT_COLUMNS:
-        raise ValueError(f"{str(Path(folder) / 'results.csv')!r} does not have the columns {', '.join(RESULT_COLUMNS)}")
+    rows = read_results(folder)
     path = Path(folder) / f"sweep.{fmt}"
     write_atomic(path, _heatmaps(rows, fmt, axes))
     return path

@@ -38,6 +38,7 @@ from sim.device import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
 from ..policy.core import F32_MAX
+from . import records
 from .phases import current_phase, current_step
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
@@ -238,11 +239,8 @@ def make_recipe(name: str | Recipe, **kwargs: Any) -> Recipe:
     return RECIPES[name](**kwargs)
 
 
-#: The per-tensor log's columns (``fp8.csv``): step, tensor (label.phase.ordinal.operand), its
-#: format, the scale it was quantised with (MX: the largest block scale's reciprocal), its amax
-#: (the binary16 operand's), how many of its elements overflowed the format when scaled and
-#: cast (saturated to MAX, or NaN/Inf without saturation), and how many became NaN or Inf.
-FP8_COLUMNS = ("step", "rank", "tensor", "format", "scale", "amax", "saturated", "nonfinite")
+#: The per-tensor log's columns (``fp8.csv``), the fields of :class:`lossscale.training.records.Fp8Row`.
+FP8_COLUMNS = records.FP8_COLUMNS
 
 
 class Fp8Matmuls:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Row", "Summary", "Run", "SCHEMA", "COLUMNS", "EVENT_COLUMNS"]
+__all__ = ["Row", "Summary", "Run", "EventRow", "Fp8Row", "SCHEMA", "COLUMNS", "EVENT_COLUMNS", "FP8_COLUMNS"]
 
 
 def _column(help: str) -> Any:
@@ -28,7 +28,8 @@ class Row:
     false_positive: bool = _column("skipped though no operation that feeds the update raised an event")
     ranks_agree: bool = _column("every rank decided alike")
     ranks_applied: str = _column("each rank's decision (1 applied, 0 skipped), as text")
-    register: str = _column("the registers summed over ranks as the check found them, as text")
+    register: tuple[int, ...] = _column("the registers summed over ranks as the check found them: 8 numbers (the "
+                                        "file writes them space-separated)")
     loss: float = _column("the training loss, summed over ranks")
     baseline_loss: float = _column("the binary32 baseline's training loss")
     grad_max: float = _column("the largest unscaled gradient magnitude (rank 0)")
@@ -49,8 +50,40 @@ class Row:
 #: writes and reads by it), read from :class:`Row`.
 SCHEMA: dict[str, type] = {f.name: f.type for f in fields(Row)}
 COLUMNS = tuple(SCHEMA)
-#: The event log's columns (``events.csv``): the rank, then :class:`sim.Event`'s fields.
-EVENT_COLUMNS = ("rank", "step", "phase", "label", "op", "flags", "elements")
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One device operation that raised a register event, as ``events.csv`` has it: the rank,
+    then :class:`sim.Event`'s fields (its step and phase tags)."""
+
+    rank: int
+    step: int | None
+    phase: str | None
+    label: str | None
+    op: str
+    flags: str
+    elements: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Row:
+    """One matmul operand's FP8 cast in one step, as ``fp8.csv`` has it."""
+
+    step: int
+    rank: int
+    tensor: str  #: label, phase, the matmul's ordinal and operand ``a`` or ``b``
+    format: str  #: the 8-bit format
+    scale: float  #: the scale it was quantised with (MX: the largest block scale's reciprocal)
+    amax: float  #: its largest magnitude
+    saturated: int  #: elements whose cast overflowed (saturated to MAX, or NaN/Inf without saturation)
+    nonfinite: int  #: elements that became NaN or Inf
+
+
+#: The event log's columns (``events.csv``), read from :class:`EventRow`.
+EVENT_COLUMNS = tuple(f.name for f in fields(EventRow))
+#: The FP8 log's columns (``fp8.csv``), read from :class:`Fp8Row`.
+FP8_COLUMNS = tuple(f.name for f in fields(Fp8Row))
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,7 @@ def _classify(run: _Training, t: int, step: _Step, grad_max: float, underflow: f
         applied=applied, undetected_overflow=feeds and applied,
         false_positive=not applied and not feeds, ranks_agree=len(set(decisions)) == 1,
         ranks_applied=" ".join(str(int(d)) for d in decisions),
-        register=" ".join(str(int(v)) for v in step.register), loss=sum(step.losses), baseline_loss=base_loss,
+        register=tuple(int(v) for v in step.register), loss=sum(step.losses), baseline_loss=base_loss,
         grad_max=grad_max, underflow_fraction=underflow,
         update_error=step.update_error, skipped_update_error=step.skipped_update_error,
         overflow_harm=_overflow_harm(step, bool(phases)),

@@ -42,7 +42,7 @@ from .base import PROTOCOL, SampledWorkload, Workload, digits
 from .builtin import Mlp, Trace
 
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
-           "is_import_path", "import_factory"]
+           "is_import_path", "import_factory", "arguments"]
 
 #: The built-in torch workloads by name: classes of the optional extra, imported when made.
 _TORCH_BUILT_IN = {"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"}
@@ -140,16 +140,28 @@ def make_workload(name: str, seed: int = 0, **kwargs: Any):
         return _from_path(name, seed, kwargs)
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
-    cls = WORKLOADS[name]
-    if isinstance(cls, str):
-        from . import torch_workloads
-        cls = getattr(torch_workloads, cls)
-    valid = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
-             and not p.name.startswith("_") and p.name not in ("name", "has_accuracy", "seed", "marks_phases")]
+    cls = _built_in(name)
+    valid = list(arguments(name))
     for key in kwargs:
         if key not in valid:
             raise ValueError(f"workload {name!r} takes no argument {key!r}; valid: {', '.join(valid)}")
     return cls(seed=seed, **kwargs)
+
+
+def _built_in(name: str) -> Any:
+    cls = WORKLOADS[name]
+    if isinstance(cls, str):
+        from . import torch_workloads
+        cls = getattr(torch_workloads, cls)
+    return cls
+
+
+def arguments(name: str) -> dict[str, Any]:
+    """The built-in workload ``name``'s arguments (``workload_args``) and their defaults, read
+    from its constructor (``seed`` and the internal ones left out)."""
+    return {p.name: p.default for p in inspect.signature(_built_in(name)).parameters.values()
+            if p.kind is p.POSITIONAL_OR_KEYWORD and not p.name.startswith("_")
+            and p.name not in ("name", "has_accuracy", "seed", "marks_phases")}
 
 
 def check_workload(workload: Any, made_by: str | None = None) -> None:
