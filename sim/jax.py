@@ -19,13 +19,21 @@ gradient holds both). Routes, as in :mod:`sim.torch`:
   output's dtype (``strict=True`` raises NotImplementedError instead).
 
 Nested jaxprs (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``)
-are evaluated recursively. ``coverage(fn, *args)`` lists, before anything runs,
+are evaluated recursively.
+
+Each equation runs inside ``device.label(path)``, ``path`` the module path its name stack
+gives (``jax.named_scope`` blocks, and flax modules, which name their scopes): the backward
+of ``encoder/dense`` (``transpose(jvp(encoder))/dense``) is labelled ``encoder.dense`` as its
+forward is, as sim.torch labels a torch module's operations; outside any scope, the
+enclosing ``device.label`` or "". ``.events`` counts, per path, the equations whose events
+reached the register (as ``DeviceMode.events`` does). ``coverage(fn, *args)`` lists, before anything runs,
 the primitives that would take the float32 route.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +45,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from . import ops
 from .device import Device
 
-__all__ = ["on_device", "coverage", "DEVICE", "EXACT"]
+__all__ = ["on_device", "coverage", "scope_path", "DEVICE", "EXACT"]
 
 _OURS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _F16 = np.dtype(np.float16)
@@ -123,29 +131,54 @@ def _sub(eqn) -> tuple[Jaxpr, list] | None:
     return (sub.jaxpr, list(sub.consts)) if isinstance(sub, ClosedJaxpr) else (sub, [])
 
 
+_TRANSFORM = re.compile(r"^\w+\((.*)\)$")  # jvp(encoder), transpose(jvp(encoder)): the scope inside
+
+
+def scope_path(name_stack: str, outer: str = "") -> str:
+    """The module path of a jaxpr equation from its name stack (``jax.named_scope`` and flax
+    modules' names), as sim.torch writes module paths: ``transpose(jvp(encoder))/dense`` (the
+    backward of encoder.dense) is ``encoder.dense``, forward and backward alike; within a nested
+    jaxpr, the path of the equation that holds it comes first."""
+    parts = []
+    for part in str(name_stack).split("/"):
+        while (inner := _TRANSFORM.match(part)) is not None:
+            part = inner.group(1)
+        if part:
+            parts.append(part)
+    return ".".join(p for p in (outer, *parts) if p)
+
+
 class _Evaluator:
     def __init__(self, device: Device, strict: bool) -> None:
         self.device, self.strict = device, strict
         self.routes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.events: collections.Counter[str] = collections.Counter()
 
-    def run(self, jaxpr: Jaxpr, consts: list, args: list) -> list:
+    def run(self, jaxpr: Jaxpr, consts: list, args: list, outer: str = "") -> list:
         env: dict[Any, Any] = {}
         read = lambda v: np.asarray(v.val, v.aval.dtype) if isinstance(v, Literal) else env[v]  # noqa: E731
         for var, val in zip(jaxpr.constvars, consts, strict=True):
             env[var] = np.asarray(val)
         for var, val in zip(jaxpr.invars, args, strict=True):
             env[var] = np.asarray(val)
+        dev = self.device
         for eqn in jaxpr.eqns:
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+            label = scope_path(eqn.source_info.name_stack, outer)
+            sub = _sub(eqn)
+            if sub is not None:
+                outs = self.run(sub[0], sub[1], [read(v) for v in eqn.invars], label)
+            else:
+                before = int(dev.get_float_status()[3])
+                with dev.label(label or dev.current_label or ""):
+                    outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+                if int(dev.get_float_status()[3]) != before:
+                    self.events[label or dev.current_label or ""] += 1
             for var, val in zip(eqn.outvars, outs, strict=True):
                 env[var] = val
         return [read(v) for v in jaxpr.outvars]
 
     def eqn(self, eqn, vals: list) -> list:
         name = eqn.primitive.name
-        sub = _sub(eqn)
-        if sub is not None:
-            return self.run(sub[0], sub[1], vals)
         ours = any(getattr(v, "dtype", None) in _OURS for v in vals) or any(
             v.aval.dtype in _OURS for v in eqn.outvars)
         if not ours or name in EXACT:
@@ -180,7 +213,8 @@ class _Evaluator:
 
 def on_device(fn: Callable, device: Device, *, strict: bool = False) -> Callable:
     """``fn`` evaluated with ``device``'s operations; the returned function takes and returns
-    what ``fn`` does (as numpy arrays) and keeps the last call's routes in ``.routes``."""
+    what ``fn`` does (as numpy arrays) and keeps the last call's routes in ``.routes``, and in
+    ``.events`` the count, per module path, of equations whose events reached the register."""
     if not isinstance(device, Device):
         raise TypeError(f"on_device takes a sim.Device, got {type(device).__name__}")
 
@@ -188,10 +222,10 @@ def on_device(fn: Callable, device: Device, *, strict: bool = False) -> Callable
         closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
         ev = _Evaluator(device, strict)
         out = ev.run(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args))
-        run.routes = ev.routes
+        run.routes, run.events = ev.routes, ev.events
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
 
-    run.routes = collections.Counter()
+    run.routes, run.events = collections.Counter(), collections.Counter()
     return run
 
 

@@ -96,3 +96,26 @@ def test_coverage_lists_what_would_run_in_float32_and_strict_refuses_it() -> Non
     assert bits(out) == bits(Device().cast(np.sin(np.array([1.0, 1e4], np.float32)), H))
     with pytest.raises(NotImplementedError, match="sin has no device equivalent"):
         on_device(jnp.sin, Device(), strict=True)(EDGE)
+
+
+def test_each_equation_is_labelled_with_its_scope_forward_and_backward() -> None:
+    """jax.named_scope (flax modules name theirs) gives each equation its module path, forward and
+    backward alike, as sim.torch labels a module's operations; the events are counted per path: an
+    overflow only in the head's backward is the head's."""
+    def loss(p, x):
+        with jax.named_scope("encoder"), jax.named_scope("dense"):
+            h = jnp.tanh(x @ p[0])
+        with jax.named_scope("head"):
+            return (h @ p[1]).astype(jnp.float32).sum()
+
+    p = [np.full((3, 4), 0.25, H), np.full((4, 2), 0.5, H)]
+    x = np.ones((2, 3), H)
+    dev = Device("atlas-training", record_events=True)
+    run = on_device(jax.grad(loss), dev)
+    run(p, x)
+    assert not dev.get_float_status().any() and not run.events
+    scaled = on_device(jax.grad(lambda p, x: loss(p, x) * np.float32(2.0**20)), dev)
+    scaled(p, x)  # the gradient 2**20 overflows binary16: the head's cast and product, then encoder.dense's
+    assert [(e.label, e.op) for e in dev.events] == [("head", "cast"), ("head", "matmul"),
+                                                     ("encoder.dense", "matmul")]
+    assert dict(scaled.events) == {"head": 2, "encoder.dense": 1}
