@@ -21,7 +21,7 @@ from sim import OverflowMode, profiles
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
-from .workloads import WORKLOADS, Workload, is_import_path, make_workload
+from .workloads import WORKLOADS, Workload, check_shards, is_import_path, make_workload
 
 __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
            "manager_arguments", "make_manager", "fp8_recipe"]
@@ -75,9 +75,9 @@ def fp8_recipe(fp8: Any, args: Any) -> Recipe | None:
     return make_recipe(fp8, **(args if isinstance(args, dict) else {}))
 
 
-@functools.lru_cache(maxsize=64)
-def _workload_check(name: str, wargs: str, seed: int) -> None:
-    make_workload(name, seed, **json.loads(wargs))
+@functools.lru_cache(maxsize=16)
+def _workload_check(name: str, wargs: str, seed: int) -> Workload:
+    return make_workload(name, seed, **json.loads(wargs))
 
 
 #: A setting's check: given the settings (by name), raise ValueError or TypeError naming the problem.
@@ -89,7 +89,10 @@ def _check_workload(get: Callable[[str], Any]) -> None:
     if not isinstance(workload, str) or (workload not in WORKLOADS and not is_import_path(workload)):
         raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
     if isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
-        _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+        made = _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+        ranks = get("ranks")
+        if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:  # else integer_problems says
+            check_shards(made.shards(made.batches(1)[0], ranks), ranks)
 
 
 def _check_manager(get: Callable[[str], Any]) -> None:

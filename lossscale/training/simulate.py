@@ -53,7 +53,7 @@ from .fp8 import Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer
 from .phases import PHASES, PhaseEvents, begin_phase
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
-from .workloads import check_workload, make_workload
+from .workloads import check_shards, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
            "RunConfig", "Row", "Summary", "check_arguments", "manager_arguments", "DEFAULTS"]
@@ -225,7 +225,7 @@ def _set_up(config: RunConfig) -> _Training:
     opts = [LossScaleOptimizer(wl.optimizer(), m) for m in managers]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(c.steps)
-    _check_shards(wl.shards(batches[0], ranks), ranks)
+    check_shards(wl.shards(batches[0], ranks), ranks)
     return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
                      checks, params, opts, base_params, base_opt, batches)
 
@@ -506,12 +506,3 @@ def _stop_on_interrupt():
     finally:
         signal.signal(signal.SIGINT, previous)
 
-
-def _check_shards(shards, ranks: int) -> None:
-    """Every rank needs a share of the batch: ValueError before any step otherwise."""
-    sized = all(hasattr(part, "__len__") for part, _ in shards)
-    empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
-    if len(shards) != ranks or empty:
-        batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
-        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
-                         f"ranks or a larger batch")

@@ -42,7 +42,7 @@ from .base import PROTOCOL, SampledWorkload, Workload, digits
 from .builtin import Mlp, Trace
 
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
-           "is_import_path", "import_factory"]
+           "is_import_path", "import_factory", "check_shards"]
 
 #: The built-in torch workloads by name: classes of the optional extra, imported when made.
 _TORCH_BUILT_IN = {"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"}
@@ -164,3 +164,14 @@ def check_workload(workload: Any, made_by: str | None = None) -> None:
         raise TypeError(f"workload {type(workload).__name__} lacks {', '.join(missing)} of the Workload protocol "
                         f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
 
+
+
+def check_shards(shards: list[tuple[Any, float]], ranks: int) -> None:
+    """Every rank needs a share of the batch (``shards``: a workload's ``shards(batch, ranks)``):
+    ValueError before any step otherwise."""
+    sized = all(hasattr(part, "__len__") for part, _ in shards)
+    empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
+    if len(shards) != ranks or empty:
+        batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
+        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
+                         f"ranks or a larger batch")
