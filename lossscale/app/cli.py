@@ -438,6 +438,10 @@ def cmd_profiles(args: argparse.Namespace) -> None:
     print("\nSoC names (as the runtime reports them; * is any suffix):")
     for name in profiles.names():
         print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).socs)}")
+    print("\n8-bit and narrower float formats (Ascend C's data types; --fp8 needs them, or --allow-unsupported "
+          "to emulate them):")
+    for name in profiles.names():
+        print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).eight_bit) or 'none (no FP8 units)'}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -175,7 +175,7 @@ class Argument:
 
 #: The arguments several built-in workloads share.
 POSITIVE = Argument("number", low=0, open_low=True)
-MOMENTUM = Argument("number", low=0, high=1, open_high=True)
+MOMENTUM = Argument("number", low=0, high=1, open_low=True, open_high=True)  # as Momentum requires
 COUNT = Argument("integer", low=1)
 FLAG = Argument("bool")
 
