@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -408,3 +409,59 @@ def test_fp8_is_refused_where_the_product_has_no_fp8_units(capsys, tmp_path) -> 
     code, out, _ = run_cli(capsys, "profiles")
     assert code == 0 and "atlas-a2           none (no FP8 units)" in out
     assert "atlas-350          hifloat8, float8_e4m3fn, float8_e5m2" in out
+
+
+# -- output folders, resumed sweeps, printed scales ------------------------------------------
+def test_an_unwritable_out_is_refused_before_the_run(capsys, tmp_path, monkeypatch) -> None:
+    import lossscale.app.cli as cli
+    import lossscale.app.files as files
+
+    ran = []
+    monkeypatch.setattr(cli, "simulate", lambda **kw: ran.append(kw))
+    real = os.access
+    locked = {tmp_path / "locked", tmp_path / "full"}
+    monkeypatch.setattr(files.os, "access", lambda p, mode: Path(p) not in locked and real(p, mode))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("x")
+    for out, extra in ((tmp_path / "locked" / "run", []), (tmp_path / "full", ["--force"])):
+        (tmp_path / "locked").mkdir(exist_ok=True)
+        code, _, err = run_cli(capsys, "run", *FAST, "--out", out, *extra)
+        one_line(code, err, "(permission denied) for output")
+        assert "choose an --out you can write to" in err
+    assert ran == []  # refused before the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "locked"] and not any((tmp_path / "locked").iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not bind root")
+def test_a_read_only_out_is_refused_before_the_run(capsys, tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code, _, err = run_cli(capsys, "run", "--steps", "300", "--quiet", "--out", locked / "run")
+        one_line(code, err, "cannot write to the folder")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_resumed_sweep_says_how_many_points_it_reused(capsys, tmp_path) -> None:
+    text = '[sweep]\nworkload = "trace"\nsteps = 3\n[grid]\nseed = [0, 1, 2]\n'
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and "reused" not in out
+    log = tmp_path / "out" / "points.jsonl"
+    log.write_text(log.read_text().splitlines()[0] + "\n")  # as if stopped after one point
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and f"reused 1 of 3 points from {log}; running the other 2" in out
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and "reused 3 of 3 points" in out and "running the other 0" in out
+
+
+def test_scales_print_as_powers_of_two(capsys, tmp_path) -> None:
+    code, out, _ = run_cli(capsys, "run", "--manager", "fixed", "--manager-arg", "loss_scale=2**100", *FAST,
+                           "--workload", "trace", "--out", tmp_path / "r")
+    assert code == 0 and "loss_scale=2**100" in out and "e+30" not in out
+    assert out.count("2**100") >= 2  # the arguments and the summary table's final scale
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["final_loss_scale"] == 2.0**100  # the file keeps the number
+    assert "1.2676506002282294e+30" in (tmp_path / "r" / "trajectory.csv").read_text()
