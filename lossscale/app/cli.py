@@ -134,7 +134,7 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
             kwargs.update(action="append", required=True, default=None, help="a manager to compare (give two or more)")
         p.add_argument(_option(f), **kwargs)
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (its parent must exist; default: a new folder under runs/)")
+                   help="output folder (its parent must exist and be writable; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 

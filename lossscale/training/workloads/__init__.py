@@ -144,8 +144,9 @@ def make_workload(name: str, seed: int = 0, **kwargs: Any):
     if isinstance(cls, str):
         from . import torch_workloads
         cls = getattr(torch_workloads, cls)
-    valid = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
-             and not p.name.startswith("_") and p.name not in ("name", "has_accuracy", "seed", "marks_phases")]
+    valid = [p.name for p in inspect.signature(cls).parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")
+             and p.name not in ("name", "has_accuracy", "seed", "marks_phases")]
     for key in kwargs:
         if key not in valid:
             raise ValueError(f"workload {name!r} takes no argument {key!r}; valid: {', '.join(valid)}")

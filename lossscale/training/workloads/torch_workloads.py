@@ -231,17 +231,24 @@ def _digit_data(shape: tuple[int, ...]):
     return (x[:1500], y[:1500]), (x[1500:], y[1500:])
 
 
-@dataclass
-class TorchMlp(_BuiltIn):
-    """The hand-written ``mlp``'s 64-``hidden``-10 perceptron, in torch."""
+@dataclass(kw_only=True)
+class _OnDigits:
+    """The training settings of the built-in workloads on the digits (keyword-only: after each
+    workload's own fields)."""
 
-    seed: int = 0
-    hidden: int = argument(32, COUNT)
     batch: int = argument(64, DIGITS_BATCH)
     learning_rate: float = argument(0.1, POSITIVE)
     momentum: float = argument(0.9, MOMENTUM)
     dtype: str = argument("float16", DTYPE)
     log_perplexity: bool = argument(False, FLAG)
+
+
+@dataclass
+class TorchMlp(_BuiltIn, _OnDigits):
+    """The hand-written ``mlp``'s 64-``hidden``-10 perceptron, in torch."""
+
+    seed: int = 0
+    hidden: int = argument(32, COUNT)
 
     def __post_init__(self) -> None:
         check_fields(self, "torch-mlp")
@@ -265,16 +272,11 @@ class _Cnn(torch.nn.Module):
 
 
 @dataclass
-class TorchCnn(_BuiltIn):
+class TorchCnn(_BuiltIn, _OnDigits):
     """A small CNN on the digits as 1x8x8 images: conv 3x3 (``channels``), ReLU, max-pool 2, linear."""
 
     seed: int = 0
     channels: int = argument(8, COUNT)
-    batch: int = argument(64, DIGITS_BATCH)
-    learning_rate: float = argument(0.1, POSITIVE)
-    momentum: float = argument(0.9, MOMENTUM)
-    dtype: str = argument("float16", DTYPE)
-    log_perplexity: bool = argument(False, FLAG)
 
     def __post_init__(self) -> None:
         check_fields(self, "torch-cnn")
