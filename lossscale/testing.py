@@ -22,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 from sim import BINARY16, Format
 
 from .policy import missing_scaler_methods
+from .policy.core import check_period
 
 __all__ = [
     "values", "finite", "near_pair", "fma_triple", "binary16", "binary16_arrays",
@@ -127,6 +128,26 @@ class PolicyError(AssertionError):
     """A generic property of loss-scale policies failed."""
 
 
+class _Raised(Exception):
+    """The policy raised an exception not in ``raises`` at a step (turned into a PolicyError)."""
+
+    def __init__(self, step: int, error: Exception) -> None:
+        super().__init__(step, error)
+        self.step, self.error = step, error
+        self.fed: list[bool] = []
+
+
+def _update(m: Any, finite: bool, step: int, raises: tuple[type[BaseException], ...]) -> bool:
+    """``m.update_loss_scale(finite)``; False where it raised one of ``raises`` (the sequence ends)."""
+    try:
+        m.update_loss_scale(finite)
+    except raises:
+        return False
+    except Exception as err:  # noqa: BLE001 - reported with the step and the way to allow it
+        raise _Raised(step, err) from err
+    return True
+
+
 def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[BaseException], ...],
             interleave: Callable[[], Any] | None = None) -> list[float]:
     m = make()
@@ -134,16 +155,39 @@ def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[B
     out = [float(m.get_loss_scale())]
     for i, finite in enumerate(steps):
         try:
-            m.update_loss_scale(bool(finite))
-        except raises:
-            break
-        if other is not None:  # another instance's updates must not change this one's future
-            try:
-                other.update_loss_scale(i % 2 == 0)
-            except raises:
-                other = None
+            if not _update(m, bool(finite), i, raises):
+                break
+            if other is not None and not _update(other, i % 2 == 0, i, raises):
+                other = None  # another instance's updates must not change this one's future
+        except _Raised as raised:
+            raised.fed = [bool(f) for f in steps[:i + 1]]
+            raise
         out.append(float(m.get_loss_scale()))
     return out
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _shares_state(make: Callable[[], Any], raises: tuple[type[BaseException], ...], steps: int) -> str | None:
+    """Whether separate instances share state, seen directly: one instance is updated (overflows,
+    then finite steps) while another is watched, and a third is made afterwards. The sentence
+    saying what changed, or None."""
+    watched = make()
+    start = float(watched.get_loss_scale())
+    busy = make()
+    for i, finite in enumerate([False] * 16 + [True] * steps):
+        if not _update(busy, finite, i, raises):
+            break
+        now = float(watched.get_loss_scale())
+        if not _same(now, start):
+            return (f"two instances share state: updating one instance changed another's scale from {start} to "
+                    f"{now} (after {i + 1} update{'s' if i else ''})")
+    fresh = float(make().get_loss_scale())
+    if not _same(fresh, start):
+        return f"two instances share state: a new instance starts at {fresh} after another was updated, not at {start}"
+    return None
 
 
 def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped: bool | None = None,
@@ -170,6 +214,11 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
     An FP8 scaling recipe's face (``scale_for(amax)`` and ``update(amax)``, as
     :class:`lossscale.fp8.TensorScaler`) is checked by :func:`check_recipe` instead.
     """
+    for arg, value in (("max_examples", max_examples), ("max_steps", max_steps), ("growth_within", growth_within),
+                       ("backoff_within", backoff_within)):
+        check_period(arg, value)
+    if not isinstance(raises, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in raises):
+        raise ValueError(f"raises must be a tuple of exception classes, such as (MinimumScaleError,), got {raises!r}")
     if callable(make) and _is_recipe(_try_make(make)):
         return check_recipe(make, max_examples=max_examples, max_steps=max_steps)
     probe = _made(make)
@@ -188,6 +237,18 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
         text = "".join("." if s else "X" for s in steps)
         raise PolicyError(f"{name}: {what}\n  steps (. finite, X overflow): {text or '(none)'}\n"
                           f"  scales: {scales[:12]}{' ...' if len(scales) > 12 else ''}")
+
+    def reporting(check: Callable[[list[bool]], None]) -> Callable[[list[bool]], None]:
+        """``check``, with an exception the policy raised turned into a PolicyError that says how to allow it."""
+        def checked(steps: list[bool]) -> None:
+            try:
+                check(steps)
+            except _Raised as raised:
+                err = raised.error
+                fail(f"update_loss_scale raised {type(err).__name__} at step {raised.step}: {err}; if the policy "
+                     f"raises it by design, pass raises=({type(err).__name__},)", raised.fed, [])
+        checked.__name__ = check.__name__
+        return checked
 
     def bounds(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
@@ -220,9 +281,10 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
     def no_shared_state(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
         if _scales(make, steps, raises) != scales:
-            fail("two instances fed the same steps disagree (hidden shared state?)", steps, scales)
+            fail("two instances share state: fed the same steps, they disagree (hidden shared state)", steps, scales)
         if _scales(make, steps, raises, interleave=make) != scales:
-            fail("updating another instance changed this one's scales (hidden shared state)", steps, scales)
+            fail("two instances share state: updating another instance changed this one's scales (hidden shared "
+                 "state)", steps, scales)
 
     def finite_runs_grow(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
@@ -236,12 +298,21 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
                 fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}",
                      steps, scales)
 
-    checks = [bounds, overflow_never_raises] + ([overflows_lower] if lowers else []) + [no_shared_state] + (
+    try:
+        shared = _shares_state(make, raises, min(growth_within, 2000))
+    except _Raised as raised:
+        shared = None  # reported below, with the shrunk sequence that raises
+        del raised
+    if shared:
+        raise PolicyError(f"{name}: {shared} (hidden shared state, as in a class attribute)")
+    # Most specific first: shared state makes every other result meaningless; an overflow that
+    # raises the scale is named as such, not as the non-finite scale it leads to.
+    checks = [no_shared_state, overflow_never_raises] + ([overflows_lower] if lowers else []) + [bounds] + (
         [finite_runs_grow] if grows else [])
     for check in checks:
         run = settings(max_examples=max_examples, deadline=None, database=None,
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
-            given(steps=overflow_sequences(max_steps))(check))
+            given(steps=overflow_sequences(max_steps))(reporting(check)))
         try:
             run()
         except Flaky as err:  # a failure that does not replay: the policy's results drift between runs

@@ -38,6 +38,16 @@ binary16 (and integers) only. ``bias_table`` says the cube can start its L0C sum
 a bias (Ascend C ``Mmad`` with ``cmatrixInitVal=false, cmatrixSource=true``, the C2
 bias buffer); the Mmad page says the Atlas training and inference series support
 ``cmatrixSource=false`` only.
+
+8-bit (and narrower) float formats, ``eight_bit``: the Atlas 350 only. Ascend C's built-in data
+types page lists ``hifloat8_t``, ``fp8_e5m2_t``, ``fp8_e4m3fn_t``, ``fp8_e8m0_t`` and
+``fp4x2_e2m1_t`` for the Atlas 350 accelerator card and none of them for the A3, A2, 200I/500 A2,
+inference or training series (<https://www.hiascend.com/document/detail/zh/canncommercial/900/API/
+ascendcopapi/atlas_ascendc_10_0019.html>); the runtime's ``aclDataType`` page says the same of
+``ACL_HIFLOAT8`` .. ``ACL_FLOAT4_E1M2`` (values 34-41, the FP6 types among them): "Atlas 350
+加速卡，支持", every other product "不支持" (<https://www.hiascend.com/document/detail/zh/
+canncommercial/latest/API/runtimeapi/aclcppdevg_03_1346.html>). Formats the emulator does not
+model (``fp4x2_e1m2_t``) are left out.
 """
 
 from __future__ import annotations
@@ -55,6 +65,9 @@ __all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from
 
 _BOTH = (OverflowMode.INF_NAN, OverflowMode.SATURATION)
 _SAT = (OverflowMode.SATURATION,)
+#: The Atlas 350's narrow float formats (see the module's docstring for the sources).
+ATLAS_350_EIGHT_BIT = ("hifloat8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn",
+                       "float6_e2m3fn", "float4_e2m1fn")
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,8 @@ class Profile:
     cube_bfloat16: bool = False
     #: The cube unit can start a matmul's binary32 sums from a bias (the C2 bias table).
     bias_table: bool = False
+    #: The 8-bit and narrower float formats the product has (``sim.formats`` names); empty: no FP8 units.
+    eight_bit: tuple[str, ...] = ()
     note: str = ""
     #: SoC names of the product (a name ending in ``*`` stands for every name with that prefix).
     socs: tuple[str, ...] = ()
@@ -87,7 +102,7 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
-            cube_bfloat16=True, bias_table=True,
+            cube_bfloat16=True, bias_table=True, eight_bit=ATLAS_350_EIGHT_BIT,
             note="one runtime document says INF/NaN only; the seed lists both modes and is followed",
             socs=("Ascend950*",)),
     Profile("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品",

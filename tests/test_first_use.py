@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,3 +289,179 @@ def test_compare_takes_arguments_for_one_manager_and_names_it_in_progress(capsys
                            "--manager-arg", "growth_interval=7", "--out", tmp_path / "d")
     one_line(code, err, "manager 'keras' takes no argument 'growth_interval'")
     assert not (tmp_path / "d").exists()
+
+
+# -- a manager's scale, checked every step -------------------------------------------------
+class _Fixed:
+    """A user's scaler that always gives the same scale."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def get_loss_scale(self):
+        return self.scale
+
+    def update_loss_scale(self, finite):
+        pass
+
+
+@pytest.mark.parametrize("scale, error, message", [
+    (float("nan"), ValueError, "manager _Fixed gave loss scale nan for step 0: a loss scale must be finite and "
+                               "above 0"),
+    (-1024.0, ValueError, "gave loss scale -1024.0 for step 0: a loss scale must be finite and above 0"),
+    (0.0, ValueError, "gave loss scale 0.0 for step 0"),
+    (float("inf"), ValueError, "gave loss scale inf for step 0"),
+    ("1024", TypeError, "gave loss scale '1024' for step 0: get_loss_scale() must return a real number"),
+    (True, TypeError, "not a bool"),
+])
+def test_a_managers_bad_scale_is_named_with_its_step(scale, error, message) -> None:
+    with pytest.raises(error) as info:
+        simulate(workload="trace", manager=_Fixed(scale), steps=3)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_scale_that_goes_bad_later_names_that_step_and_rank() -> None:
+    class Sinking(_Fixed):
+        def update_loss_scale(self, finite):
+            self.scale -= 512.0  # 1024, 512, 0: the third step's scale is refused
+
+    with pytest.raises(ValueError, match=r"manager Sinking gave loss scale 0.0 for step 2: "):
+        simulate(workload="trace", manager=Sinking(1024.0), steps=5)
+    made: list[Sinking] = []
+
+    def make() -> Sinking:  # rank 0 starts at 2048, rank 1 at 1024 and reaches 0 first
+        made.append(Sinking(1024.0 if made else 2048.0))
+        return made[-1]
+
+    with pytest.raises(ValueError, match=r"manager Sinking gave loss scale 0.0 for step 2 on rank 1: "):
+        simulate(workload="trace", manager=make, steps=5, ranks=2)
+    run = simulate(workload="trace", manager=_Fixed(np.float32(1024)), steps=2)  # numpy scalars are numbers
+    assert [r["loss_scale"] for r in run.records] == [1024.0, 1024.0]
+
+
+def test_a_frameworks_own_scale_may_reach_zero_as_the_framework_does() -> None:
+    # torch's GradScaler has no floor: 2**-140 * 2**-20 underflows binary32 to 0 (and the run goes on, skipping)
+    run = simulate(workload="trace", manager="torch", steps=4,
+                   manager_args={"init_scale": 2.0**-140, "backoff_factor": 2.0**-20})
+    scales = [r["loss_scale"] for r in run.records]
+    assert scales[0] == 2.0**-140 and scales[-1] == 0.0 and run.summary["steps_run"] == 4
+
+
+# -- workload arguments: declared types and ranges, checked before anything runs -----------
+@pytest.mark.parametrize("arg, message", [
+    ("hidden=0", "workload 'mlp': hidden must be an integer of at least 1, got 0"),
+    ("hidden=-3", "workload 'mlp': hidden must be an integer of at least 1, got -3"),
+    ("hidden=2.5", "workload 'mlp': hidden must be an integer of at least 1, got 2.5"),
+    ("batch=0", "workload 'mlp': batch must be an integer from 1 to 1500, got 0"),
+    ("batch=100000", "workload 'mlp': batch must be an integer from 1 to 1500, got 100000"),
+    ("learning_rate=-0.1", "workload 'mlp': learning_rate must be a number above 0, got -0.1"),
+    ("momentum=1", "workload 'mlp': momentum must be a number above 0 and below 1, got 1"),
+    ("log_perplexity=yes", "workload 'mlp': log_perplexity must be true or false, got 'yes'"),
+])
+def test_bad_workload_arguments_are_one_line(capsys, tmp_path, monkeypatch, arg, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in (["run"], ["compare", "--manager", "torch", "--manager", "keras"]):
+        code, out, err = run_cli(capsys, *command, "--workload-arg", arg, *FAST)
+        one_line(code, err, message)
+        assert not (tmp_path / "runs").exists() and not list(tmp_path.iterdir())
+
+
+def test_workload_arguments_at_their_bounds_run() -> None:
+    run = simulate(workload="mlp", workload_args={"hidden": 1, "batch": 1500, "learning_rate": 1, "momentum": 0.5},
+                   steps=2)
+    assert run.summary["steps_run"] == 2
+    with pytest.raises(ValueError, match="workload 'trace': spike_rate must be a number from 0 to 1, got 1.5"):
+        simulate(workload="trace", workload_args={"spike_rate": 1.5}, steps=2)
+
+
+def test_sweeps_check_workload_arguments_and_ranks_up_front(capsys, tmp_path) -> None:
+    text = """[sweep]
+steps = 3
+[grid]
+workload_args = [{}, {hidden = 0}]
+ranks = [1, 200]
+"""
+    code, out, err = sweep_cli(capsys, tmp_path, text)
+    lines = err.splitlines()
+    assert code == 2 and "Traceback" not in err and all(line.startswith("lossscale: error: ") for line in lines)
+    assert any("workload 'mlp': hidden must be an integer of at least 1, got 0 (2 of 4 points)" in line
+               for line in lines)
+    assert any("ranks=200 leaves 136 rank(s) without data: the batch has 64 examples" in line for line in lines)
+    assert not (tmp_path / "out").exists()
+
+
+# -- FP8 on products without FP8 units -------------------------------------------------------
+def test_fp8_is_refused_where_the_product_has_no_fp8_units(capsys, tmp_path) -> None:
+    for profile in ("atlas-a2", "atlas-a3", "atlas-training"):
+        code, _, err = run_cli(capsys, "run", "--fp8", "delayed", "--profile", profile, *FAST, "--out",
+                               tmp_path / profile)
+        one_line(code, err, f"{profile} (")
+        assert "has no 8-bit float formats (no FP8 units)" in err and "profiles that have them: atlas-350" in err
+        assert "--allow-unsupported" in err and not (tmp_path / profile).exists()
+    code, out, _ = run_cli(capsys, "run", "--fp8", "current", "--profile", "atlas-a2", "--allow-unsupported", *FAST,
+                           "--out", tmp_path / "emulated")
+    assert code == 0 and "note: atlas-a2 (" in out and "emulated anyway (allow_unsupported)" in out
+    summary = json.loads((tmp_path / "emulated" / "summary.json").read_text())
+    assert any("emulated anyway" in w for w in summary["profile"]["warnings"]) and summary["fp8"]["tensors"] > 0
+    code, out, _ = run_cli(capsys, "run", "--fp8", "current", "--profile", "atlas-350", *FAST, "--out",
+                           tmp_path / "real")
+    assert code == 0 and "note:" not in out
+    code, out, _ = run_cli(capsys, "profiles")
+    assert code == 0 and "atlas-a2           none (no FP8 units)" in out
+    assert "atlas-350          hifloat8, float8_e4m3fn, float8_e5m2" in out
+
+
+# -- output folders, resumed sweeps, printed scales ------------------------------------------
+def test_an_unwritable_out_is_refused_before_the_run(capsys, tmp_path, monkeypatch) -> None:
+    import lossscale.app.cli as cli
+    import lossscale.app.files as files
+
+    ran = []
+    monkeypatch.setattr(cli, "simulate", lambda **kw: ran.append(kw))
+    real = os.access
+    locked = {tmp_path / "locked", tmp_path / "full"}
+    monkeypatch.setattr(files.os, "access", lambda p, mode: Path(p) not in locked and real(p, mode))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("x")
+    for out, extra in ((tmp_path / "locked" / "run", []), (tmp_path / "full", ["--force"])):
+        (tmp_path / "locked").mkdir(exist_ok=True)
+        code, _, err = run_cli(capsys, "run", *FAST, "--out", out, *extra)
+        one_line(code, err, "(permission denied) for output")
+        assert "choose an --out you can write to" in err
+    assert ran == []  # refused before the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "locked"] and not any((tmp_path / "locked").iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not bind root")
+def test_a_read_only_out_is_refused_before_the_run(capsys, tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code, _, err = run_cli(capsys, "run", "--steps", "300", "--quiet", "--out", locked / "run")
+        one_line(code, err, "cannot write to the folder")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_resumed_sweep_says_how_many_points_it_reused(capsys, tmp_path) -> None:
+    text = '[sweep]\nworkload = "trace"\nsteps = 3\n[grid]\nseed = [0, 1, 2]\n'
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and "reused" not in out
+    log = tmp_path / "out" / "points.jsonl"
+    log.write_text(log.read_text().splitlines()[0] + "\n")  # as if stopped after one point
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and f"reused 1 of 3 points from {log}; running the other 2" in out
+    code, out, _ = sweep_cli(capsys, tmp_path, text)
+    assert code == 0 and "reused 3 of 3 points" in out and "running the other 0" in out
+
+
+def test_scales_print_as_powers_of_two(capsys, tmp_path) -> None:
+    code, out, _ = run_cli(capsys, "run", "--manager", "fixed", "--manager-arg", "loss_scale=2**100", *FAST,
+                           "--workload", "trace", "--out", tmp_path / "r")
+    assert code == 0 and "loss_scale=2**100" in out and "e+30" not in out
+    assert out.count("2**100") >= 2  # the arguments and the summary table's final scale
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["final_loss_scale"] == 2.0**100  # the file keeps the number
+    assert "1.2676506002282294e+30" in (tmp_path / "r" / "trajectory.csv").read_text()

@@ -117,3 +117,72 @@ def test_the_property_that_failed_is_the_one_reported() -> None:
 def test_not_a_policy_is_a_policy_error(make, message) -> None:
     with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_policy(make)
+
+
+class ClassShared:
+    """Keeps its scale in a class attribute: every instance is the same scaler."""
+
+    scale, good = 2.0**16, 0
+
+    def get_loss_scale(self):
+        return type(self).scale
+
+    def update_loss_scale(self, finite):
+        cls = type(self)
+        if not finite:
+            cls.scale, cls.good = max(cls.scale / 2, 1.0), 0
+        else:
+            cls.good += 1
+            if cls.good % 5 == 0:
+                cls.scale *= 2
+
+
+class DoubleOnOverflow(Halving):
+    """Doubles on overflow, capped at nothing: it also leaves binary32's range after enough overflows."""
+
+    def update_loss_scale(self, finite):
+        if not finite:
+            self.scale *= 2
+        else:
+            super().update_loss_scale(True)
+
+
+def test_shared_state_is_named_as_such_not_as_a_huge_scale() -> None:
+    with pytest.raises(PolicyError) as info:
+        check_policy(ClassShared, floor=1.0, max_examples=30)
+    text = str(info.value)
+    assert text.startswith("ClassShared: two instances share state: updating one instance changed another's scale "
+                           "from 65536.0 to 32768.0 (after 1 update)"), text
+    assert "not finite" not in text and "\n" not in text
+
+
+def test_an_overflow_that_raises_the_scale_is_named_with_a_short_example() -> None:
+    # capped (the default): the scale also leaves binary32's range, after 112 overflows; the
+    # overflow that raised it is the more specific property, and shrinks to a step or two
+    with pytest.raises(PolicyError) as info:
+        check_policy(DoubleOnOverflow, floor=1.0, growth_within=50, max_examples=100)
+    text = str(info.value)
+    assert "DoubleOnOverflow: an overflow at step" in text and "raised the scale from" in text
+    assert "not finite" not in text
+    steps = text.split("steps (. finite, X overflow): ")[1].split("\n")[0]
+    assert set(steps) <= {".", "X"} and "X" in steps and len(steps) <= 4, steps
+
+
+def test_an_exception_by_design_is_explained_not_leaked() -> None:
+    with pytest.raises(PolicyError) as info:
+        check_policy(lambda: make_manager("deepspeed"), growth_within=200, max_examples=30)
+    text = str(info.value)
+    assert "update_loss_scale raised MinimumScaleError at step" in text
+    assert "pass raises=(MinimumScaleError,)" in text
+    check_policy(lambda: make_manager("deepspeed"), growth_within=200, raises=(MinimumScaleError,), max_examples=10)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_examples": 0}, "max_examples must be at least 1, got 0"),
+    ({"max_steps": -1}, "max_steps must be at least 1, got -1"),
+    ({"growth_within": 2.5}, "growth_within must be an integer, got 2.5"),
+    ({"raises": MinimumScaleError}, "raises must be a tuple of exception classes"),
+])
+def test_bad_settings_are_refused_before_hypothesis_runs(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        check_policy(lambda: Halving(), floor=1.0, **kwargs)

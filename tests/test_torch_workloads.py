@@ -75,7 +75,7 @@ def test_bfloat16_compute_and_bad_arguments() -> None:
         TorchWorkload(Regression(), mse, data, batch=2, dtype="float8")
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         TorchWorkload(object(), mse, data)
-    with pytest.raises(ValueError, match="at least batch=64"):
+    with pytest.raises(ValueError, match="batch must be at most 4, the number of training examples .* got 64"):
         TorchWorkload(Regression(), mse, data)
 
 

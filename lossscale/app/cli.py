@@ -135,7 +135,7 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
             kwargs.update(action="append", required=True, default=None, help="a manager to compare (give two or more)")
         p.add_argument(_option(f), **kwargs)
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (its parent must exist; default: a new folder under runs/)")
+                   help="output folder (its parent must exist and be writable; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--format", choices=FORMATS, default="png", help="the plots' image format")
@@ -274,17 +274,23 @@ def _simulate(args: argparse.Namespace, manager: str) -> Run:
 
 
 def _fmt(x: Any) -> str:
-    """Numbers in full: whole numbers as integers (powers of two from 2**20 as 2**k), others as
-    their shortest exact text."""
+    """Numbers in full, for people: exact powers of two from 2**20 up and 2**-20 down as 2**k (a
+    scale of 2**100 rather than 1.2676506002282294e+30), other whole numbers below 2**64 as
+    integers, the rest as their shortest exact text. (Files keep numbers as numbers.)"""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
+    if x > 0:
+        if isinstance(x, int):  # exactly, also beyond binary64's range
+            power, exponent = x & (x - 1) == 0, x.bit_length() - 1
+        else:
+            mantissa, exponent = math.frexp(x)
+            power, exponent = mantissa == 0.5, exponent - 1
+        if power and abs(exponent) >= 20:
+            return f"2**{exponent}"
     if x == int(x) and abs(x) < 2**64:
-        n = int(x)
-        if n >= 2**20 and n & (n - 1) == 0:
-            return f"2**{n.bit_length() - 1}"
-        return str(n)
+        return str(int(x))
     return repr(float(x))
 
 
@@ -455,6 +461,10 @@ def cmd_profiles(args: argparse.Namespace) -> None:
     print("\nSoC names (as the runtime reports them; * is any suffix):")
     for name in profiles.names():
         print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).socs)}")
+    print("\n8-bit and narrower float formats (Ascend C's data types; --fp8 needs them, or --allow-unsupported "
+          "to emulate them):")
+    for name in profiles.names():
+        print(f"  {name.ljust(widths[0])}  {', '.join(profiles.get(name).eight_bit) or 'none (no FP8 units)'}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -472,7 +482,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr, flush=True)
     started = time.perf_counter()
     rows = run_sweep(args.grid, args.out, workers=args.workers, scheduler=args.scheduler, force=args.force,
-                     progress=progress, heatmap=args.heatmap)
+                     progress=progress, heatmap=args.heatmap, report=print)
     failed = [r for r in rows if r["status"] != "ok"]
     print(f"{len(rows)} points ({len(failed)} failed) in {time.perf_counter() - started:.1f} s; "
           f"wrote {args.out / 'results.csv'} and {args.out / 'sweep.png'}")

@@ -46,12 +46,19 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def check_path(out: Path) -> Path:
-    """Refuse an output path that is a file, or whose parent folder does not exist."""
+    """Refuse an output path that is a file, whose parent folder does not exist, or that cannot
+    be written: its parent (where a run's staging folder is made and renamed into place) or,
+    where it exists, the folder itself (moved aside by ``--force``, written into by a sweep).
+    Checked before any work, so that a long run does not fail at its end."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output path {str(out)!r} exists and is not a folder")
     if not out.exists() and not out.parent.is_dir():
         raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
+    for folder in (out.parent, out) if out.exists() else (out.parent,):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"cannot write to the folder {str(folder)!r} (permission denied) for output {str(out)!r}; "
+                             f"choose an --out you can write to")
     return out
 
 

@@ -200,8 +200,10 @@ def _dask(todo: list[dict[str, Any]], client) -> Iterator[dict[str, Any]]:
 
 def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = None, force: bool = False,
               progress: Callable[[int, int, int, float], None] | None = None,
-              heatmap: tuple[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run (or resume) the sweep of ``grid`` into ``out``; returns the result rows in grid order."""
+              heatmap: tuple[str, str] | None = None,
+              report: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run (or resume) the sweep of ``grid`` into ``out``; returns the result rows in grid order.
+    ``report`` is told, before any point runs, how many finished points a resumed sweep reuses."""
     fixed, axes = load_grid(grid)
     if heatmap is not None:
         heatmap_axes([], heatmap)
@@ -223,7 +225,11 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
             f.write("\n")
     write_atomic(out / "grid.toml", Path(grid).read_bytes())
     done = _read_done(log)
-    todo = [p for p in dict((key_of(p), p) for p in grid_points).values() if key_of(p) not in done]
+    distinct = dict((key_of(p), p) for p in grid_points)
+    todo = [p for key, p in distinct.items() if key not in done]
+    reused = len(distinct) - len(todo)
+    if reused and report is not None:
+        report(f"reused {reused} of {len(distinct)} points from {log}; running the other {len(todo)}")
     started, finished, failed = time.perf_counter(), 0, 0
     source: Iterable[dict[str, Any]] = _dask(todo, client) if client is not None else _local(todo, workers)
     for row in source:

@@ -21,10 +21,10 @@ from sim import OverflowMode, profiles
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
-from .workloads import WORKLOADS, Workload, is_import_path, make_workload
+from .workloads import WORKLOADS, Workload, check_shards, is_import_path, make_workload
 
 __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
-           "manager_arguments", "make_manager", "fp8_recipe"]
+           "manager_arguments", "make_manager", "fp8_recipe", "check_fp8_profile"]
 
 #: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
 #: ``MANAGERS``: the seed's 2**32 and growth after 50 steps, so that a short run shows both
@@ -75,9 +75,38 @@ def fp8_recipe(fp8: Any, args: Any) -> Recipe | None:
     return make_recipe(fp8, **(args if isinstance(args, dict) else {}))
 
 
-@functools.lru_cache(maxsize=64)
-def _workload_check(name: str, wargs: str, seed: int) -> None:
-    make_workload(name, seed, **json.loads(wargs))
+def check_fp8_profile(recipe: Recipe | None, profile: str | profiles.Profile, allow_unsupported: bool) -> str | None:
+    """FP8 matmuls on a product without the recipe's 8-bit formats (``Profile.eight_bit``, from
+    Ascend C's data-type tables: the Atlas 350 only): ValueError naming the products that have
+    them, or, with ``allow_unsupported``, the warning to give (emulated anyway). None where the
+    product has them (or there is no recipe)."""
+    if recipe is None:
+        return None
+    prof = profiles.get(profile)
+    wanted = list(dict.fromkeys(f.name for f in recipe.formats()))
+    lacking = [f for f in wanted if f not in prof.eight_bit]
+    if not lacking:
+        return None
+    having = [p for p in profiles.names() if set(wanted) <= set(profiles.get(p).eight_bit)]
+    has = f"has only {', '.join(prof.eight_bit)}" if prof.eight_bit else "has no 8-bit float formats (no FP8 units)"
+    refusal = (f"{prof.name} ({prof.product_en}) {has}, and the {type(recipe).__name__} recipe needs "
+               f"{' and '.join(lacking)} (Ascend C's data types; profiles that have them: "
+               f"{', '.join(having) or 'none'})")
+    if not allow_unsupported:
+        raise ValueError(f"{refusal}; choose one of those profiles, or emulate them anyway (allow_unsupported=True, "
+                         f"--allow-unsupported)")
+    return f"{refusal}; emulated anyway (allow_unsupported)"
+
+
+def _check_fp8(get: Callable[[str], Any]) -> None:
+    recipe = fp8_recipe(get("fp8"), get("fp8_args"))
+    if recipe is not None and get("profile") in profiles.names():
+        check_fp8_profile(recipe, get("profile"), bool(get("allow_unsupported")))
+
+
+@functools.lru_cache(maxsize=16)
+def _workload_check(name: str, wargs: str, seed: int) -> Workload:
+    return make_workload(name, seed, **json.loads(wargs))
 
 
 #: A setting's check: given the settings (by name), raise ValueError or TypeError naming the problem.
@@ -89,7 +118,10 @@ def _check_workload(get: Callable[[str], Any]) -> None:
     if not isinstance(workload, str) or (workload not in WORKLOADS and not is_import_path(workload)):
         raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
     if isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
-        _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+        made = _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+        ranks = get("ranks")
+        if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:  # else integer_problems says
+            check_shards(made.shards(made.batches(1)[0], ranks), ranks)
 
 
 def _check_manager(get: Callable[[str], Any]) -> None:
@@ -163,8 +195,9 @@ class RunConfig:
         True, "keep the devices' event log (Run.events, events.csv, events.png; the summary's first_overflow and "
         "top_labels)", option="--events", recorded=False)
     allow_unsupported: bool = setting(
-        False, "run the tf-npu detector on a product that does not support NPULossScaleOptimizer (with a "
-        "warning in the summary; otherwise that is refused)", recorded=False)
+        False, "run what the product lacks: the tf-npu detector where there is no NPULossScaleOptimizer, FP8 "
+        "matmuls where there are no FP8 units (with a warning in the summary; otherwise that is refused)",
+        recorded=False)
     manager_defaults: str = setting(
         "demo", "the named manager's unset arguments: demo (the seed's 2**32 and growth after 50 steps, so that a "
         "short run shows backoff and growth) or framework (each framework's own defaults)", option="--defaults",
@@ -172,7 +205,7 @@ class RunConfig:
     fp8: str | Recipe | None = setting(
         None, "run the workload's matmuls in FP8 under this scaling recipe (delayed, current: Transformer "
         "Engine's; mx: OCP MX blocks, or a lossscale.fp8.Recipe); Run.fp8 and fp8.csv hold every tensor's scale",
-        choices=lambda: list(RECIPES), named=True, check=lambda get: fp8_recipe(get("fp8"), get("fp8_args")))
+        choices=lambda: list(RECIPES), named=True, check=_check_fp8)
     fp8_args: dict[str, Any] | None = setting(
         None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",
         option="--fp8-arg", table=True, words=True)

@@ -194,8 +194,8 @@ class LossScaleOptimizer:
 
     @staticmethod
     def _down_scale(grads: list, scale: float) -> list:
-        rcp = np.reciprocal(F32(scale))
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # 1/S may overflow binary32 (S below 2**-128, or 0): inf, as in the frameworks
+            rcp = np.reciprocal(F32(scale))
             return [None if g is None else np.asarray(g).astype(F32) * rcp for g in grads]
 
     def _finite(self, grads_and_vars: GradsAndVars) -> bool:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import math
+import numbers
 import signal
 import threading
 import warnings
@@ -43,6 +45,7 @@ from .config import (
     SIGNATURE,
     RunConfig,
     check_arguments,
+    check_fp8_profile,
     fp8_recipe,
     make_manager,
     manager_arguments,
@@ -53,7 +56,7 @@ from .fp8 import Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer
 from .phases import PHASES, PhaseEvents, begin_phase
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
-from .workloads import check_workload, make_workload
+from .workloads import check_shards, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
            "RunConfig", "Row", "Summary", "check_arguments", "manager_arguments", "DEFAULTS"]
@@ -212,6 +215,9 @@ def _set_up(config: RunConfig) -> _Training:
         devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events, observers=[c])
                    for r, c in enumerate(counts)]
         det = _detector(c, prof, devices)
+        emulated = check_fp8_profile(recipe, prof, c.allow_unsupported)
+        if emulated:
+            warnings.warn(emulated, UserWarning, stacklevel=2)
     det.attach(devices)
     fp8_rows: list[dict[str, Any]] = []
     if recipe is not None:
@@ -225,7 +231,7 @@ def _set_up(config: RunConfig) -> _Training:
     opts = [LossScaleOptimizer(wl.optimizer(), m) for m in managers]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(c.steps)
-    _check_shards(wl.shards(batches[0], ranks), ranks)
+    check_shards(wl.shards(batches[0], ranks), ranks)
     return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
                      checks, params, opts, base_params, base_opt, batches)
 
@@ -249,7 +255,8 @@ def _step(run: _Training, t: int) -> _Step:
     """Step ``t`` on every rank: forward and backward, the allreduce, the detector's check and
     the update (raises :class:`MinimumScaleError` where a manager cannot go lower)."""
     wl, devices, opts, params, marks, ranks = run.wl, run.devices, run.opts, run.params, run.marks, run.config.ranks
-    scales = [opt.get_loss_scale() for opt in opts]
+    scales = [_scale(opt.get_loss_scale(), m, run.manager_name, r, t)
+              for r, (opt, m) in enumerate(zip(opts, run.managers, strict=True))]
     shards = wl.shards(run.batches[t], ranks)
     losses, grads = [], []
     for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
@@ -284,6 +291,27 @@ def _step(run: _Training, t: int) -> _Step:
     update_error = _relative_error(applied, reference)
     skipped_error = _NAN if would_be is None else _relative_error(would_be, reference)
     return _Step(scales, shards, losses, local0, grads, register, finite, decisions, update_error, skipped_error)
+
+
+def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:
+    """The scale ``manager`` gave for step ``t``, as a float: a real number, above 0 and finite,
+    or TypeError/ValueError naming the manager, the rank and the step (a NaN scale would skip
+    every step and a negative one train on flipped gradients, both without a word). A
+    framework's own policy may reach what the framework itself reaches: 0 where it has no
+    floor (``Policy.floor`` 0: backoff underflows binary32), Inf where it does not cap growth
+    (``Policy.capped`` False)."""
+    where = f"manager {name} gave loss scale {scale!r} for step {t}" + (f" on rank {rank}" if rank else "")
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{where}: get_loss_scale() must return a real number (finite and above 0), "
+                        f"not a {type(scale).__name__}")
+    value = float(scale)
+    policy = getattr(manager, "policy", None)
+    if isinstance(policy, Policy) and ((value == 0 and policy.floor_value() == 0)
+                                       or (value == math.inf and not policy.capped)):
+        return value
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{where}: a loss scale must be finite and above 0")
+    return value
 
 
 #: The largest relative error (:func:`_relative_error`) of an update that still agrees with
@@ -351,8 +379,9 @@ def _overflow_harm(step: _Step, overflow: bool) -> str:
 
 def _grad_max(step: _Step) -> float:
     """Rank 0's largest gradient magnitude, unscaled."""
-    with np.errstate(all="ignore"):
-        return max(float(np.max(np.abs(g.astype(np.float32)))) for g in step.grads[0]) / step.scales[0]
+    with np.errstate(all="ignore"):  # a scale of 0 (a framework's backoff underflowed): inf, or NaN
+        return float(np.float64(max(float(np.max(np.abs(g.astype(np.float32)))) for g in step.grads[0]))
+                     / np.float64(step.scales[0]))
 
 
 def _underflow(run: _Training, t: int, step: _Step) -> float:
@@ -506,12 +535,3 @@ def _stop_on_interrupt():
     finally:
         signal.signal(signal.SIGINT, previous)
 
-
-def _check_shards(shards, ranks: int) -> None:
-    """Every rank needs a share of the batch: ValueError before any step otherwise."""
-    sized = all(hasattr(part, "__len__") for part, _ in shards)
-    empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
-    if len(shards) != ranks or empty:
-        batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
-        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
-                         f"ranks or a larger batch")

@@ -42,7 +42,7 @@ from .base import PROTOCOL, SampledWorkload, Workload, digits
 from .builtin import Mlp, Trace
 
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
-           "is_import_path", "import_factory", "arguments"]
+           "is_import_path", "import_factory", "arguments", "check_shards"]
 
 #: The built-in torch workloads by name: classes of the optional extra, imported when made.
 _TORCH_BUILT_IN = {"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"}
@@ -160,7 +160,7 @@ def arguments(name: str) -> dict[str, Any]:
     """The built-in workload ``name``'s arguments (``workload_args``) and their defaults, read
     from its constructor (``seed`` and the internal ones left out)."""
     return {p.name: p.default for p in inspect.signature(_built_in(name)).parameters.values()
-            if p.kind is p.POSITIONAL_OR_KEYWORD and not p.name.startswith("_")
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")
             and p.name not in ("name", "has_accuracy", "seed", "marks_phases")}
 
 
@@ -176,3 +176,14 @@ def check_workload(workload: Any, made_by: str | None = None) -> None:
         raise TypeError(f"workload {type(workload).__name__} lacks {', '.join(missing)} of the Workload protocol "
                         f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
 
+
+
+def check_shards(shards: list[tuple[Any, float]], ranks: int) -> None:
+    """Every rank needs a share of the batch (``shards``: a workload's ``shards(batch, ranks)``):
+    ValueError before any step otherwise."""
+    sized = all(hasattr(part, "__len__") for part, _ in shards)
+    empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
+    if len(shards) != ranks or empty:
+        batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
+        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
+                         f"ranks or a larger batch")

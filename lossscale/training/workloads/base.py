@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,7 +16,8 @@ from sim import Device
 
 from ..optimizers import Momentum
 
-__all__ = ["Workload", "PROTOCOL", "SampledWorkload", "digits", "logits_in"]
+__all__ = ["Workload", "PROTOCOL", "SampledWorkload", "digits", "logits_in", "Argument", "argument",
+           "declared_arguments", "check_workload_args", "POSITIVE", "MOMENTUM", "COUNT", "FLAG"]
 
 F32 = np.float32
 
@@ -76,9 +81,11 @@ class SampledWorkload:
                      momentum: float, seed: int) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
-        if inputs != targets or inputs < batch:
-            raise ValueError(f"data needs as many targets as inputs and at least batch={batch} of them, "
-                             f"got {inputs} inputs and {targets} targets")
+        if inputs != targets:
+            raise ValueError(f"data needs as many targets as inputs, got {inputs} inputs and {targets} targets")
+        if inputs < batch:
+            raise ValueError(f"batch must be at most {inputs}, the number of training examples (a batch draws "
+                             f"them without replacement), got {batch}")
         self._initial = [np.asarray(p, F32).copy() for p in params]
         self._rows, self.batch, self.learning_rate, self.momentum, self.seed = inputs, batch, learning_rate, \
             momentum, seed
@@ -121,3 +128,74 @@ def logits_in(output: Any, is_array: Callable[[Any], bool], fix: str) -> Any:
         return logits_in(output[0], is_array, fix)
     raise TypeError(f"no logits in a model output of type {type(output).__name__} (an array, or a 'logits' key, "
                     f"attribute or first element); give {fix} the way to them")
+
+
+# -- declared workload arguments ------------------------------------------------------
+@dataclass(frozen=True)
+class Argument:
+    """What values a built-in workload's argument takes: ``kind`` is ``integer``, ``number``
+    (an int or float), ``bool`` or ``text`` (one of ``choices``); numbers lie between ``low``
+    and ``high`` (None: unbounded), each end excluded where ``open_low``/``open_high``."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    choices: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The valid values in words, such as "an integer from 1 to 1500"."""
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "text":
+            return f"one of {', '.join(self.choices)}"
+        noun = "an integer" if self.kind == "integer" else "a number"
+        if self.low is not None and self.high is not None and not (self.open_low or self.open_high):
+            return f"{noun} from {self.low:g} to {self.high:g}"
+        low = None if self.low is None else "above" if self.open_low else "of at least" if self.high is None \
+            else "at least"
+        bounds = [f"{low} {self.low:g}"] if low else []
+        if self.high is not None:
+            bounds.append(f"{'below' if self.open_high else 'at most'} {self.high:g}")
+        return " ".join([noun, " and ".join(bounds)]).strip()
+
+    def problem(self, value: Any) -> bool:
+        """Whether ``value`` is not one of the valid values."""
+        if self.kind == "bool":
+            return not isinstance(value, (bool, np.bool_))
+        if self.kind == "text":
+            return value not in self.choices
+        kinds = numbers.Integral if self.kind == "integer" else numbers.Real
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds) or not math.isfinite(value):
+            return True
+        return ((self.low is not None and (value <= self.low if self.open_low else value < self.low))
+                or (self.high is not None and (value >= self.high if self.open_high else value > self.high)))
+
+
+#: The arguments several built-in workloads share.
+POSITIVE = Argument("number", low=0, open_low=True)
+MOMENTUM = Argument("number", low=0, high=1, open_low=True, open_high=True)  # as Momentum requires
+COUNT = Argument("integer", low=1)
+FLAG = Argument("bool")
+
+
+def argument(default: Any, declared: Argument) -> Any:
+    """A built-in workload's dataclass field whose values ``declared`` describes."""
+    return field(default=default, metadata={"argument": declared})
+
+
+def declared_arguments(cls: type) -> dict[str, Argument]:
+    """The declared arguments of a workload class (its dataclass fields made by :func:`argument`)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    return {f.name: f.metadata["argument"] for f in dataclasses.fields(cls) if "argument" in f.metadata}
+
+
+def check_workload_args(cls: type, values: Mapping[str, Any], label: str) -> None:
+    """ValueError, in one line, naming the first of ``values`` that its declaration in ``cls``
+    refuses, and what is valid (``label``: the workload's name)."""
+    declared = declared_arguments(cls)
+    for key, value in values.items():
+        if key in declared and declared[key].problem(value):
+            raise ValueError(f"workload {label!r}: {key} must be {declared[key].describe()}, got {value!r}")

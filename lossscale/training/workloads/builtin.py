@@ -10,14 +10,22 @@ import numpy as np
 
 from sim import Device
 
-from ...policy.core import check_bool
 from ..optimizers import Adam, Momentum
 from ..phases import begin_phase
-from .base import digits
+from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, argument, check_workload_args, digits
 
 __all__ = ["Mlp", "Trace"]
 
 F32, H = np.float32, np.float16
+
+#: The digits' training split (the first 1500 of a fixed permutation of the 1797 images; the
+#: rest is the test set): a batch draws at most this many, without replacement.
+DIGITS_TRAIN = 1500
+
+
+def check_fields(workload: Any, label: str) -> None:
+    """A built-in workload's declared arguments checked, as constructed (see ``argument``)."""
+    check_workload_args(type(workload), vars(workload), label)
 
 
 def _softmax32(z: np.ndarray) -> np.ndarray:
@@ -31,22 +39,23 @@ class Mlp:
     ``log_perplexity``: also exp(sum of the batch's losses) in binary16, for logging."""
 
     seed: int = 0
-    hidden: int = 32
-    batch: int = 64
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    log_perplexity: bool = False
+    hidden: int = argument(32, COUNT)
+    batch: int = argument(64, Argument("integer", low=1, high=DIGITS_TRAIN))
+    learning_rate: float = argument(0.1, POSITIVE)
+    momentum: float = argument(0.9, MOMENTUM)
+    log_perplexity: bool = argument(False, FLAG)
     name: str = "mlp"
     has_accuracy: bool = True
     marks_phases: bool = True
     _data: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        check_bool("log_perplexity", self.log_perplexity)
+        check_fields(self, "mlp")
         x, y = digits()
         order = np.random.default_rng(1234).permutation(len(y))  # a fixed split, whatever the seed
         x, y = x[order], y[order]
-        self.train, self.test = (x[:1500], y[:1500]), (x[1500:], y[1500:])
+        n = DIGITS_TRAIN
+        self.train, self.test = (x[:n], y[:n]), (x[n:], y[n:])
         self._rng = np.random.default_rng(self.seed)
 
     def init_params(self) -> list[np.ndarray]:
@@ -140,17 +149,18 @@ class Trace:
     """Synthetic gradients ``m_t * spread * (w - w*)`` with a drifting, spiking m_t."""
 
     seed: int = 0
-    size: int = 4096
-    batch: int = 1
-    learning_rate: float = 0.01
-    drift: float = 0.15
-    spike_rate: float = 0.03
-    spread: float = 3.0
+    size: int = argument(4096, COUNT)
+    batch: int = argument(1, COUNT)
+    learning_rate: float = argument(0.01, POSITIVE)
+    drift: float = argument(0.15, Argument("number", low=0))
+    spike_rate: float = argument(0.03, Argument("number", low=0, high=1))
+    spread: float = argument(3.0, Argument("number", low=0))
     name: str = "trace"
     has_accuracy: bool = False
     marks_phases: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self, "trace")
         rng = np.random.default_rng(self.seed)
         self.target = rng.standard_normal(self.size).astype(F32)
         self.pattern = (2.0 ** (rng.standard_normal(self.size) * self.spread - 4)).astype(F32)

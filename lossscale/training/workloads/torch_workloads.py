@@ -34,11 +34,14 @@ from sim.torch import DeviceMode
 
 from ...policy.core import check_bool
 from ..phases import begin_phase
-from .base import SampledWorkload, digits, logits_in
+from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, SampledWorkload, argument, digits, logits_in
+from .builtin import DIGITS_TRAIN, check_fields
 
 __all__ = ["TorchWorkload", "logits_of", "TorchMlp", "TorchCnn", "TorchTransformer"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
+DTYPE = Argument("text", choices=tuple(_DTYPES))
+DIGITS_BATCH = Argument("integer", low=1, high=DIGITS_TRAIN)
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -228,19 +231,27 @@ def _digit_data(shape: tuple[int, ...]):
     return (x[:1500], y[:1500]), (x[1500:], y[1500:])
 
 
+@dataclass(kw_only=True)
+class _OnDigits:
+    """The training settings of the built-in workloads on the digits (keyword-only: after each
+    workload's own fields)."""
+
+    batch: int = argument(64, DIGITS_BATCH)
+    learning_rate: float = argument(0.1, POSITIVE)
+    momentum: float = argument(0.9, MOMENTUM)
+    dtype: str = argument("float16", DTYPE)
+    log_perplexity: bool = argument(False, FLAG)
+
+
 @dataclass
-class TorchMlp(_BuiltIn):
+class TorchMlp(_BuiltIn, _OnDigits):
     """The hand-written ``mlp``'s 64-``hidden``-10 perceptron, in torch."""
 
     seed: int = 0
-    hidden: int = 32
-    batch: int = 64
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    dtype: str = "float16"
-    log_perplexity: bool = False
+    hidden: int = argument(32, COUNT)
 
     def __post_init__(self) -> None:
+        check_fields(self, "torch-mlp")
         with torch.random.fork_rng():  # the caller's random state is left as it was
             torch.manual_seed(self.seed)
             model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(),
@@ -261,18 +272,14 @@ class _Cnn(torch.nn.Module):
 
 
 @dataclass
-class TorchCnn(_BuiltIn):
+class TorchCnn(_BuiltIn, _OnDigits):
     """A small CNN on the digits as 1x8x8 images: conv 3x3 (``channels``), ReLU, max-pool 2, linear."""
 
     seed: int = 0
-    channels: int = 8
-    batch: int = 64
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    dtype: str = "float16"
-    log_perplexity: bool = False
+    channels: int = argument(8, COUNT)
 
     def __post_init__(self) -> None:
+        check_fields(self, "torch-cnn")
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             model = _Cnn(self.channels)
@@ -324,19 +331,26 @@ class TorchTransformer(_BuiltIn):
     (``lossscale/data/zen.txt``) from ``context`` before it."""
 
     seed: int = 0
-    context: int = 16
-    width: int = 32
-    heads: int = 2
-    dropout: float = 0.1
-    batch: int = 32
-    learning_rate: float = 0.05
-    momentum: float = 0.9
-    dtype: str = "float16"
-    log_perplexity: bool = False
+    context: int = argument(16, COUNT)
+    width: int = argument(32, COUNT)
+    heads: int = argument(2, COUNT)
+    dropout: float = argument(0.1, Argument("number", low=0, high=1, open_high=True))
+    batch: int = argument(32, COUNT)
+    learning_rate: float = argument(0.05, POSITIVE)
+    momentum: float = argument(0.9, MOMENTUM)
+    dtype: str = argument("float16", DTYPE)
+    log_perplexity: bool = argument(False, FLAG)
 
     def __post_init__(self) -> None:
         from importlib import resources
+        check_fields(self, "torch-transformer")
+        if self.width % self.heads:
+            raise ValueError(f"workload 'torch-transformer': heads must divide width (each head gets width / heads "
+                             f"channels), got width={self.width} and heads={self.heads}")
         text = resources.files("lossscale").joinpath("data/zen.txt").read_text()
+        if self.context >= len(text) - 1:
+            raise ValueError(f"workload 'torch-transformer': context must be below {len(text) - 1} (the text has "
+                             f"{len(text)} characters), got {self.context}")
         chars = sorted(set(text))
         codes = np.array([chars.index(ch) for ch in text], np.int64)
         starts = np.arange(len(codes) - self.context)
