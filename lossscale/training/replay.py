@@ -516,23 +516,44 @@ def _initial(framework: str, log: Log, window: int | None, hysteresis: int | Non
 
 
 def _windows(log: Log, default: int) -> tuple[list[int], str]:
-    """Growth windows to try: around the run of clean steps that ended in the log's first growth
-    (the frameworks count the window from different steps); with no growth in the log, any window
-    longer than its longest clean run fits."""
-    before, run, longest = None, 0, 0
-    for e in log.events:
-        now = e.scale if e.scale is not None else before
-        if e.overflow:
-            run = 0
-        else:
-            run += 1
-            longest = max(longest, run)
-            if now is not None and e.next_scale is not None and e.next_scale > now:
-                return [w for w in (run, run - 1, run + 1) if w >= 1], f"from the first growth (line {e.line})"
-        before = e.next_scale if e.next_scale is not None else (None if e.overflow else now)
-    if default > longest + 1:
-        return [default], f"the framework's default (no growth in the log; any value above {longest} fits)"
-    return [longest + 2], f"{longest + 2} (no growth in the log; any value above {longest} fits)"
+    """Growth windows to try. Each run of clean steps whose scale is known before and after it
+    grew k times (a doubling per window), so its length L bounds the window: about L / (k + 1) to
+    L / k (one more or less, as the frameworks count from different steps); with no growth, above
+    L - 1. The windows every run allows, up to 64 of them (the framework's default among them
+    where it fits)."""
+    events = log.events
+    before: list[float | None] = []
+    for i, e in enumerate(events):
+        prev = events[i - 1].next_scale if i else None
+        before.append(e.scale if e.scale is not None else prev if prev is not None else
+                      2 * e.next_scale if e.overflow and e.next_scale is not None else None)
+    low, high, grew, i = 1, math.inf, False, 0
+    while i < len(events):
+        if events[i].overflow:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(events) and not events[j + 1].overflow:
+            j += 1
+        start = before[i]
+        end = before[j + 1] if j + 1 < len(events) else events[j].next_scale
+        length = j - i + 1
+        if start and end and end >= start:
+            k = round(math.log2(end / start))
+            grew = grew or k > 0
+            low = max(low, length // (k + 1) - 1)
+            if k > 0:
+                high = min(high, length // k + 1)
+        i = j + 1
+    if high < low:
+        return [default], "the framework's default (the log's growths fit no single window)"
+    if high == math.inf:
+        return [max(default, low)], f"{'the default' if default >= low else low} (no growth in the log; any " \
+            f"value from about {low} fits)"
+    span = list(range(low, int(high) + 1))
+    picked = span if len(span) <= 64 else sorted({*span[:: max(1, len(span) // 64)], *(
+        [default] if low <= default <= high else [])})
+    return picked, f"from the growths in the log (windows {low} to {int(high)} tried)"
 
 
 def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
