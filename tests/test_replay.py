@@ -23,14 +23,18 @@ The test logs are written here in each framework's own format strings:
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import logging
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lossscale.policies import ApexPolicy, DeepSpeedPolicy, FairseqPolicy, TorchPolicy
+from lossscale.app.cli import main
+from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
 from lossscale.replay import LogEvent, bounds, consistency, counterfactual, read_log
 
 MAX = 65504.0
@@ -38,6 +42,11 @@ MAX = 65504.0
 
 def deepspeed_log(overflows: list[bool], **kwargs) -> str:
     """The real DynamicLossScaler's own lines for the sequence, with the engine's report after each step."""
+    return deepspeed_run(overflows, **kwargs)[0]
+
+
+def deepspeed_run(overflows: list[bool], **kwargs) -> tuple[str, list[float]]:
+    """:func:`deepspeed_log`, and the real scaler's ``cur_scale`` before each step."""
     ls = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
@@ -47,10 +56,11 @@ def deepspeed_log(overflows: list[bool], **kwargs) -> str:
     level = ls.logger.level
     ls.logger.setLevel(logging.INFO)
     scaler = ls.DynamicLossScaler(**kwargs)
-    skipped = 0
+    skipped, scales = 0, []
     rank, ls.dist.get_rank = ls.dist.get_rank, lambda *a: 0  # one process, no process group
     try:
         for step, overflow in enumerate(overflows, start=1):
+            scales.append(float(scaler.cur_scale))
             scaler.update_scale(overflow)
             skipped += overflow
             buf.write(f"[Rank 0] step={step}, skipped={skipped}, lr=[0.001], mom=[(0.9, 0.999)]\n")
@@ -58,7 +68,7 @@ def deepspeed_log(overflows: list[bool], **kwargs) -> str:
         ls.logger.removeHandler(handler)
         ls.logger.setLevel(level)
         ls.dist.get_rank = rank
-    return buf.getvalue()
+    return buf.getvalue(), scales
 
 
 def apex_log(overflows: list[bool], policy: ApexPolicy) -> str:
@@ -228,3 +238,144 @@ def test_counterfactual_is_never_certain_where_the_log_leaves_it_open(log2g, win
             possible = _possible(lo, hi, t)
             assert (d.decision != "unknown") == (len(possible) == 1), (lo, hi, t, d)
         truth = other.next(truth, not overflow)
+
+
+# -- the command: lossscale replay LOG --out DIR --manager ... ----------------------------------------
+
+DS = dict(init_scale=2**16, scale_window=5, min_scale=1, delayed_shift=2, consecutive_hysteresis=False)
+
+
+def replay(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # not what DeepSpeed printed on import
+    code = main(["replay", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> None:
+    text, truth = deepspeed_run(SEQ, **DS)
+    path = tmp_path / "ds.log"
+    path.write_text(text)
+    out = tmp_path / "replay"
+    code, stdout, err = replay(capsys, str(path), "--manager", "torch", "--manager", "exponential", "--out", str(out),
+                               "--manager-arg", "torch:growth_interval=3", "--manager-arg",
+                               "exponential:init_loss_scale=2**20", "--manager-arg", "exponential:incr_every_n_steps=4")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]
+    log = read_log(path)
+    lines = stdout.splitlines()
+    # each overflow line prints two scales (attempted, and reduced to or kept); the short log fits
+    # windows 4 to 6 alike, so the window is not pinned, and the scales they disagree on are unknown
+    assert re.fullmatch(r"consistent with deepspeed's policy \(DeepSpeedPolicy: init_scale 65536, scale_window \d+, "
+                        rf"delayed_shift 2\): all {2 * sum(SEQ)} logged scales reproduced \(\d settings fit the log "
+                        r"equally well; the steps whose scale they disagree on are unknown\)", lines[1]), lines[1]
+    assert lines[-1] == f"wrote {out}: replay.csv, replay.png, summary.json"
+    rows = list(csv.DictReader((out / "replay.csv").open()))
+    managers = {"torch": TorchPolicy(growth_interval=3),  # the framework's defaults otherwise
+                "exponential": ExponentialUpdate(init_loss_scale=2.0**20, incr_every_n_steps=4)}
+    assert tuple(rows[0]) == ("step", "line", "overflow", "scale", *(f"{m}_{c}" for m in managers
+                                                                     for c in ("decision", "scale_low", "scale_high")))
+    assert [int(r["step"]) for r in rows] == list(range(1, len(SEQ) + 1))
+    assert [r["overflow"] == "1" for r in rows] == SEQ  # what the real scaler was told
+    known = [(float(r["scale"]), t) for r, t in zip(rows, truth, strict=True) if r["scale"]]
+    assert all(s == t for s, t in known)  # the real scaler's scale before each step, where the log pins it
+    assert all(r["scale"] for r in rows if r["overflow"] == "1") and len(known) >= len(SEQ) - 6
+    summary = json.loads((out / "summary.json").read_text())
+    seen: set[str] = set()
+    for name, policy in managers.items():
+        direct = counterfactual(log, policy)
+        assert [r[f"{name}_decision"] for r in rows] == [d.decision for d in direct]
+        assert [float(r[f"{name}_scale_low"]) for r in rows] == [min(d.scales) for d in direct]
+        assert [float(r[f"{name}_scale_high"]) for r in rows] == [max(d.scales) for d in direct]
+        seen |= {d.decision for d in direct}
+        entry = next(m for m in summary["managers"] if m["name"] == name)
+        assert entry["decisions"] == {k: sum(d.decision == k for d in direct) for k in ("overflow", "clean", "unknown")}
+    assert seen == {"clean", "overflow", "unknown"}  # not a comparison of all-unknown columns
+    assert summary["consistency"]["consistent"] and summary["steps"] == len(SEQ) and summary["unparsed_lines"] == 0
+    assert summary["overflow_steps"] == sum(SEQ) and summary["format"] == "deepspeed"
+    # lossscale plot redraws the figure, byte for byte
+    first = (out / "replay.png").read_bytes()
+    (out / "replay.png").unlink()
+    assert main(["plot", str(out)]) == 0 and (out / "replay.png").read_bytes() == first
+
+
+def test_replay_decisions_worked_by_hand(capsys, tmp_path) -> None:
+    """DeepSpeed at 2**16 (no hysteresis): clean, clean, overflow (to 2**15), clean. torch from 2**10: clean
+    where its scale is at most the logged one; at the overflow its lower scale may or may not overflow
+    (unknown), so it holds 2**9 or 2**10, both at most 2**15: clean. fixed at 2**16: overflow where the log
+    overflowed at 2**16, unknown at the last step (2**16 above the logged 2**15 on a clean step)."""
+    text, truth = deepspeed_run([False, False, True, False], init_scale=2**16, scale_window=1000, min_scale=1,
+                                delayed_shift=1, consecutive_hysteresis=False)
+    assert truth == [2**16, 2**16, 2**16, 2**15]
+    path = tmp_path / "ds.log"
+    path.write_text(text)
+    out = tmp_path / "r"
+    code, _, err = replay(capsys, str(path), "--manager", "torch", "--manager", "fixed", "--manager-arg",
+                          "torch:init_scale=2**10", "--manager-arg", "fixed:loss_scale=2**16", "--out", str(out))
+    assert code == 0, err
+    rows = [tuple(r.values())[4:] for r in csv.DictReader((out / "replay.csv").open())]
+    a, b, c = "1024.0", "512.0", "65536.0"
+    assert rows == [("clean", a, a, "clean", c, c), ("clean", a, a, "clean", c, c), ("unknown", a, a, "overflow", c, c),
+                    ("clean", b, a, "unknown", c, c)]
+
+
+def test_replay_names_the_departure(capsys, tmp_path) -> None:
+    lines = deepspeed_log(SEQ, **DS).splitlines()
+    at = next(i for i, line in enumerate(lines) if "reducing to" in line)
+    head, value = lines[at].rsplit(" ", 1)
+    lines[at] = f"{head} {int(value) // 2}"  # a backoff that halves twice
+    path = tmp_path / "edited.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, stdout, _ = replay(capsys, str(path), "--out", str(tmp_path / "r"))
+    verdict = stdout.splitlines()[1:3]
+    assert code == 0 and verdict[0].startswith("inconsistent with deepspeed's policy (DeepSpeedPolicy: ")
+    assert verdict[1].startswith(f"departs at line {at + 1} (step ") and "the log's scale after the step" in verdict[1]
+
+
+def test_replay_of_a_csv_log_has_no_framework_policy(capsys, tmp_path) -> None:
+    path = tmp_path / "scales.csv"
+    path.write_text("step,scale,overflow\n1,1024,1\n2,512,0\n3,512,0\n")
+    code, stdout, _ = replay(capsys, str(path), "--manager", "fixed", "--manager-arg", "loss_scale=512",
+                             "--out", str(tmp_path / "r"))
+    assert code == 0 and "csv log: no framework policy to check it against" in stdout
+    rows = list(csv.DictReader((tmp_path / "r" / "replay.csv").open()))
+    assert [r["fixed_decision"] for r in rows] == ["unknown", "clean", "clean"]  # 512 < 1024 on the overflow step
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing.log"], "no log file 'missing.log'; give the path of a training log"),
+    (["ds.log", "--format", "nginx"], "argument --format: invalid choice: 'nginx' (choose from 'auto', 'deepspeed'"),
+    (["hello.log"], "no known log format found"),
+    (["header.csv"], "'header.csv' holds no loss-scale events in the csv format; valid formats: deepspeed, apex"),
+    (["ds.log", "--format", "apex"], "'ds.log' holds no loss-scale events in the apex format"),
+    (["ds.log", "--manager", "gradscaler"], "argument --manager: invalid choice: 'gradscaler' (choose from 'fixed'"),
+    (["ds.log", "--manager-arg", "init_scale=2"], "--manager-arg goes with a --manager"),
+    (["ds.log", "--manager", "torch", "--manager-arg", "window=2"], "manager 'torch' takes no argument 'window'"),
+    (["ds.log", "--manager", "torch", "--manager-arg", "apex:scale_window=2"], "names manager 'apex', which this"),
+    (["steps.log", "--manager", "torch"], "'steps.log' does not place every step"),
+    (["ds.log"], "the following arguments are required: --out"),
+])
+def test_replay_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, monkeypatch, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.log").write_text(deepspeed_log([False, True, False], **DS))
+    (tmp_path / "hello.log").write_text("hello\nworld\n")
+    (tmp_path / "header.csv").write_text("step,scale,overflow\n")
+    (tmp_path / "steps.log").write_text("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing "
+                                        "to 4\n")  # no step counters: the steps are not placed
+    out = [] if "--out" in message else ["--out", "out"]
+    code, stdout, err = replay(capsys, *argv, *out)
+    assert code == 2 and stdout == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("lossscale: error: ") and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.log", "header.csv", "hello.log", "steps.log"]
+
+
+def test_replay_refuses_a_full_folder_without_force(capsys, tmp_path) -> None:
+    path = tmp_path / "ds.log"
+    path.write_text(deepspeed_log([False, True, False], **DS))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = replay(capsys, str(path), "--out", str(out))
+    assert code == 2 and "use --force" in err and (out / "keep.txt").read_text() == "mine"
+    assert replay(capsys, str(path), "--out", str(out), "--force")[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]

@@ -424,7 +424,8 @@ class Consistency:
     """The framework's own policy replayed on a log: the policy with the arguments inferred from the
     log (``inferred`` says how each was found), how many logged scales were compared, the
     departures (the replay takes the logged scale after each, so later ones are counted too), and
-    the replayed scale before each event (None where the replay cannot say)."""
+    the replayed scale before each event (None where the replay cannot say: from the first
+    departure on, or where the ``fits`` candidates that fit the log equally well disagree)."""
 
     framework: str
     policy: Policy | None
@@ -433,6 +434,7 @@ class Consistency:
     departures: tuple[Departure, ...]
     scales: tuple[float | None, ...]
     complete: bool
+    fits: int = 1
 
     @property
     def consistent(self) -> bool:
@@ -561,8 +563,15 @@ def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
     inferred: the initial scale from the first logged scale, the hysteresis from DeepSpeed's
     hysteresis lines (Megatron's: tried from 1 to 4), the growth window from the first growth; among
     the candidates, the one whose replay departs least (and latest)."""
+    fits, how = _fits(log)
+    return (fits[0] if fits else None), how
+
+
+def _fits(log: Log) -> tuple[list[Policy], dict[str, str]]:
+    """The candidates of :func:`framework_policy` that fit the log equally well (the first is the
+    one it returns; a short log often fits several growth windows), and how each argument was found."""
     if log.framework not in _POLICIES:
-        return None, {}
+        return [], {}
     cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
     default_window = next(f.default for f in dataclasses.fields(cls) if f.name == window_name)
     windows, window_how = _windows(log, default_window) if log.complete else ([default_window], "not inferred "
@@ -586,9 +595,11 @@ def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
             departures = _replay(policy, log)[0] if log.complete else _chain(policy, log)[0]
             key = (len(departures), -(departures[0].line if departures else 0))
             if best is None or key < best[0]:
-                best = (key, policy)
+                best = (key, [policy])
+            elif key == best[0]:
+                best[1].append(policy)
     if best is None:
-        return None, {"initial scale": "not found (no logged scale)"}
+        return [], {"initial scale": "not found (no logged scale)"}
     how = {init_name: "from the first logged scale", window_name: window_how, **how}
     return best[1], how
 
@@ -663,21 +674,30 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
     """The log's own framework policy (``policy``, or one inferred from the log) replayed on its
     overflow sequence, every logged scale compared; the first departure explained."""
     inferred: dict[str, str] = {}
+    fits: list[Policy] = []
     if policy is None:
-        policy, inferred = framework_policy(log)
+        fits, inferred = _fits(log)
+        policy = fits[0] if fits else None
     if policy is None:
         return Consistency(log.framework, None, inferred, 0, (), tuple(None for _ in log.events), log.complete)
     if log.complete:
         departures, scales, compared = _replay(policy, log)
         cut = departures[0].line if departures else math.inf
         scales = [s if e.line < cut else None for s, e in zip(scales, log.events, strict=True)]
+        if len(fits) > 1:  # the scales the equally fitting candidates disagree on are not known
+            others = [_replay(other, log)[1] for other in fits[1:]]
+            scales = [s if all(o[i] == s for o in others) else None for i, s in enumerate(scales)]
+            window = _POLICIES[log.framework][2]
+            inferred = {**inferred, window: f"{inferred.get(window, '')}; {len(fits)} candidates fit equally well, "
+                        f"the steps whose scale they disagree on are unknown"}
         if departures:
             departures[0] = replace(departures[0], explanation=departures[0].explanation or
                                     _explain(policy, log, departures[0]))
     else:
         departures, compared = _chain(policy, log)
         scales = [None] * len(log.events)
-    return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete)
+    return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete,
+                       max(1, len(fits)))
 
 
 # -- counterfactual: another policy on the bounds the log sets on each step's gradients ---------------
