@@ -107,7 +107,7 @@ def test_plot_command_redraws(capsys, tmp_path) -> None:
     assert code == 2 and "nothing' does not exist" in err
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli(capsys, "plot", str(tmp_path / "empty"))
-    assert code == 2 and "holds no run, compare or sweep output" in err
+    assert code == 2 and "holds no run, compare, sweep or replay output" in err
 
 
 def test_compare_and_profiles(capsys, tmp_path) -> None:

@@ -142,6 +142,7 @@ PUBLIC = {
     "lossscale.testing": ["check_policy"],
     "lossscale.fp8": ["DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler"],
     "lossscale.detectors": ["DETECTORS", "make_detector", "TfNpu"],
+    "lossscale.replay": ["read_log", "Log", "LogEvent", "consistency", "counterfactual"],
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``lossscale`` command line: run, compare, plot, profiles.
+"""The ``lossscale`` command line: run, compare, plot, profiles, managers, sweep, replay.
 
 Bad input gets one line on stderr saying what is wrong and what is valid, and
 exit code 2; no traceback.
@@ -111,29 +111,35 @@ def _dest(f: Field) -> str:
     return _option(f)[2:].replace("-", "_")
 
 
+def _setting(p: argparse.ArgumentParser, f: Field, **override: Any) -> None:
+    """A run setting's option, read from its declaration (see ``RunConfig``); ``override``
+    replaces what a command needs otherwise (a default, the help)."""
+    meta = f.metadata
+    kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"]}
+    if meta["table"]:
+        metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
+        kwargs.update(action="append", metavar=metavar, default=[])
+    elif meta["low"] is not None:
+        kwargs.update(type=_integer(meta["low"]))
+    elif isinstance(f.default, bool):
+        kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
+    if meta["choices"] is not None and meta["importable"]:
+        kwargs.update(type=_name_or_path(list(meta["choices"]())), metavar="{NAME,MODULE:FACTORY}",
+                      help=f"{meta['help']}; NAME is one of {', '.join(meta['choices']())}")
+    elif meta["choices"] is not None:
+        kwargs.update(choices=list(meta["choices"]()))
+    p.add_argument(_option(f), **{**kwargs, **override})
+
+
 def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
-    """Every run setting that has an option (see ``RunConfig``); with ``several``, ``--manager``
-    is given once per manager to compare."""
+    """Every run setting that has an option; with ``several``, ``--manager`` is given once per
+    manager to compare."""
     for f in settings():
-        meta = f.metadata
-        if meta["option"] is None:
+        if f.metadata["option"] is None:
             continue
-        kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"]}
-        if meta["table"]:
-            metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
-            kwargs.update(action="append", metavar=metavar, default=[])
-        elif meta["low"] is not None:
-            kwargs.update(type=_integer(meta["low"]))
-        elif isinstance(f.default, bool):
-            kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
-        if meta["choices"] is not None and meta["importable"]:
-            kwargs.update(type=_name_or_path(list(meta["choices"]())), metavar="{NAME,MODULE:FACTORY}",
-                          help=f"{meta['help']}; NAME is one of {', '.join(meta['choices']())}")
-        elif meta["choices"] is not None:
-            kwargs.update(choices=list(meta["choices"]()))
-        if f.name == "manager" and several:
-            kwargs.update(action="append", required=True, default=None, help="a manager to compare (give two or more)")
-        p.add_argument(_option(f), **kwargs)
+        several_managers = dict(action="append", required=True, default=None,
+                                help="a manager to compare (give two or more)")
+        _setting(p, f, **(several_managers if f.name == "manager" and several else {}))
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (its parent must exist and be writable; default: a new folder under runs/)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
@@ -177,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "The same workload, data and seed under several managers; one folder per manager and "
                   "compare.png.")
     _common(cmp, several=True)
-    plot = command("plot", "redraw the plots of a run, compare or sweep folder",
-                   "Redraw the plots of a folder that lossscale run, compare or sweep wrote.")
+    plot = command("plot", "redraw the plots of a run, compare, sweep or replay folder",
+                   "Redraw the plots of a folder that lossscale run, compare, sweep or replay wrote.")
     plot.add_argument("folder", type=Path, help="the output folder")
     plot.add_argument("--format", choices=FORMATS, default="png", help="the image format")
     plot.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
@@ -201,7 +207,30 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
                        help="the heat maps' axes, such as detector,overflow_mode (default: the first two that vary)")
     sweep.add_argument("--quiet", action="store_true", help="no progress display")
+    _replay_parser(command("replay", "check a training log's loss scales against its framework's policy; replay "
+                           "other managers on it",
+                           "Read the loss-scale lines of a DeepSpeed, apex, fairseq, Megatron-LM, MindSpore or csv "
+                           "log; replay the framework's own policy on its overflows (the first departure named, with "
+                           "the setting that explains it) and each --manager on the bounds the log sets on each "
+                           "step's gradients (a step either outcome fits is unknown, never guessed). Writes "
+                           "replay.csv, replay.png and summary.json. No --profile: the log's own overflows decide."))
     return parser
+
+
+def _replay_parser(p: argparse.ArgumentParser) -> None:
+    from ..training.replay import FORMATS
+    p.add_argument("log", type=Path, help="the training log (a text file)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (its parent must exist)")
+    p.add_argument("--format", choices=["auto", *FORMATS], default="auto",
+                   help="the log's format (auto: the one whose lines appear)")
+    declared = {f.name: f for f in settings()}
+    _setting(p, declared["manager"], action="append", default=[],
+             help="a manager to replay on the log (give it once per manager; none: the consistency check only)")
+    _setting(p, declared["manager_args"])
+    _setting(p, declared["manager_defaults"], default="framework",
+             help="the managers' unset arguments: framework (each framework's own defaults) or demo (the "
+                  "simulator's demo set: 2**32, growth after 50 steps)")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
 
 
 def _manager_args(args: argparse.Namespace, manager: str) -> dict[str, Any]:
@@ -408,13 +437,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
-    """Redraw the plots of a folder that ``lossscale run``, ``compare`` or ``sweep`` wrote; the
+    """Redraw the plots of a folder that ``lossscale run``, ``compare``, ``sweep`` or ``replay`` wrote; the
     paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
     from .files import check_folder, read_run, write_atomic, write_plots
     from .plots import plot_compare
     if fmt not in FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
-    folder = check_folder(folder, "the folder that lossscale run, compare or sweep wrote")
+    folder = check_folder(folder, "the folder that lossscale run, compare, sweep or replay wrote")
+    if (folder / "replay.csv").exists():
+        from .files import read_replay
+        from .plots import plot_replay
+        rows, summary = read_replay(folder)
+        write_atomic(folder / f"replay.{fmt}", plot_replay(rows, summary, fmt))
+        return [folder / f"replay.{fmt}"]
     if (folder / "trajectory.csv").exists():
         return write_plots(read_run(folder), folder, fmt)
     if (folder / "results.csv").exists():
@@ -427,13 +462,101 @@ def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = Non
         path = folder / f"compare.{fmt}"
         write_atomic(path, plot_compare([(p.name, read_run(p)) for p in members], fmt=fmt))
         return [path]
-    raise ValueError(f"{str(folder)!r} holds no run, compare or sweep output (no trajectory.csv, no results.csv, "
-                     f"no run folders)")
+    raise ValueError(f"{str(folder)!r} holds no run, compare, sweep or replay output (no trajectory.csv, "
+                     f"results.csv or replay.csv, no run folders)")
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
     paths = redraw(args.folder, args.format, heatmap=args.heatmap)
     print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _policy_text(policy: Any, names: Any = None) -> str:
+    """A policy's class and arguments (``names``: only these)."""
+    from ..policy.core import describe
+    shown = ", ".join(f"{k} {_fmt(v)}" for k, v in describe(policy).items() if names is None or k in names)
+    return f"{type(policy).__name__}: {shown}"
+
+
+def _verdict(check: Any) -> list[str]:
+    """The consistency verdict in one or two lines."""
+    if check.policy is None:
+        return [f"{check.framework} log: no framework policy to check it against (the scales are the log's own)"]
+    who = f"{check.framework}'s policy ({_policy_text(check.policy, check.inferred)})"
+    scope = "" if check.complete else " (each overflow's own update and the growth between overflows: the log " \
+        "does not place every step)"
+    if check.fits > 1:
+        scope += (f" ({check.fits} settings fit the log equally well; the steps whose scale they disagree on are "
+                  f"unknown)")
+    if check.consistent:
+        return [f"consistent with {who}: all {check.compared} logged scales reproduced{scope}"]
+    return [f"inconsistent with {who}: {len(check.departures)} of {check.compared} logged scales depart{scope}",
+            f"departs at {check.departures[0]}"]
+
+
+def _read_log(path: Path, fmt: str) -> Any:
+    """The log at ``path``; UsageError naming a missing file or a log with no events."""
+    from ..training.replay import FORMATS, read_log
+    if not path.is_file():
+        raise UsageError(f"no log file {str(path)!r}" + (" (it is a folder)" if path.is_dir() else "") +
+                         "; give the path of a training log")
+    log = read_log(path, fmt)
+    if not log.events:
+        where = (f"; {len(log.unparsed)} line(s) in its words not understood, the first at line {log.unparsed[0][0]}"
+                 if log.unparsed else "")
+        raise UsageError(f"{str(path)!r} holds no loss-scale events in the {log.framework} format{where}; valid "
+                         f"formats: {', '.join(FORMATS)}")
+    return log
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    from ..policy.core import describe
+    from ..training.config import make_manager
+    from ..training.replay import consistency, counterfactual, logged_scales
+    from .files import check_out, json_text, replay_csv, replay_rows, staged, write_atomic
+    from .plots import plot_replay
+    names = list(dict.fromkeys(args.manager))
+    if args.manager_arg and not names:
+        raise UsageError("--manager-arg goes with a --manager (the managers to replay on the log)")
+    policies = {name: make_manager(name, _manager_args(args, name), args.defaults).policy for name in names}
+    check_out(args.out, args.force)
+    log = _read_log(args.log, args.format)
+    if names and not log.complete:
+        raise UsageError(f"{str(args.log)!r} does not place every step (no step counter at every step, or gaps "
+                         f"between them), so no manager can be replayed on it; leave out --manager for the "
+                         f"consistency check alone")
+    check = consistency(log)
+    scales = logged_scales(log, check)
+    decisions = {name: counterfactual(log, policy, scales) for name, policy in policies.items()}
+    rows = replay_rows(log, scales, decisions)
+    verdict = _verdict(check)
+    counts = {name: {k: sum(d.decision == k for d in ds) for k in ("overflow", "clean", "unknown")}
+              for name, ds in decisions.items()}
+    summary = {
+        "log": str(args.log), "format": log.framework, "complete": log.complete, "steps": len(log.events),
+        "overflow_steps": sum(e.overflow for e in log.events), "unparsed_lines": len(log.unparsed),
+        "unparsed": [{"line": n, "text": t} for n, t in log.unparsed[:20]], "notes": list(log.notes),
+        "consistency": {"verdict": "\n".join(verdict), "consistent": check.consistent, "compared": check.compared,
+                        "policy": type(check.policy).__name__ if check.policy is not None else None,
+                        "arguments": describe(check.policy) if check.policy is not None else {},
+                        "inferred": check.inferred, "departures": [asdict(d) for d in check.departures]},
+        "managers": [{"name": name, "class": type(policy).__name__, "arguments": describe(policy),
+                      "defaults": args.defaults, "decisions": counts[name]} for name, policy in policies.items()],
+    }
+    with staged(args.out, args.force) as stage:
+        write_atomic(stage / "replay.csv", replay_csv(rows, names))
+        write_atomic(stage / "summary.json", (json_text(summary) + "\n").encode())
+        write_atomic(stage / "replay.png", plot_replay(rows, summary))
+    unread = f", {len(log.unparsed)} lines not understood (first: line {log.unparsed[0][0]})" if log.unparsed else ""
+    print(f"{args.log}: {log.framework} log, {len(log.events)} steps read{unread}")
+    print("\n".join(verdict))
+    for name, policy in policies.items():
+        c = counts[name]
+        print(f"{name} ({_policy_text(policy)}): {c['overflow']} overflow, {c['clean']} clean, {c['unknown']} "
+              f"unknown steps")
+    print(f"wrote {args.out}: replay.csv, replay.png, summary.json")
 
 
 def cmd_managers(args: argparse.Namespace) -> None:
@@ -497,7 +620,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles,
-            "managers": cmd_managers, "sweep": cmd_sweep}
+            "managers": cmd_managers, "sweep": cmd_sweep, "replay": cmd_replay}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Run files: ``trajectory.csv``, ``summary.json``, ``events.csv`` (the devices' event log,
 when kept), ``fp8.csv`` (every tensor's FP8 scale per step, with an FP8 recipe), ``scale.png``,
-``events.png`` and ``fp8.png``, written whole.
+``events.png`` and ``fp8.png``, written whole; a replay's ``replay.csv``.
 
 Every file is written to a temporary name in the same folder and renamed into
 place, so an interrupted run never leaves a half-written file that looks
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, EventRow, Fp8Row, Run
+from ..training.replay import Decision, Log
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
-           "json_text", "staged", "cell"]
+           "json_text", "staged", "cell", "replay_columns", "replay_rows", "replay_csv", "read_replay"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -268,3 +269,52 @@ def _rows(path: Path, text: str, kinds: dict[str, Any]) -> list[dict[str, Any]]:
         except (TypeError, ValueError) as err:
             raise ValueError(f"{str(path)!r} line {line} is malformed ({err}); the file may be truncated") from None
     return rows
+
+
+# -- replay.csv: a log's steps, and each manager's replay on the log's bounds -------------------------
+
+#: A manager's columns in replay.csv, after its name and an underscore: its decision (overflow,
+#: clean or unknown), and the lowest and highest scale it may hold before the step (equal where its
+#: state is one; both empty once the replay has lost its state).
+REPLAY_MANAGER_COLUMNS = ("decision", "scale_low", "scale_high")
+
+
+def replay_columns(managers: list[str]) -> tuple[str, ...]:
+    """replay.csv's columns: the log's step, line, overflow and the scale the step ran at (empty
+    where the log does not say), then each manager's (see :data:`REPLAY_MANAGER_COLUMNS`)."""
+    return ("step", "line", "overflow", "scale", *(f"{m}_{c}" for m in managers for c in REPLAY_MANAGER_COLUMNS))
+
+
+def replay_rows(log: Log, scales: list[float | None], decisions: dict[str, list[Decision]]) -> list[dict[str, Any]]:
+    """One row per step of the log (see :func:`replay_columns`)."""
+    rows = []
+    for i, (e, s) in enumerate(zip(log.events, scales, strict=True)):
+        row: dict[str, Any] = {"step": e.step, "line": e.line, "overflow": e.overflow, "scale": s}
+        for m, ds in decisions.items():
+            held = ds[i].scales
+            row.update({f"{m}_decision": ds[i].decision, f"{m}_scale_low": min(held) if held else None,
+                        f"{m}_scale_high": max(held) if held else None})
+        rows.append(row)
+    return rows
+
+
+def replay_csv(rows: list[dict[str, Any]], managers: list[str]) -> bytes:
+    """replay.csv's bytes."""
+    return _csv(replay_columns(managers), rows)
+
+
+def read_replay(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A replay folder's rows and summary back (for ``lossscale plot``); ValueError naming a
+    missing or malformed file."""
+    folder = check_folder(folder, "the replay's folder (it holds replay.csv)")
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        managers = [m["name"] for m in summary["managers"]]
+    except FileNotFoundError:
+        raise ValueError(f"{str(folder)!r} holds no replay: summary.json is missing") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{str(folder / 'summary.json')!r} is not a replay's summary ({err})") from None
+    kinds = {"step": int, "line": int, "overflow": bool, "scale": float,
+             **{f"{m}_{c}": str if c == "decision" else float for m in managers for c in REPLAY_MANAGER_COLUMNS}}
+    path = folder / "replay.csv"
+    return _rows(path, path.read_text(), replay_columns(managers), kinds), summary

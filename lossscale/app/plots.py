@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from pathlib import Path
 
 import matplotlib
 import matplotlib.patches
@@ -19,7 +20,7 @@ from ..training.simulate import Run
 from . import FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
-           "figure_events", "figure_fp8", "plot_fp8", "FORMATS", "MARKS"]
+           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "FORMATS", "MARKS"]
 
 
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
@@ -367,5 +368,56 @@ def figure_events(run: Run, top: int = 12) -> Figure:
     bar = fig.colorbar(im, ax=ax, shrink=0.8, label="operations")
     bar.locator = matplotlib.ticker.MaxNLocator(integer=True)
     bar.update_ticks()
+    fig.tight_layout()
+    return fig
+
+
+def plot_replay(rows: Sequence[dict], summary: dict, fmt: str = "png") -> bytes:
+    """A replay as image bytes: see :func:`figure_replay`."""
+    return _png(figure_replay(rows, summary), fmt)
+
+
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last index of each run of True in ``mask``."""
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+
+
+def figure_replay(rows: Sequence[dict], summary: dict):
+    """A replay (``replay.csv``'s rows, ``summary.json``): the scale each logged step ran at, its
+    overflows marked, and each manager's scale on the log's bounds (a band where unknown steps left
+    it several states), its certain overflows marked and its unknown steps shaded; log2 axis."""
+    managers = [m["name"] for m in summary["managers"]]
+    numbered = all(r["step"] is not None for r in rows)
+    x = np.array([r["step"] if numbered else i for i, r in enumerate(rows)], dtype=float)
+    log2 = lambda key: np.log2(np.array([np.nan if r[key] is None else r[key] for r in rows], dtype=float))  # noqa: E731
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
+    logged = log2("scale")
+    ax.step(x, logged, where="post", color="black", lw=1.6, label=f"logged ({summary['format']})")
+    over = np.array([r["overflow"] for r in rows], dtype=bool)
+    if over.any():
+        ax.plot(x[over], logged[over], "x", color="black", ls="none", label="logged overflow")
+    for i, name in enumerate(managers):
+        color, low, high = f"C{i}", log2(f"{name}_scale_low"), log2(f"{name}_scale_high")
+        ax.step(x, low, where="post", color=color, lw=1.2, ls=_STYLES[i % len(_STYLES)], label=name)
+        if not np.array_equal(low, high, equal_nan=True):
+            ax.fill_between(x, low, high, step="post", color=color, alpha=0.3, lw=0,
+                            label=f"{name}: scales it may hold")
+        decision = np.array([r[f"{name}_decision"] for r in rows])
+        certain = decision == "overflow"
+        if certain.any():
+            ax.plot(x[certain], low[certain], "v", color=color, ms=4, ls="none", label=f"{name}: overflow")
+        first, last = _runs(decision == "unknown")
+        if first.size:
+            ax.broken_barh(list(zip(x[first], x[last] - x[first] + 1, strict=True)), (0, 1), facecolor=color,
+                           alpha=0.12, transform=ax.get_xaxis_transform(), label=f"{name}: unknown step")
+    _powers_of_two(ax)
+    ax.set_ylabel("loss scale")
+    ax.set_xlabel("step" if numbered else "event (the log does not number every step)")
+    verdict = summary["consistency"]["verdict"].splitlines()[0]
+    ax.set_title(f"{Path(summary['log']).name}: {verdict}", fontsize=8, wrap=True)
+    ax.legend(loc="best", fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

@@ -10,15 +10,17 @@ TF2 ``keras/mixed_precision/loss_scale_optimizer.py`` (``DynamicLossScale``); Ke
 ``deepspeed/runtime/fp16/loss_scaler.py`` (``DynamicLossScaler``); Megatron-LM
 ``megatron/core/optimizer/grad_scaler.py`` (``DynamicGradScaler``); MindSpore
 ``mindspore/python/mindspore/nn/wrap/loss_scale.py`` (``DynamicLossScaleUpdateCell``) and
-``mindspore/python/mindspore/train/loss_scale_manager.py``; jmp ``jmp/_src/loss_scale.py``
+``mindspore/python/mindspore/train/loss_scale_manager.py``; NVIDIA apex ``apex/amp/scaler.py``
+(``LossScaler``, as of the commit before ``apex.amp`` was removed); fairseq
+``fairseq/optim/dynamic_loss_scaler.py`` (``DynamicLossScaler``); jmp ``jmp/_src/loss_scale.py``
 (``DynamicLossScale``); TF 1.x ``tensorflow/contrib/mixed_precision/python/
 loss_scale_manager.py``. The torch, Keras 3 and jmp ones are also compared bit for bit
 with the installed frameworks (``tests/test_against_frameworks.py``).
 
 Arithmetic follows the originals: PyTorch multiplies its binary32 scale by a
 binary64 factor and rounds once; TensorFlow, Keras, Megatron, MindSpore and
-jmp compute in binary32 with the factor rounded to binary32; DeepSpeed keeps
-a Python float (binary64).
+jmp compute in binary32 with the factor rounded to binary32; DeepSpeed, apex and
+fairseq keep a Python float (binary64).
 
 Every scaler's rules, with their sources: ``docs/semantics.md``.
 """
@@ -48,7 +50,7 @@ from .core import (
 __all__ = [
     "TorchGradScaler", "TorchNpuGradScaler", "KerasDynamicLossScale", "Keras3LossScale", "DeepSpeedLossScaler",
     "MegatronGradScaler", "MindSporeDynamicLossScale", "JmpDynamicLossScale",
-    "TF1ExponentialUpdateLossScaleManager",
+    "TF1ExponentialUpdateLossScaleManager", "ApexLossScaler", "FairseqDynamicLossScaler", "ApexPolicy", "FairseqPolicy",
     "TorchPolicy", "TorchNpuPolicy", "KerasPolicy", "Keras3Policy", "DeepSpeedPolicy", "MegatronPolicy",
     "MindSporePolicy", "JmpPolicy", "TF1ExponentialUpdate",
 ]
@@ -388,6 +390,107 @@ class JmpPolicy(Policy):
         return _Counted(scale, ((counter + 1) % self.period) * int(finite))
 
 
+class ApexState(NamedTuple):
+    scale: float
+    unskipped: int = 0
+
+
+@dataclass(frozen=True)
+class ApexPolicy(Policy):
+    """apex ``amp`` ``LossScaler`` (dynamic; binary64): an overflow halves the scale (not below
+    ``min_loss_scale`` where one is set: 0 stands for apex's None) and zeroes the count of unskipped
+    steps; the ``scale_window``-th unskipped step in a row doubles it, not above ``max_loss_scale``.
+    apex's ``scale_factor`` argument is not used by its update (it halves and doubles), so it is
+    not an argument here. The initial scale is ``min(max_loss_scale, init_scale)``."""
+
+    init_scale: float = 2.0**16
+    scale_window: int = 2000
+    min_loss_scale: float = 0.0
+    max_loss_scale: float = 2.0**24
+    State = ApexState
+
+    def __post_init__(self) -> None:
+        check_positive("init_scale", self.init_scale)
+        check_period("scale_window", self.scale_window)
+        if self.min_loss_scale != 0:
+            check_positive("min_loss_scale", self.min_loss_scale)
+        check_positive("max_loss_scale", self.max_loss_scale)
+
+    def floor_value(self) -> float:
+        return float(self.min_loss_scale)
+
+    def initial(self) -> ApexState:
+        return ApexState(float(min(self.max_loss_scale, self.init_scale)))
+
+    def next(self, state: ApexState, finite: bool) -> ApexState:
+        scale, unskipped = state
+        if not finite:
+            scale = max(self.min_loss_scale, scale / 2.0) if self.min_loss_scale else scale / 2.0
+            unskipped = 0
+        else:
+            unskipped += 1
+        if unskipped == self.scale_window:
+            return ApexState(min(float(self.max_loss_scale), scale * 2.0), 0)
+        return ApexState(scale, unskipped)
+
+
+class FairseqState(NamedTuple):
+    scale: float
+    iter: int = 0
+    last_overflow_iter: int = -1
+    last_rescale_iter: int = -1
+    overflows_since_rescale: int = 0
+
+
+@dataclass(frozen=True)
+class FairseqPolicy(Policy):
+    """fairseq ``DynamicLossScaler`` (binary64): a clean step grows the scale by ``scale_factor``
+    when ``(iter - last_overflow_iter) % scale_window == 0``; an overflow divides it (not below
+    ``threshold``, where one is set: 0 stands for fairseq's None) once the share of overflows since
+    the last rescale reaches ``tolerance``. Where the lowered scale is at or below
+    ``min_loss_scale``, fairseq keeps the old one and stops training (FloatingPointError):
+    here MinimumScaleError."""
+
+    init_scale: float = 2.0**15
+    scale_factor: float = 2.0
+    scale_window: int = 2000
+    tolerance: float = 0.0
+    threshold: float = 0.0
+    min_loss_scale: float = 1e-4
+    floor = "min_loss_scale"
+    capped = False
+    State = FairseqState
+
+    def __post_init__(self) -> None:
+        check_positive("init_scale", self.init_scale)
+        check_ratio("scale_factor", self.scale_factor, above_one=True)
+        check_period("scale_window", self.scale_window)
+        if not 0 <= self.tolerance <= 1:
+            raise ValueError(f"tolerance must be between 0 and 1, got {self.tolerance!r}")
+        if self.threshold != 0:
+            check_positive("threshold", self.threshold)
+        check_positive("min_loss_scale", self.min_loss_scale)
+
+    def initial(self) -> FairseqState:
+        return FairseqState(float(self.init_scale))
+
+    def next(self, state: FairseqState, finite: bool) -> FairseqState:
+        scale, it, last_overflow, last_rescale, since = state
+        if finite:
+            if (it - last_overflow) % self.scale_window == 0:
+                scale, last_rescale = scale * self.scale_factor, it
+            return FairseqState(scale, it + 1, last_overflow, last_rescale, since)
+        previous, since = scale, since + 1
+        if since / float(it - last_rescale) >= self.tolerance:
+            scale = scale / self.scale_factor
+            if self.threshold:
+                scale = max(scale, float(self.threshold))
+            last_rescale, since = it, 0
+        if scale <= self.min_loss_scale:
+            raise MinimumScaleError(f"Minimum loss scale reached ({self.min_loss_scale}); the scale stays {previous}")
+        return FairseqState(scale, it + 1, it, last_rescale, since)
+
+
 @dataclass(frozen=True)
 class TF1ExponentialUpdate(ExponentialUpdate):
     """TensorFlow 1.x ``tf.contrib.mixed_precision.ExponentialUpdateLossScaleManager``:
@@ -447,3 +550,13 @@ TF1ExponentialUpdateLossScaleManager = register(
               "as Ascend's (the seed's example: 2**32 and 1000)"))(face(
     TF1ExponentialUpdate, "TF1ExponentialUpdateLossScaleManager",
     "TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."))
+
+ApexLossScaler = register("apex", init_scale=DEMO_SCALE, scale_window=50, max_loss_scale=2.0**120)(face(
+    ApexPolicy, "ApexLossScaler",
+    "apex ``amp`` ``LossScaler('dynamic', init_scale=2**16, scale_window=2000, min_loss_scale=None, "
+    "max_loss_scale=2**24)``."))
+
+FairseqDynamicLossScaler = register("fairseq", init_scale=DEMO_SCALE, scale_window=50)(face(
+    FairseqPolicy, "FairseqDynamicLossScaler",
+    "fairseq ``DynamicLossScaler(init_scale=2**15, scale_factor=2, scale_window=2000, tolerance=0, threshold=None, "
+    "min_loss_scale=1e-4)``."))

@@ -1,0 +1,772 @@
+"""Replay a training log: read the loss-scale lines a framework printed, check them against that
+framework's own policy, and replay other policies on what the log bounds.
+
+Formats read (the format strings are the frameworks' own; the tests cite file and function):
+
+- ``deepspeed``: ``[deepspeed] OVERFLOW! Rank R Skipping step. Attempted loss scale: S, reducing
+  to T`` and its hysteresis form (``deepspeed/runtime/fp16/loss_scaler.py``,
+  ``DynamicLossScaler.update_scale``); the older ``[deepspeed] fp16 dynamic loss scale overflow!
+  ...`` and ``[deepscale] OVERFLOW! ...`` (fused and unfused optimizers, ZeRO 1/2/3 of earlier
+  releases); ``step=N, skipped=M`` (``engine.py``, ``_report_progress``);
+- ``apex``: ``Gradient overflow.  Skipping step, loss scaler K reducing loss scale to T``
+  (``apex/amp/handle.py``, ``scale_loss``) and ``fp16_utils``' form without ``loss scaler K``;
+- ``fairseq``: ``NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: T``
+  (``fairseq/trainer.py``, ``train_step``; ``WARNING: overflow detected, ...`` of older
+  releases) and the progress lines' ``loss_scale`` and ``num_updates`` (simple and JSON bars);
+- ``megatron``: ``iteration N/ M | ... loss scale: T | ... number of skipped iterations: K |``
+  (``megatron/training/training.py``, ``training_log``);
+- ``mindspore``: ``epoch: E, step: N, loss is L, overflow is B, loss scale is S`` (the model zoo's
+  ``LossCallBack.step_end``, printing ``TrainOneStepWithLossScaleCell``'s outputs);
+- ``csv``: ``step,scale,overflow`` (the scale each step ran at; overflow 0/1 or true/false).
+
+Progress-bar counters (tqdm's ``| N/M [``) give step numbers to the overflow lines between them.
+
+Where the log places every step (each step is an event or implied by its counters:
+``Log.complete``), the policy is replayed step by step; otherwise only each overflow's own update
+and the growth between overflows are checked, and the counterfactual replay is refused.
+
+Counterfactual replay, the model: a step overflows at scale S when its unscaled gradient maximum
+g exceeds MAX / S (MAX: the gradient format's largest finite value, 65504 for binary16); so an
+overflow at S says g > MAX / S and a clean step g <= MAX / S. Another policy at scale T then
+certainly overflows where T >= S on an overflow step and is certainly clean where T <= S on a
+clean step; every other step is unknown. After an unknown step the other policy's state branches
+(it overflowed, or not): the replay keeps the set of states it may be in (a step is certain only
+when it is certain in every one), up to ``MAX_STATES``; past that the state is lost and every later
+step is unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..policy.core import Policy, describe
+from ..policy.frameworks import (
+    ApexPolicy,
+    DeepSpeedPolicy,
+    FairseqPolicy,
+    MegatronPolicy,
+    MindSporePolicy,
+    MinimumScaleError,
+)
+
+__all__ = ["LogEvent", "Log", "read_log", "FORMATS", "Departure", "Consistency", "consistency", "Decision",
+           "counterfactual", "bounds", "MAX_STATES", "BINARY16_MAX", "framework_policy", "logged_scales"]
+
+BINARY16_MAX = 65504.0
+#: The most states a counterfactual replay follows after unknown steps before it calls the state lost.
+MAX_STATES = 256
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One step of a log: its number where the log says it (None where not), whether it
+    overflowed, the scale it ran at and the scale after it (None where the log does not print
+    them), its 1-based line; ``hysteresis``: DeepSpeed's hysteresis before the step, where printed."""
+
+    step: int | None
+    overflow: bool
+    scale: float | None
+    next_scale: float | None
+    line: int
+    hysteresis: int | None = None
+
+
+@dataclass(frozen=True)
+class Log:
+    """A parsed log: its ``framework``, its ``events`` in log order, the ``unparsed`` lines (line
+    number and text) that spoke of overflow or the loss scale in no form the format has, and
+    ``complete``: whether every step between the first event and the last is an event."""
+
+    framework: str
+    events: tuple[LogEvent, ...]
+    unparsed: tuple[tuple[int, str], ...] = ()
+    complete: bool = False
+    notes: tuple[str, ...] = ()
+
+
+_NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # tqdm: "| 12/100 [00:03<...]" after N finished steps
+
+_DS_REDUCE = re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)"
+                        r"(?: Rank \d+)? Skipping step\. Attempted loss scale: " + _NUM + r", reducing to " + _NUM)
+_DS_HYST = re.compile(r"\[(?:deepspeed|deepscale)\] OVERFLOW!(?: Rank \d+)? Skipping step\. Attempted loss scale: "
+                      + _NUM + r", but hysteresis is (\d+)\. Reducing hysteresis to (\d+)")
+_DS_BARE = re.compile(r"\[deepspeed\] OVERFLOW!(?: Rank \d+)? Skipping step\.(?: Gradients are non-finite, "
+                      r"weights were not updated\.)?\s*$")
+_DS_STEP = re.compile(r"\bstep=(\d+), skipped=(\d+)")
+_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, (?:loss scaler (\d+) )?reducing loss scale to " + _NUM)
+_FS_OVERFLOW = re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected, (?:ignoring gradient, )?"
+                          r"setting loss scale to: " + _NUM)
+_FS_SIMPLE = re.compile(r"\bloss_scale=" + _NUM + r"\b.*\bnum_updates=(\d+)")
+_FS_JSON = re.compile(r"(\{.*\"loss_scale\".*\})")
+_MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale: " + _NUM + r" \|(?:.* number of skipped "
+                       r"iterations:\s*(\d+) \|)?")
+_MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
+
+#: What marks a line as the format's (format detection), and the words that make an unmatched
+#: line count as unparsed rather than unrelated.
+_SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
+    "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)"),
+                  re.compile(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
+    "apex": (re.compile(r"Gradient overflow\.\s+Skipping step"), re.compile(r"Gradient overflow|reducing loss scale")),
+    "fairseq": (re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected|\bloss_scale=|\"loss_scale\""),
+                re.compile(r"overflow detected|loss_scale")),
+    "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale: "),
+                 re.compile(r"iteration\s+\d+/|loss scale:|skipped iterations")),
+    "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is"),
+                  re.compile(r"overflow is|loss scale is")),
+}
+FORMATS = (*_SIGNS, "csv")
+
+
+def _detect(lines: Sequence[str]) -> str:
+    if lines and re.fullmatch(r"\s*step\s*,\s*scale\s*,\s*overflow\s*", lines[0]):
+        return "csv"
+    counts = {name: sum(1 for line in lines if sign.search(line)) for name, (sign, _) in _SIGNS.items()}
+    found = {name: n for name, n in counts.items() if n}
+    if len(found) == 1:
+        return next(iter(found))
+    if not found:
+        raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(FORMATS)}; a csv "
+                         f"log starts with the header step,scale,overflow)")
+    shown = ", ".join(f"{name} ({n} lines)" for name, n in found.items())
+    raise ValueError(f"mixed log formats: {shown}; give format= one of {', '.join(FORMATS)}")
+
+
+def read_log(source: str | Path, format: str = "auto") -> Log:
+    """The log at a path, or log text (a string holding a newline, or naming no file), parsed in
+    ``format`` (``auto``: the one format whose lines appear; ValueError naming the formats known
+    where none or several do)."""
+    if isinstance(source, Path) or ("\n" not in source and Path(source).is_file()):
+        try:
+            text = Path(source).read_text(errors="replace")
+        except OSError as err:
+            raise ValueError(f"cannot read the log {str(source)!r}: {err.strerror or err}") from None
+    elif "\n" not in source and not any(sign.search(source) for sign, _ in _SIGNS.values()):
+        raise ValueError(f"no log file {source!r} (give a path to a log, or the log's text)")
+    else:
+        text = source
+    lines = text.splitlines()
+    if format == "auto":
+        format = _detect(lines)
+    if format not in FORMATS:
+        raise ValueError(f"unknown log format {format!r}; valid: auto, {', '.join(FORMATS)}")
+    if format == "csv":
+        return _read_csv(lines)
+    return _PARSERS[format](lines)
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+class _Builder:
+    """Collects a log's overflow lines and step counters and assembles its events.
+
+    ``all`` counters count every step (DeepSpeed's ``step=N`` and tqdm's bar close step N: an
+    overflow line before counter N, after N - 1, is step N); ``clean`` counters count applied steps
+    only (fairseq's ``num_updates``: the overflow lines between counters N - 1 and N are the skipped
+    steps before applied step N, which the log does not number)."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+        self.events: list[LogEvent] = []
+        self.pending: list[LogEvent] = []
+        self.unparsed: list[tuple[int, str]] = []
+        self.notes: list[str] = []
+        self.last: int | None = None
+        self.kind = "all"
+        self.skipped: int | None = None
+        self.complete = True
+
+    def overflow(self, event: LogEvent) -> None:
+        self.pending.append(event)
+
+    def counter(self, n: int, line: int, kind: str, next_scale: float | None = None,
+                skipped: int | None = None) -> None:
+        pending, self.pending, self.kind = self.pending, [], kind
+        last = self.last if self.last is not None else (0 if n == 1 else None)
+        if skipped is not None and self.skipped is not None and skipped - self.skipped != len(pending):
+            self.notes.append(f"line {line}: skipped={skipped} counts {skipped - self.skipped} overflows since the "
+                              f"last report; the log shows {len(pending)}")
+        self.skipped = skipped if skipped is not None else self.skipped
+        if last is not None and n == last and not pending:
+            return  # the same counter again (a bar redrawn)
+        if last is not None and n == last + 1 and (kind == "clean" or len(pending) <= 1):
+            if kind == "all" and pending:
+                self.events.append(replace(pending[0], step=n))
+            else:
+                self.events.extend(pending)
+                self.events.append(LogEvent(n, False, None, next_scale, line))
+        else:  # a gap (or a log that starts after step 1): the steps between are not all in the log
+            self.events.extend(pending)
+            if pending or self.last is not None:
+                self.complete = False
+        self.last = n
+
+    def build(self) -> Log:
+        pending = self.pending
+        if self.last is None:  # no counters: nothing numbers the steps, nor the clean ones between
+            self.complete = False
+            self.events.extend(pending)
+        elif self.kind == "all" and len(pending) == 1:  # the step after the last counter
+            self.events.append(replace(pending[0], step=self.last + 1))
+        else:
+            self.events.extend(pending)
+            self.complete = self.complete and (self.kind == "clean" or not pending)
+        return Log(self.framework, tuple(self.events), tuple(self.unparsed), self.complete and bool(self.events),
+                   tuple(self.notes))
+
+
+def _scan(lines: Sequence[str], framework: str, handle) -> Log:
+    """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
+    line); lines it did not read that carry the format's words are unparsed; tqdm counters are read
+    for every format."""
+    b = _Builder(framework)
+    words = _SIGNS[framework][1]
+    for i, text in enumerate(lines, start=1):
+        for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
+            if handle(b, i, part):
+                continue
+            bar = _BAR.search(part)
+            if bar and "%" in part[:bar.start()]:
+                b.counter(int(bar[1]), i, "all")
+            elif words.search(part):
+                b.unparsed.append((i, part))
+    return b.build()
+
+
+def _deepspeed(lines: Sequence[str]) -> Log:
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _DS_REDUCE.search(text):
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
+        elif m := _DS_HYST.search(text):
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[1]), i, int(m[2])))
+        elif _DS_BARE.search(text):
+            b.overflow(LogEvent(None, True, None, None, i))
+        elif m := _DS_STEP.search(text):
+            b.counter(int(m[1]), i, "all", skipped=int(m[2]))
+        else:
+            return False
+        return True
+    return _scan(lines, "deepspeed", handle)
+
+
+def _apex(lines: Sequence[str]) -> Log:
+    ids: set[str] = set()
+
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _APEX.search(text):
+            ids.add(m[1] or "0")
+            b.overflow(LogEvent(None, True, None, _float(m[2]), i))
+            return True
+        return False
+    log = _scan(lines, "apex", handle)
+    if len(ids) > 1:
+        log = replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}): their lines are read "
+                                  f"as one sequence"), complete=False)
+    return log
+
+
+def _fairseq(lines: Sequence[str]) -> Log:
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _FS_OVERFLOW.search(text):
+            b.overflow(LogEvent(None, True, None, _float(m[1]), i))
+        elif m := _FS_SIMPLE.search(text):
+            b.counter(int(m[2]), i, "clean", next_scale=_float(m[1]))
+        elif (m := _FS_JSON.search(text)) and _fairseq_json(b, i, m[1]):
+            pass
+        else:
+            return False
+        return True
+    return _scan(lines, "fairseq", handle)
+
+
+def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
+    try:
+        stats = json.loads(text)
+        scale, updates = float(stats["loss_scale"]), int(stats["num_updates"])
+    except (ValueError, KeyError, TypeError):
+        return False
+    b.counter(updates, i, "clean", next_scale=scale)
+    return True
+
+
+def _per_step(framework: str, rows: Iterable[tuple[int, int, bool, float | None, float | None]],
+              unparsed: list[tuple[int, str]], notes: list[str]) -> Log:
+    """A log with one line per step (or per logging interval): complete where the steps run on by one."""
+    events, complete, last = [], True, None
+    for line, step, overflow, scale, next_scale in rows:
+        if last is not None and step != last + 1:
+            complete = False
+            notes.append(f"line {line}: step {step} follows step {last}; the steps between are not in the log")
+        events.append(LogEvent(step, overflow, scale, next_scale, line))
+        last = step
+    return Log(framework, tuple(events), tuple(unparsed), complete and bool(events), tuple(notes))
+
+
+def _megatron(lines: Sequence[str]) -> Log:
+    rows, unparsed, notes = [], [], []
+    words = _SIGNS["megatron"][1]
+    for i, text in enumerate(lines, start=1):
+        if m := _MEGATRON.search(text):
+            skipped = int(m[3] or 0)
+            if skipped > 1:
+                notes.append(f"line {i}: {skipped} skipped iterations in one logging interval")
+            rows.append((i, int(m[1]), skipped > 0, None, _float(m[2])))
+        elif words.search(text):
+            unparsed.append((i, text))
+    return _per_step("megatron", rows, unparsed, notes)
+
+
+def _mindspore(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    words = _SIGNS["mindspore"][1]
+    for i, text in enumerate(lines, start=1):
+        if m := _MINDSPORE.search(text):
+            rows.append((i, int(m[1]), m[2] == "True", _float(m[3]), None))
+        elif words.search(text):
+            unparsed.append((i, text))
+    return _per_step("mindspore", rows, unparsed, [])
+
+
+def _read_csv(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    truth = {"1": True, "0": False, "true": True, "false": False}
+    for i, text in enumerate(lines[1:], start=2):
+        if not text.strip():
+            continue
+        cells = [c.strip() for c in text.split(",")]
+        try:
+            step, scale = int(cells[0]), float(cells[1])
+            overflow = truth[cells[2].lower()]
+            if len(cells) != 3 or not (scale > 0 and math.isfinite(scale)):
+                raise ValueError
+        except (ValueError, KeyError, IndexError):
+            unparsed.append((i, text))
+            continue
+        rows.append((i, step, overflow, scale, None))
+    return _per_step("csv", rows, unparsed, [])
+
+
+_PARSERS = {"deepspeed": _deepspeed, "apex": _apex, "fairseq": _fairseq, "megatron": _megatron,
+            "mindspore": _mindspore}
+
+
+# -- consistency: the log's own policy replayed on its overflow sequence ------------------------------
+
+#: Per framework: its policy, and the names of its initial scale, growth window and hysteresis
+#: arguments (None: it has none), and fixed arguments for a replay (a replay must not stop at the
+#: floor where the log goes on).
+_POLICIES: dict[str, tuple[type[Policy], str, str, str | None, dict[str, Any]]] = {
+    "deepspeed": (DeepSpeedPolicy, "init_scale", "scale_window", "delayed_shift", {"raise_error_at_min_scale": False}),
+    "apex": (ApexPolicy, "init_scale", "scale_window", None, {}),
+    "fairseq": (FairseqPolicy, "init_scale", "scale_window", None, {}),
+    "megatron": (MegatronPolicy, "initial_scale", "growth_interval", "hysteresis",
+                 {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5}),
+    "mindspore": (MindSporePolicy, "init_loss_scale", "scale_window", None, {}),
+}
+
+
+def _matches(framework: str, replayed: float, logged: float) -> bool:
+    """Whether a replayed scale prints as the logged one: DeepSpeed prints ``int(S)`` (older
+    releases the float), Megatron ``{:.1f}``, fairseq's progress lines ``{:g}`` of S rounded to 4
+    places (its overflow lines ``str(S)``), MindSpore the binary32 value; apex and csv the value."""
+    if replayed == logged:
+        return True
+    if not math.isfinite(replayed):
+        return False
+    if framework == "deepspeed":
+        return int(replayed) == logged
+    if framework == "megatron":
+        return f"{replayed:.1f}" == f"{logged:.1f}"
+    if framework == "fairseq":
+        return float(format(round(replayed, 4), "g")) == logged
+    if framework == "mindspore":
+        return bool(np.float32(replayed) == np.float32(logged))
+    return False
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where a replay and the log disagree: the log's line and step, which scale (``before`` the
+    step or ``after`` it), the logged and replayed values, and what would explain it."""
+
+    line: int
+    step: int | None
+    which: str
+    logged: float
+    replayed: float
+    explanation: str = ""
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f" (step {self.step})" if self.step is not None else "")
+        text = (f"{where}: the log's scale {self.which} the step is {_show(self.logged)}, the replay's "
+                f"{_show(self.replayed)}")
+        return text + (f"; {self.explanation}" if self.explanation else "")
+
+
+def _show(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and x == int(x) and abs(x) < 2**63 else repr(float(x))
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """The framework's own policy replayed on a log: the policy with the arguments inferred from the
+    log (``inferred`` says how each was found), how many logged scales were compared, the
+    departures (the replay takes the logged scale after each, so later ones are counted too), and
+    the replayed scale before each event (None where the replay cannot say: from the first
+    departure on, or where the ``fits`` candidates that fit the log equally well disagree)."""
+
+    framework: str
+    policy: Policy | None
+    inferred: dict[str, str]
+    compared: int
+    departures: tuple[Departure, ...]
+    scales: tuple[float | None, ...]
+    complete: bool
+    fits: int = 1
+
+    @property
+    def consistent(self) -> bool:
+        return self.policy is not None and not self.departures
+
+    def verdict(self) -> str:
+        """The consistency verdict in a few lines."""
+        if self.policy is None:
+            return f"{self.framework} log: no framework policy to check it against"
+        args = ", ".join(f"{k}={_show(v) if isinstance(v, float) else v}" for k, v in describe(self.policy).items())
+        how = "; ".join(f"{k} {v}" for k, v in self.inferred.items())
+        scope = ("every step" if self.complete else
+                 "each overflow's own update and the growth between overflows (the log does not place every step)")
+        head = [f"{self.framework} log, replayed with {type(self.policy).__name__}({args})", f"inferred: {how}",
+                f"checked {scope}: {self.compared} logged scales compared"]
+        if not self.departures:
+            return "\n".join(head + ["consistent: the replay reproduces every logged scale"])
+        more = f" ({len(self.departures)} departures in all)" if len(self.departures) > 1 else ""
+        return "\n".join(head + [f"INCONSISTENT{more}: first at {self.departures[0]}"])
+
+
+def _arguments(framework: str, init: float, window: int | None, hysteresis: int | None) -> dict[str, Any]:
+    cls, init_name, window_name, hyst_name, fixed = _POLICIES[framework]
+    args = {**fixed, init_name: init}
+    if window is not None:
+        args[window_name] = window
+    if hyst_name and hysteresis is not None:
+        args[hyst_name] = hysteresis
+    if framework == "apex":
+        args["max_loss_scale"] = max(2.0**24, init)
+    if framework == "megatron":
+        args["min_scale"] = min(1.0, init)
+    return args
+
+
+def _resync(state: Any, logged: float) -> Any:
+    return state._replace(scale=type(state.scale)(logged))
+
+
+def _replay(policy: Policy, log: Log) -> tuple[list[Departure], list[float | None], int]:
+    """The policy stepped through a complete log: departures, the scale before each event, the
+    number of logged scales compared."""
+    state, departures, scales, compared = policy.initial(), [], [], 0
+    for e in log.events:
+        scales.append(float(state.scale))
+        if e.scale is not None:
+            compared += 1
+            if not _matches(log.framework, float(state.scale), e.scale):
+                departures.append(Departure(e.line, e.step, "before", e.scale, float(state.scale)))
+                state = _resync(state, e.scale)
+        try:
+            state = policy.next(state, not e.overflow)
+        except MinimumScaleError:
+            departures.append(Departure(e.line, e.step, "after", e.next_scale or float(state.scale),
+                                        float(state.scale), "the policy stops training here (at its minimum scale)"))
+        if e.next_scale is not None:
+            compared += 1
+            if not _matches(log.framework, float(state.scale), e.next_scale):
+                departures.append(Departure(e.line, e.step, "after", e.next_scale, float(state.scale)))
+                state = _resync(state, e.next_scale)
+    return departures, scales, compared
+
+
+def _initial(framework: str, log: Log, window: int | None, hysteresis: int | None) -> float | None:
+    """The initial scale that makes the replay meet the first logged scale: the policy run from a
+    reference scale up to it, the ratio taken (each rule multiplies the scale by factors that do not
+    depend on it, away from its floor and cap)."""
+    ref = 2.0**64
+    cls = _POLICIES[framework][0]
+    policy = cls(**_arguments(framework, ref, window, hysteresis))
+    if framework == "apex":
+        policy = replace(policy, max_loss_scale=2.0**100)
+    state = policy.initial()
+    for e in log.events:
+        if e.scale is not None:
+            return e.scale * ref / float(state.scale)
+        state = policy.next(state, not e.overflow)
+        if e.next_scale is not None:
+            return e.next_scale * ref / float(state.scale)
+    return None
+
+
+def _windows(log: Log, default: int) -> tuple[list[int], str]:
+    """Growth windows to try. Each run of clean steps whose scale is known before and after it
+    grew k times (a doubling per window), so its length L bounds the window: about L / (k + 1) to
+    L / k (one more or less, as the frameworks count from different steps); with no growth, above
+    L - 1. The windows every run allows, up to 64 of them (the framework's default among them
+    where it fits)."""
+    events = log.events
+    before: list[float | None] = []
+    for i, e in enumerate(events):
+        prev = events[i - 1].next_scale if i else None
+        before.append(e.scale if e.scale is not None else prev if prev is not None else
+                      2 * e.next_scale if e.overflow and e.next_scale is not None else None)
+    low, high, grew, i = 1, math.inf, False, 0
+    while i < len(events):
+        if events[i].overflow:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(events) and not events[j + 1].overflow:
+            j += 1
+        start = before[i]
+        end = before[j + 1] if j + 1 < len(events) else events[j].next_scale
+        length = j - i + 1
+        if start and end and end >= start:
+            k = round(math.log2(end / start))
+            grew = grew or k > 0
+            low = max(low, length // (k + 1) - 1)
+            if k > 0:
+                high = min(high, length // k + 1)
+        i = j + 1
+    if high < low:
+        return [default], "the framework's default (the log's growths fit no single window)"
+    if high == math.inf:
+        return [max(default, low)], f"{'the default' if default >= low else low} (no growth in the log; any " \
+            f"value from about {low} fits)"
+    span = list(range(low, int(high) + 1))
+    picked = span if len(span) <= 64 else sorted({*span[:: max(1, len(span) // 64)], *(
+        [default] if low <= default <= high else [])})
+    return picked, f"from the growths in the log (windows {low} to {int(high)} tried)"
+
+
+def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
+    """The log's own framework policy with arguments inferred from the log, and how each was
+    inferred: the initial scale from the first logged scale, the hysteresis from DeepSpeed's
+    hysteresis lines (Megatron's: tried from 1 to 4), the growth window from the first growth; among
+    the candidates, the one whose replay departs least (and latest)."""
+    fits, how = _fits(log)
+    return (fits[0] if fits else None), how
+
+
+def _fits(log: Log) -> tuple[list[Policy], dict[str, str]]:
+    """The candidates of :func:`framework_policy` that fit the log equally well (the first is the
+    one it returns; a short log often fits several growth windows), and how each argument was found."""
+    if log.framework not in _POLICIES:
+        return [], {}
+    cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
+    default_window = next(f.default for f in dataclasses.fields(cls) if f.name == window_name)
+    windows, window_how = _windows(log, default_window) if log.complete else ([default_window], "not inferred "
+                                                                              "(the log does not place every step)")
+    hysteresis: list[int | None] = [None]
+    how: dict[str, str] = {}
+    if log.framework == "deepspeed":
+        first = next((e for e in log.events if e.overflow and e.scale is not None), None)
+        hysteresis = [first.hysteresis if first is not None and first.hysteresis else 1]
+        how[hyst_name] = f"from the first overflow line (line {first.line})" if first else "1 (no overflow line)"
+    elif log.framework == "megatron":
+        hysteresis = [1, 2, 3, 4]
+        how[hyst_name] = "the best of 1 to 4"
+    best = None
+    for h in hysteresis:
+        for w in windows:
+            init = _initial(log.framework, log, w, h)
+            if init is None:
+                continue
+            policy = cls(**_arguments(log.framework, init, w, h))
+            departures = _replay(policy, log)[0] if log.complete else _chain(policy, log)[0]
+            key = (len(departures), -(departures[0].line if departures else 0))
+            if best is None or key < best[0]:
+                best = (key, [policy])
+            elif key == best[0]:
+                best[1].append(policy)
+    if best is None:
+        return [], {"initial scale": "not found (no logged scale)"}
+    how = {init_name: "from the first logged scale", window_name: window_how, **how}
+    return best[1], how
+
+
+def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
+    """For a log that does not place every step: each overflow's own update (from the logged scale
+    before it, where printed), and that some number of growths by the policy's factor leads from
+    one overflow's scale after to the next one's."""
+    factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
+    departures, compared, after = [], 0, None
+    for e in log.events:
+        if not e.overflow:
+            after = e.next_scale if e.next_scale is not None else after
+            continue
+        starts = [e.scale] if e.scale is not None else (
+            [after * factor**k for k in range(0, 64)] if after is not None else [])
+        if e.scale is not None and after is not None:
+            compared += 1
+            ratio = math.log(e.scale / after, factor) if e.scale > 0 and after > 0 else -1
+            if ratio < -1e-9 or abs(ratio - round(ratio)) > 1e-6 and not _matches(log.framework, after, e.scale):
+                departures.append(Departure(e.line, e.step, "before", e.scale, after,
+                                            f"no number of growths by {factor:g} leads from {_show(after)} to it"))
+        if e.next_scale is not None and starts:
+            compared += 1
+            state = policy.initial()
+            if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
+                state = state._replace(cur_hysteresis=e.hysteresis)
+            results = []
+            for s in starts:
+                try:
+                    results.append(float(policy.next(_resync(state, s), False).scale))
+                except MinimumScaleError:
+                    continue
+            if not any(_matches(log.framework, r, e.next_scale) for r in results):
+                departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
+                                            "the policy's backoff does not give it"))
+        after = e.next_scale if e.next_scale is not None else None
+    return departures, compared
+
+
+def _explain(policy: Policy, log: Log, first: Departure) -> str:
+    """Which single change of the policy's arguments would move the first departure later (or
+    remove it): each number doubled, halved, one more or one less, each flag flipped."""
+    best = None
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if isinstance(value, bool):
+            options = [not value]
+        elif isinstance(value, int):
+            options = [v for v in (value - 1, value + 1, value * 2, value // 2) if v >= 1]
+        elif isinstance(value, float):
+            options = [value * 2, value / 2]
+        else:
+            continue
+        for v in options:
+            try:
+                other = replace(policy, **{f.name: v})
+            except (ValueError, TypeError):
+                continue
+            departures = _replay(other, log)[0]
+            line = departures[0].line if departures else math.inf
+            if line > first.line and (best is None or line > best[0]):
+                best = (line, f.name, v)
+    if best is None:
+        return "no single change of the policy's arguments explains it (an edited log, or lines missing?)"
+    line, name, v = best
+    reach = "the whole log" if line == math.inf else f"the log up to line {line}"
+    return f"{name}={_show(v) if isinstance(v, float) else v} would reproduce {reach}"
+
+
+def consistency(log: Log, policy: Policy | None = None) -> Consistency:
+    """The log's own framework policy (``policy``, or one inferred from the log) replayed on its
+    overflow sequence, every logged scale compared; the first departure explained."""
+    inferred: dict[str, str] = {}
+    fits: list[Policy] = []
+    if policy is None:
+        fits, inferred = _fits(log)
+        policy = fits[0] if fits else None
+    if policy is None:
+        return Consistency(log.framework, None, inferred, 0, (), tuple(None for _ in log.events), log.complete)
+    if log.complete:
+        departures, scales, compared = _replay(policy, log)
+        cut = departures[0].line if departures else math.inf
+        scales = [s if e.line < cut else None for s, e in zip(scales, log.events, strict=True)]
+        if len(fits) > 1:  # the scales the equally fitting candidates disagree on are not known
+            others = [_replay(other, log)[1] for other in fits[1:]]
+            scales = [s if all(o[i] == s for o in others) else None for i, s in enumerate(scales)]
+            window = _POLICIES[log.framework][2]
+            inferred = {**inferred, window: f"{inferred.get(window, '')}; {len(fits)} candidates fit equally well, "
+                        f"the steps whose scale they disagree on are unknown"}
+        if departures:
+            departures[0] = replace(departures[0], explanation=departures[0].explanation or
+                                    _explain(policy, log, departures[0]))
+    else:
+        departures, compared = _chain(policy, log)
+        scales = [None] * len(log.events)
+    return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete,
+                       max(1, len(fits)))
+
+
+# -- counterfactual: another policy on the bounds the log sets on each step's gradients ---------------
+
+@dataclass(frozen=True)
+class Decision:
+    """Another policy's step: the scales it may hold before the step (one, unless unknown steps
+    branched it; none once the state is lost) and its decision: ``overflow``, ``clean`` or ``unknown``."""
+
+    scales: tuple[float, ...]
+    decision: str
+
+
+def logged_scales(log: Log, check: Consistency | None = None) -> list[float | None]:
+    """The scale each step of the log ran at, where known: the replayed scale up to the first
+    departure (exact), else the logged one (before the step, or after the step before)."""
+    out, after = [], None
+    replayed = check.scales if check is not None else (None,) * len(log.events)
+    for e, r in zip(log.events, replayed, strict=True):
+        s = r if r is not None else e.scale if e.scale is not None and e.scale > 0 else after if log.complete else None
+        out.append(s)
+        after = e.next_scale
+    return out
+
+
+def bounds(log: Log, scales: Sequence[float | None], max_value: float = BINARY16_MAX) -> list[tuple[float, float]]:
+    """Each step's bounds (low, high] on its unscaled gradient maximum g: an overflow at S says
+    g > max_value / S, a clean step g <= max_value / S; (0, inf] where the scale is unknown."""
+    out = []
+    for e, s in zip(log.events, scales, strict=True):
+        if s is None:
+            out.append((0.0, math.inf))
+        else:
+            out.append((max_value / s, math.inf) if e.overflow else (0.0, max_value / s))
+    return out
+
+
+def counterfactual(log: Log, policy: Policy, scales: Sequence[float | None] | None = None,
+                   max_states: int = MAX_STATES) -> list[Decision]:
+    """``policy`` replayed on the log's bounds (see the module): each step certain only where it is
+    certain for every gradient maximum the log allows and every state the policy may be in."""
+    if not log.complete:
+        raise ValueError("the log does not place every step (no step counters, or gaps between them); a "
+                         "counterfactual replay needs every step: log with a step counter at every step")
+    if scales is None:
+        scales = logged_scales(log, consistency(log))
+    states: set[Any] | None = {policy.initial()}
+    out = []
+    for e, s in zip(log.events, scales, strict=True):
+        if states is None:
+            out.append(Decision((), "unknown"))
+            continue
+        seen: set[str] = set()
+        following: set[Any] = set()
+        for state in states:
+            t = float(state.scale)
+            if s is None:
+                outcomes = (True, False)
+            elif e.overflow:
+                outcomes = (True,) if t >= s else (True, False)
+            else:
+                outcomes = (False,) if t <= s else (True, False)
+            for overflow in outcomes:
+                seen.add("overflow" if overflow else "clean")
+                try:
+                    following.add(policy.next(state, not overflow))
+                except MinimumScaleError:
+                    following.add(state)
+        possible = tuple(sorted({float(x.scale) for x in states}))
+        out.append(Decision(possible, seen.pop() if len(seen) == 1 else "unknown"))
+        states = following if len(following) <= max_states else None
+    return out

@@ -1,0 +1,381 @@
+"""``lossscale.replay``: logs read per format, the log's own policy replayed on it, and the
+counterfactual replay checked against the ground truth of random gradient maxima.
+
+The test logs are written here in each framework's own format strings:
+
+- DeepSpeed: printed by the installed ``deepspeed/runtime/fp16/loss_scaler.py``,
+  ``DynamicLossScaler.update_scale`` itself (its logger captured), with ``engine.py``
+  ``_report_progress``'s ``step={step}, skipped={skipped_steps}, lr={lr}, mom={mom}`` after each step;
+  the older ``[deepscale] OVERFLOW! Rank {} Skipping step. Attempted loss scale: {}, reducing to {}``
+  is ``deepspeed/runtime/zero/stage3.py`` (``_overflow_clean_up``) of 2021 releases;
+- apex: ``apex/amp/handle.py``, ``scale_loss``: ``"Gradient overflow.  Skipping step, loss scaler "
+  "{} reducing loss scale to {}"`` (two spaces after the full stop);
+- fairseq: ``fairseq/trainer.py``, ``train_step``: ``f"NOTE: gradient overflow detected, ignoring
+  gradient, {str(e)}"`` with ``e`` the ``OverflowError("setting loss scale to: " + str(S))`` of
+  ``fairseq/optim/dynamic_loss_scaler.py`` ``check_overflow``; the progress line is
+  ``fairseq/logging/progress_bar.py`` ``SimpleProgressBar.log``: ``"{}:  {:5d} / {:d} {}"`` with
+  ``key=value`` pairs joined by ``", "``, numbers as ``{:g}``;
+- Megatron-LM: ``megatron/training/training.py``, ``training_log``: ``' iteration {:8d}/{:8d} |'``,
+  ``f' loss scale: {loss_scale:.1f} |'``, ``' number of skipped iterations: {:3d} |'``;
+- MindSpore: the model zoo's ``LossCallBack.step_end`` (``src/callbacks.py``): ``"time: {} local_rank:
+  {}, epoch: {}, step: {}, loss is {}, overflow is {}, loss scale is {}"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lossscale.app.cli import main
+from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
+from lossscale.replay import LogEvent, bounds, consistency, counterfactual, read_log
+
+MAX = 65504.0
+
+
+def deepspeed_log(overflows: list[bool], **kwargs) -> str:
+    """The real DynamicLossScaler's own lines for the sequence, with the engine's report after each step."""
+    return deepspeed_run(overflows, **kwargs)[0]
+
+
+def deepspeed_run(overflows: list[bool], **kwargs) -> tuple[str, list[float]]:
+    """:func:`deepspeed_log`, and the real scaler's ``cur_scale`` before each step."""
+    ls = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] "
+                                           "%(message)s"))
+    ls.logger.addHandler(handler)
+    level = ls.logger.level
+    ls.logger.setLevel(logging.INFO)
+    scaler = ls.DynamicLossScaler(**kwargs)
+    skipped, scales = 0, []
+    rank, ls.dist.get_rank = ls.dist.get_rank, lambda *a: 0  # one process, no process group
+    try:
+        for step, overflow in enumerate(overflows, start=1):
+            scales.append(float(scaler.cur_scale))
+            scaler.update_scale(overflow)
+            skipped += overflow
+            buf.write(f"[Rank 0] step={step}, skipped={skipped}, lr=[0.001], mom=[(0.9, 0.999)]\n")
+    finally:
+        ls.logger.removeHandler(handler)
+        ls.logger.setLevel(level)
+        ls.dist.get_rank = rank
+    return buf.getvalue(), scales
+
+
+def apex_log(overflows: list[bool], policy: ApexPolicy) -> str:
+    """apex's overflow line after each overflow, a tqdm bar after each step (steps numbered)."""
+    state, out = policy.initial(), []
+    for step, overflow in enumerate(overflows, start=1):
+        state = policy.next(state, not overflow)
+        if overflow:
+            out.append(f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {state.scale}")
+        out.append(f" {100 * step // len(overflows):3d}%|####      | {step}/{len(overflows)} [00:01<00:02,  9.9it/s]")
+    return "\n".join(out) + "\n"
+
+
+def fairseq_log(overflows: list[bool], policy: FairseqPolicy) -> str:
+    """fairseq's NOTE line per overflow and a progress line (log_interval 1) per applied update."""
+    state, out, updates = policy.initial(), [], 0
+    for overflow in overflows:
+        state = policy.next(state, not overflow)
+        if overflow:
+            out.append("2024-01-01 00:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring "
+                       f"gradient, setting loss scale to: {state.scale}")
+        else:
+            updates += 1
+            out.append(f"2024-01-01 00:00:00 | INFO | train_inner | epoch 001:  {updates:5d} / 100 loss=7.1, "
+                       f"nll_loss=6.9, loss_scale={float(format(round(state.scale, 4), 'g')):g}, "
+                       f"num_updates={updates}, lr=0.0005")
+    return "\n".join(out) + "\n"
+
+
+SEQ = [True, True] + [False] * 7 + [True] + [False] * 11 + [True, True, True, False, False]
+
+
+def test_deepspeed_lines_parse_to_their_events() -> None:
+    log = read_log(deepspeed_log([True, True, False], init_scale=2**16, scale_window=5, min_scale=1,
+                                 delayed_shift=2, consecutive_hysteresis=False))
+    assert log.framework == "deepspeed" and log.complete and not log.unparsed
+    assert [(e.step, e.overflow, e.scale, e.next_scale, e.hysteresis) for e in log.events] == [
+        (1, True, 65536, 65536, 2), (2, True, 65536, 32768, None), (3, False, None, None, None)]
+    assert [e.line for e in log.events] == [1, 3, 5]  # an overflow step is its overflow line
+
+
+def test_older_deepspeed_and_step_less_lines() -> None:
+    text = ("[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648\n"
+            "[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 2147483648.0, "
+            "reducing to 1073741824.0\n")
+    log = read_log(text)
+    assert [(e.step, e.scale, e.next_scale) for e in log.events] == [(None, 2**32, 2**31), (None, 2**31, 2**30)]
+    assert not log.complete  # nothing numbers the steps: only the chain is checked
+    assert consistency(log).consistent
+
+
+@pytest.mark.parametrize("text, framework, expected", [
+    ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0\n", "apex",
+     [(None, True, None, 32768.0)]),
+    ("Gradient overflow.  Skipping step, reducing loss scale to 16.0\n", "apex", [(None, True, None, 16.0)]),
+    ("NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0\n"
+     "epoch 001:      1 / 10 loss=3.2, loss_scale=64, num_updates=1, lr=0.1\n", "fairseq",
+     [(None, True, None, 64.0), (1, False, None, 64.0)]),
+    ('{"epoch": 1, "update": 0.1, "loss": "3.2", "loss_scale": "128", "num_updates": "1"}\n', "fairseq",
+     [(1, False, None, 128.0)]),
+    (" [2024-01-01 00:00:00.000000] iteration        1/     100 | consumed samples:          8 | loss scale: "
+     "2147483648.0 | number of skipped iterations:   1 | number of nan iterations:   0 |\n"
+     " [2024-01-01 00:00:01.000000] iteration        2/     100 | consumed samples:         16 | loss scale: "
+     "2147483648.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n", "megatron",
+     [(1, True, None, 2.0**31), (2, False, None, 2.0**31)]),
+    ("time: Mon local_rank: 0, epoch: 1, step: 7, loss is 2.5, overflow is False, loss scale is 65536.0\n",
+     "mindspore", [(7, False, 65536.0, None)]),
+    ("step,scale,overflow\n1,1024,1\n2,512,0\n", "csv", [(1, True, 1024.0, None), (2, False, 512.0, None)]),
+])
+def test_each_format_parses(text: str, framework: str, expected: list) -> None:
+    log = read_log(text)
+    assert log.framework == framework and not log.unparsed
+    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events] == expected
+
+
+def test_malformed_lines_are_counted_with_their_numbers() -> None:
+    text = ("step,scale,overflow\n1,1024,1\n2,lots,0\n3,512,maybe\n4,512,0\n")
+    log = read_log(text)
+    assert [n for n, _ in log.unparsed] == [3, 4] and len(log.events) == 2
+    ds = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: lots\n" + \
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4\n"
+    assert [n for n, _ in read_log(ds).unparsed] == [1]
+
+
+def test_unknown_and_mixed_formats_are_refused() -> None:
+    with pytest.raises(ValueError, match="no known log format.*deepspeed, apex, fairseq"):
+        read_log("hello\nworld\n")
+    with pytest.raises(ValueError, match="mixed log formats: deepspeed .*apex"):
+        read_log("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4\n"
+                 "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 2.0\n")
+    with pytest.raises(ValueError, match="unknown log format 'x'"):
+        read_log("a\nb\n", format="x")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(init_scale=2**16, scale_window=5, min_scale=1, delayed_shift=2, consecutive_hysteresis=False),
+    dict(init_scale=2**20, scale_window=3, min_scale=1, delayed_shift=1, consecutive_hysteresis=False),
+])
+def test_deepspeed_replays_its_own_log(kwargs: dict) -> None:
+    text = deepspeed_log(SEQ, **kwargs)
+    check = consistency(read_log(text))
+    assert check.consistent and check.compared >= 6, check.verdict()
+    assert check.policy.init_scale == kwargs["init_scale"] and check.policy.delayed_shift == kwargs["delayed_shift"]
+    # an altered log: a backoff that halves twice is named at its line
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "reducing to" in line)
+    old = lines[at].rsplit(" ", 1)
+    lines[at] = f"{old[0]} {int(old[1]) // 2}"
+    bad = consistency(read_log("\n".join(lines) + "\n"))
+    assert not bad.consistent and bad.departures[0].line == at + 1, bad.verdict()
+
+
+@pytest.mark.parametrize("make, policy", [(apex_log, ApexPolicy(init_scale=2.0**16, scale_window=4)),
+                                          (fairseq_log, FairseqPolicy(init_scale=128.0, scale_window=4))])
+def test_apex_and_fairseq_replay_their_own_logs(make, policy) -> None:
+    text = make(SEQ, policy)
+    check = consistency(read_log(text))
+    assert check.consistent and check.compared >= 5, check.verdict()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "overflow" in line.lower() and i > 3)
+    lines[at] = lines[at].replace("to: ", "to: 1").replace("scale to ", "scale to 1")
+    bad = consistency(read_log("\n".join(lines) + "\n"))
+    assert not bad.consistent and bad.departures[0].line == at + 1, bad.verdict()
+
+
+# -- the counterfactual property: never certain where the bounds leave a step open ------------------
+
+def _possible(lo: float, hi: float, t: float) -> set[str]:
+    """Exact-arithmetic oracle: which outcomes some g in (lo, hi] allows at scale t (overflow: g * t > MAX)."""
+    from fractions import Fraction
+    out = set()
+    if hi == float("inf") or Fraction(hi) * Fraction(t) > Fraction(MAX):
+        out.add("overflow")
+    if Fraction(lo) * Fraction(t) < Fraction(MAX):
+        out.add("clean")
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(-30, 12), min_size=1, max_size=60), st.integers(1, 4), st.integers(1, 4),
+       st.sampled_from([10, 14, 18]), st.sampled_from([8, 16, 24]))
+def test_counterfactual_is_never_certain_where_the_log_leaves_it_open(log2g, window, other_window, init_log,
+                                                                      other_log) -> None:
+    grads = [2.0**x for x in log2g]
+    logging_policy = DeepSpeedPolicy(init_scale=2.0**init_log, scale_window=window, raise_error_at_min_scale=False)
+    state, events = logging_policy.initial(), []
+    for i, g in enumerate(grads, start=1):  # the logging run: overflow iff g * S > MAX
+        s = state.scale
+        overflow = g * s > MAX
+        events.append(LogEvent(i, overflow, s, None, i))
+        state = logging_policy.next(state, not overflow)
+    from lossscale.replay import Log
+    log = Log("csv", tuple(events), (), True)
+    scales = [e.scale for e in events]
+    other = TorchPolicy(init_scale=2.0**other_log, growth_interval=other_window)
+    decisions = counterfactual(log, other, scales)
+    truth = other.initial()
+    single = True
+    for d, g, (lo, hi) in zip(decisions, grads, bounds(log, scales), strict=True):
+        t = float(truth.scale)
+        overflow = g * t > MAX
+        assert t in d.scales  # the true state is among those followed
+        if d.decision != "unknown":
+            assert d.decision == ("overflow" if overflow else "clean")
+        single = single and len(d.scales) == 1
+        if single:  # one state: certain exactly where the bounds allow one outcome
+            possible = _possible(lo, hi, t)
+            assert (d.decision != "unknown") == (len(possible) == 1), (lo, hi, t, d)
+        truth = other.next(truth, not overflow)
+
+
+# -- the command: lossscale replay LOG --out DIR --manager ... ----------------------------------------
+
+DS = dict(init_scale=2**16, scale_window=5, min_scale=1, delayed_shift=2, consecutive_hysteresis=False)
+
+
+def replay(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # not what DeepSpeed printed on import
+    code = main(["replay", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> None:
+    text, truth = deepspeed_run(SEQ, **DS)
+    path = tmp_path / "ds.log"
+    path.write_text(text)
+    out = tmp_path / "replay"
+    code, stdout, err = replay(capsys, str(path), "--manager", "torch", "--manager", "exponential", "--out", str(out),
+                               "--manager-arg", "torch:growth_interval=3", "--manager-arg",
+                               "exponential:init_loss_scale=2**20", "--manager-arg", "exponential:incr_every_n_steps=4")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]
+    log = read_log(path)
+    lines = stdout.splitlines()
+    # each overflow line prints two scales (attempted, and reduced to or kept); the short log fits
+    # windows 4 to 6 alike, so the window is not pinned, and the scales they disagree on are unknown
+    assert re.fullmatch(r"consistent with deepspeed's policy \(DeepSpeedPolicy: init_scale 65536, scale_window \d+, "
+                        rf"delayed_shift 2\): all {2 * sum(SEQ)} logged scales reproduced \(\d settings fit the log "
+                        r"equally well; the steps whose scale they disagree on are unknown\)", lines[1]), lines[1]
+    assert lines[-1] == f"wrote {out}: replay.csv, replay.png, summary.json"
+    rows = list(csv.DictReader((out / "replay.csv").open()))
+    managers = {"torch": TorchPolicy(growth_interval=3),  # the framework's defaults otherwise
+                "exponential": ExponentialUpdate(init_loss_scale=2.0**20, incr_every_n_steps=4)}
+    assert tuple(rows[0]) == ("step", "line", "overflow", "scale", *(f"{m}_{c}" for m in managers
+                                                                     for c in ("decision", "scale_low", "scale_high")))
+    assert [int(r["step"]) for r in rows] == list(range(1, len(SEQ) + 1))
+    assert [r["overflow"] == "1" for r in rows] == SEQ  # what the real scaler was told
+    known = [(float(r["scale"]), t) for r, t in zip(rows, truth, strict=True) if r["scale"]]
+    assert all(s == t for s, t in known)  # the real scaler's scale before each step, where the log pins it
+    assert all(r["scale"] for r in rows if r["overflow"] == "1") and len(known) >= len(SEQ) - 6
+    summary = json.loads((out / "summary.json").read_text())
+    seen: set[str] = set()
+    for name, policy in managers.items():
+        direct = counterfactual(log, policy)
+        assert [r[f"{name}_decision"] for r in rows] == [d.decision for d in direct]
+        assert [float(r[f"{name}_scale_low"]) for r in rows] == [min(d.scales) for d in direct]
+        assert [float(r[f"{name}_scale_high"]) for r in rows] == [max(d.scales) for d in direct]
+        seen |= {d.decision for d in direct}
+        entry = next(m for m in summary["managers"] if m["name"] == name)
+        assert entry["decisions"] == {k: sum(d.decision == k for d in direct) for k in ("overflow", "clean", "unknown")}
+    assert seen == {"clean", "overflow", "unknown"}  # not a comparison of all-unknown columns
+    assert summary["consistency"]["consistent"] and summary["steps"] == len(SEQ) and summary["unparsed_lines"] == 0
+    assert summary["overflow_steps"] == sum(SEQ) and summary["format"] == "deepspeed"
+    # lossscale plot redraws the figure, byte for byte
+    first = (out / "replay.png").read_bytes()
+    (out / "replay.png").unlink()
+    assert main(["plot", str(out)]) == 0 and (out / "replay.png").read_bytes() == first
+
+
+def test_replay_decisions_worked_by_hand(capsys, tmp_path) -> None:
+    """DeepSpeed at 2**16 (no hysteresis): clean, clean, overflow (to 2**15), clean. torch from 2**10: clean
+    where its scale is at most the logged one; at the overflow its lower scale may or may not overflow
+    (unknown), so it holds 2**9 or 2**10, both at most 2**15: clean. fixed at 2**16: overflow where the log
+    overflowed at 2**16, unknown at the last step (2**16 above the logged 2**15 on a clean step)."""
+    text, truth = deepspeed_run([False, False, True, False], init_scale=2**16, scale_window=1000, min_scale=1,
+                                delayed_shift=1, consecutive_hysteresis=False)
+    assert truth == [2**16, 2**16, 2**16, 2**15]
+    path = tmp_path / "ds.log"
+    path.write_text(text)
+    out = tmp_path / "r"
+    code, _, err = replay(capsys, str(path), "--manager", "torch", "--manager", "fixed", "--manager-arg",
+                          "torch:init_scale=2**10", "--manager-arg", "fixed:loss_scale=2**16", "--out", str(out))
+    assert code == 0, err
+    rows = [tuple(r.values())[4:] for r in csv.DictReader((out / "replay.csv").open())]
+    a, b, c = "1024.0", "512.0", "65536.0"
+    assert rows == [("clean", a, a, "clean", c, c), ("clean", a, a, "clean", c, c), ("unknown", a, a, "overflow", c, c),
+                    ("clean", b, a, "unknown", c, c)]
+
+
+def test_replay_names_the_departure(capsys, tmp_path) -> None:
+    lines = deepspeed_log(SEQ, **DS).splitlines()
+    at = next(i for i, line in enumerate(lines) if "reducing to" in line)
+    head, value = lines[at].rsplit(" ", 1)
+    lines[at] = f"{head} {int(value) // 2}"  # a backoff that halves twice
+    path = tmp_path / "edited.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, stdout, _ = replay(capsys, str(path), "--out", str(tmp_path / "r"))
+    verdict = stdout.splitlines()[1:3]
+    assert code == 0 and verdict[0].startswith("inconsistent with deepspeed's policy (DeepSpeedPolicy: ")
+    assert verdict[1].startswith(f"departs at line {at + 1} (step ") and "the log's scale after the step" in verdict[1]
+
+
+def test_replay_of_a_csv_log_has_no_framework_policy(capsys, tmp_path) -> None:
+    path = tmp_path / "scales.csv"
+    path.write_text("step,scale,overflow\n1,1024,1\n2,512,0\n3,512,0\n")
+    code, stdout, _ = replay(capsys, str(path), "--manager", "fixed", "--manager-arg", "loss_scale=512",
+                             "--out", str(tmp_path / "r"))
+    assert code == 0 and "csv log: no framework policy to check it against" in stdout
+    rows = list(csv.DictReader((tmp_path / "r" / "replay.csv").open()))
+    assert [r["fixed_decision"] for r in rows] == ["unknown", "clean", "clean"]  # 512 < 1024 on the overflow step
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing.log"], "no log file 'missing.log'; give the path of a training log"),
+    (["ds.log", "--format", "nginx"], "argument --format: invalid choice: 'nginx' (choose from 'auto', 'deepspeed'"),
+    (["hello.log"], "no known log format found"),
+    (["header.csv"], "'header.csv' holds no loss-scale events in the csv format; valid formats: deepspeed, apex"),
+    (["ds.log", "--format", "apex"], "'ds.log' holds no loss-scale events in the apex format"),
+    (["ds.log", "--manager", "gradscaler"], "argument --manager: invalid choice: 'gradscaler' (choose from 'fixed'"),
+    (["ds.log", "--manager-arg", "init_scale=2"], "--manager-arg goes with a --manager"),
+    (["ds.log", "--manager", "torch", "--manager-arg", "window=2"], "manager 'torch' takes no argument 'window'"),
+    (["ds.log", "--manager", "torch", "--manager-arg", "apex:scale_window=2"], "names manager 'apex', which this"),
+    (["steps.log", "--manager", "torch"], "'steps.log' does not place every step"),
+    (["ds.log"], "the following arguments are required: --out"),
+])
+def test_replay_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, monkeypatch, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.log").write_text(deepspeed_log([False, True, False], **DS))
+    (tmp_path / "hello.log").write_text("hello\nworld\n")
+    (tmp_path / "header.csv").write_text("step,scale,overflow\n")
+    (tmp_path / "steps.log").write_text("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing "
+                                        "to 4\n")  # no step counters: the steps are not placed
+    out = [] if "--out" in message else ["--out", "out"]
+    code, stdout, err = replay(capsys, *argv, *out)
+    assert code == 2 and stdout == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("lossscale: error: ") and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.log", "header.csv", "hello.log", "steps.log"]
+
+
+def test_replay_refuses_a_full_folder_without_force(capsys, tmp_path) -> None:
+    path = tmp_path / "ds.log"
+    path.write_text(deepspeed_log([False, True, False], **DS))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = replay(capsys, str(path), "--out", str(out))
+    assert code == 2 and "use --force" in err and (out / "keep.txt").read_text() == "mine"
+    assert replay(capsys, str(path), "--out", str(out), "--force")[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]
