@@ -7,11 +7,16 @@ from the exact value and from a rounding with an unbounded exponent range,
 not taken from MPFR (whose underflow is about its own exponent range).
 Results are IEEE (INF/NaN mode); saturation expectations are derived by the
 tests. A NaN result is returned as the format's canonical quiet NaN.
+
+The formats' limits are the oracle's own (:data:`LIMITS`), typed in from the published
+tables, not read from ``sim.formats``: ``Format`` values only name the format and give the
+numpy/ml_dtypes dtype through which bit patterns are decoded and encoded.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import gmpy2
 import numpy as np
@@ -19,6 +24,58 @@ from gmpy2 import mpfr
 
 from sim import Flag, Format, Rounding, Tininess
 from sim.ops import OPS
+
+
+class Limits(NamedTuple):
+    """A format's limits as its publication states them: ``precision`` significand bits, normal
+    exponents ``emin``..``emax``, largest finite value ``max``, smallest quantum 2**``qmin`` (the
+    smallest subnormal), and for the formats with an IEEE bit layout the sign, infinity and quiet
+    bits and the canonical quiet NaN."""
+
+    precision: int
+    emin: int
+    emax: int
+    max: float
+    qmin: int
+    has_zero: bool = True
+    tapered: bool = False
+    sign_bit: int = 0
+    inf_bits: int = 0
+    quiet_bit: int = 0
+    default_nan: int = 0
+
+    @property
+    def tiny(self) -> float:
+        return 2.0**self.emin
+
+
+#: IEEE 754-2019 table 3.5 (binary16, binary32, binary64); bfloat16: binary32's exponent with an
+#: 8-bit significand (Intel's BF16 specification, 2018); OCP OFP8 v1.0 table 1 (E4M3: bias 7, max
+#: S.1111.110 = 448, no Inf; E5M2: bias 15, max 57344); OCP MX v1.0 section 5.3 (FP6 E2M3 max 7.5,
+#: E3M2 max 28, FP4 E2M1 max 6; E8M0: 2**-127 .. 2**127, no zero); HiFloat8 (arXiv 2409.16626,
+#: table 2): normal binades 2**-15 .. 2**15 (the code of 1.5 * 2**15 is Inf), denormals down to 2**-22.
+LIMITS = {
+    "binary16": Limits(11, -14, 15, 65504.0, -24, sign_bit=0x8000, inf_bits=0x7C00, quiet_bit=0x200,
+                       default_nan=0x7E00),
+    "bfloat16": Limits(8, -126, 127, (2 - 2.0**-7) * 2.0**127, -133, sign_bit=0x8000, inf_bits=0x7F80,
+                       quiet_bit=0x40, default_nan=0x7FC0),
+    "binary32": Limits(24, -126, 127, (2 - 2.0**-23) * 2.0**127, -149, sign_bit=0x8000_0000,
+                       inf_bits=0x7F80_0000, quiet_bit=0x40_0000, default_nan=0x7FC0_0000),
+    "binary64": Limits(53, -1022, 1023, (2 - 2.0**-52) * 2.0**1023, -1074, sign_bit=1 << 63,
+                       inf_bits=0x7FF0 << 48, quiet_bit=1 << 51, default_nan=0x7FF8 << 48),
+    "float8_e4m3fn": Limits(4, -6, 8, 448.0, -9),
+    "float8_e5m2": Limits(3, -14, 15, 57344.0, -16),
+    "float6_e2m3fn": Limits(4, 0, 2, 7.5, -3),
+    "float6_e3m2fn": Limits(3, -2, 4, 28.0, -4),
+    "float4_e2m1fn": Limits(2, 0, 2, 6.0, -1),
+    "float8_e8m0fnu": Limits(1, -127, 127, 2.0**127, -127, has_zero=False),
+    "hifloat8": Limits(4, -15, 15, 2.0**15, -22, tapered=True),
+}
+
+
+def limits(fmt: Format) -> Limits:
+    return LIMITS[fmt.name]
+
 
 MPFR_MODE = {
     Rounding.NEAREST_EVEN: gmpy2.RoundToNearest,
@@ -32,10 +89,11 @@ EXACT = gmpy2.context(precision=600, emin=-(1 << 20), emax=1 << 20)
 @cache
 def context(fmt: Format, mode, bounded: bool) -> gmpy2.context:
     """binary-p arithmetic in MPFR: precision p, exponents as the format (or unbounded)."""
+    lim = limits(fmt)
     if bounded:
-        return gmpy2.context(precision=fmt.precision, emin=fmt.qmin + 1, emax=fmt.emax + 1,
-                             subnormalize=True, round=mode)
-    return gmpy2.context(precision=fmt.precision, emin=-(1 << 20), emax=1 << 20, round=mode)
+        return gmpy2.context(precision=lim.precision, emin=lim.qmin + 1, emax=lim.emax + 1, subnormalize=True,
+                             round=mode)
+    return gmpy2.context(precision=lim.precision, emin=-(1 << 20), emax=1 << 20, round=mode)
 
 
 def decode(bits: int, fmt: Format) -> mpfr:
@@ -46,13 +104,13 @@ def decode(bits: int, fmt: Format) -> mpfr:
 
 def encode(v: mpfr, fmt: Format) -> int:
     if gmpy2.is_nan(v):
-        return fmt.default_nan
+        return limits(fmt).default_nan
     return int(np.array([float(v)]).astype(fmt.dtype).view(fmt.uint)[0])
 
 
 def is_snan(bits: int, fmt: Format) -> bool:
-    mag = bits & (fmt.sign_bit - 1)
-    return mag > fmt.inf_bits and not mag & fmt.quiet_bit
+    mag = bits & (limits(fmt).sign_bit - 1)
+    return mag > limits(fmt).inf_bits and not mag & limits(fmt).quiet_bit
 
 
 def _sigmoid(ctx, x: mpfr) -> mpfr:
@@ -109,7 +167,7 @@ def _round(fmt: Format, op: str, xs: list[mpfr], mode: Rounding, bounded: bool, 
     if mode is Rounding.ODD:
         if bounded:
             return down if encode(down, fmt) & 1 else up
-        return down if _lsb(down, fmt.precision) else up
+        return down if _lsb(down, limits(fmt).precision) else up
     # NEAREST_AWAY: nearer neighbour, ties away from zero.
     mid = EXACT.div(EXACT.add(down, up), 2)
     if is_exact and exact == mid:
@@ -130,7 +188,7 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
     if any(is_snan(b, src) for b in operands):
         flags |= Flag.INVALID
     if any(gmpy2.is_nan(x) for x in xs):
-        return fmt.default_nan, flags
+        return limits(fmt).default_nan, flags
     if op == "rint":
         exact = xs[0]
         fn = {Rounding.NEAREST_EVEN: gmpy2.rint, Rounding.TOWARD_ZERO: gmpy2.rint_trunc,
@@ -145,13 +203,13 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
     if op == "rsqrt" and gmpy2.is_zero(xs[0]):  # IEEE 754 rSqrt(+-0) = +-Inf (MPFR gives +Inf for both)
         return encode(gmpy2.copy_sign(mpfr("inf"), xs[0]), fmt), flags | Flag.DIVBYZERO
     if op == "fma" and any(gmpy2.is_infinite(x) for x in xs[:2]) and any(gmpy2.is_zero(x) for x in xs[:2]):
-        return fmt.default_nan, flags | Flag.INVALID
+        return limits(fmt).default_nan, flags | Flag.INVALID
     exact = _apply(EXACT, op, xs)
     is_exact = not EXACT.inexact
     if op in EXACT_AT:  # transcendental: exact at its trivial points and at infinities only
         is_exact = xs[0] in EXACT_AT[op] or gmpy2.is_infinite(xs[0])
     if gmpy2.is_nan(exact):
-        return fmt.default_nan, flags | Flag.INVALID
+        return limits(fmt).default_nan, flags | Flag.INVALID
     if gmpy2.is_infinite(exact) and (is_exact or op != "exp"):  # exp of a huge finite x overflows
         if (op == "div" and gmpy2.is_zero(xs[1]) and gmpy2.is_finite(xs[0])) or (op == "log" and xs[0] == 0):
             flags |= Flag.DIVBYZERO
@@ -159,25 +217,25 @@ def reference(op: str, operands: list[int], fmt: Format, mode: Rounding,
     result = _round(fmt, op, xs, mode, True, exact, is_exact)
     unbounded = _round(fmt, op, xs, mode, False, exact, is_exact)
     inexact = not is_exact or result != exact
-    if abs(unbounded) > fmt.max:
+    if abs(unbounded) > limits(fmt).max:
         flags |= Flag.OVERFLOW | Flag.INEXACT
         to_inf = mode in (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY) or \
             (mode is Rounding.UPWARD and exact > 0) or (mode is Rounding.DOWNWARD and exact < 0)
-        result = gmpy2.copy_sign(mpfr("inf") if to_inf else mpfr(fmt.max), exact)
+        result = gmpy2.copy_sign(mpfr("inf") if to_inf else mpfr(limits(fmt).max), exact)
     elif inexact:
         flags |= Flag.INEXACT
         tiny_value = exact if tininess is Tininess.BEFORE else unbounded
-        if abs(tiny_value) < fmt.tiny:
+        if abs(tiny_value) < limits(fmt).tiny:
             flags |= Flag.UNDERFLOW
     return encode(result, fmt), flags
 
 
 def saturated(bits: int, fmt: Format) -> int:
     """The saturation-mode image of an IEEE result."""
-    mag = bits & (fmt.sign_bit - 1)
-    if mag == fmt.inf_bits:
+    mag = bits & (limits(fmt).sign_bit - 1)
+    if mag == limits(fmt).inf_bits:
         return bits - 1
-    return 0 if mag > fmt.inf_bits else bits
+    return 0 if mag > limits(fmt).inf_bits else bits
 
 
 # -- the 8-bit formats ---------------------------------------------------------------------
@@ -244,10 +302,10 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
     2**-127, as ml_dtypes does); the IEEE-like formats keep their precision down to qmin."""
     v = mpfr(x, 64)
     e = int(gmpy2.floor(gmpy2.log2(abs(v))))
-    if fmt.tapered:
+    if limits(fmt).tapered:
         p, q = hifloat8_precision(e), -22
     else:  # E8M0: one bit, down to 2**-127
-        p, q = fmt.precision, fmt.qmin
+        p, q = limits(fmt).precision, limits(fmt).qmin
     if e - (p - 1) < q:  # the quantum 2**q is coarser than p bits here
         p = e - q + 1
     if p <= 0:  # below half the smallest quantum: 0 or 2**q
@@ -258,9 +316,9 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
         lsb = _lsb(lo, p)
     r = _pick(v, lo, hi, mode, lsb)
     # Tininess after rounding: to the binade's precision with an unbounded exponent.
-    tiny_limit = mpfr(2) ** fmt.emin
+    tiny_limit = mpfr(2) ** limits(fmt).emin
     if tininess is Tininess.AFTER:
-        pt = hifloat8_precision(e) if fmt.tapered else fmt.precision
+        pt = hifloat8_precision(e) if limits(fmt).tapered else limits(fmt).precision
         lo_u, hi_u = _neighbours(v, pt)
         tiny = abs(_pick(v, lo_u, hi_u, mode, _lsb(lo_u, pt))) < tiny_limit
     else:
@@ -268,11 +326,11 @@ def reference8(x: float, fmt: Format, mode: Rounding, tininess: Tininess = Tinin
     flags = 0
     if r != v:
         flags |= Flag.INEXACT | (Flag.UNDERFLOW if tiny else 0)
-    if not fmt.has_zero and r == 0:
+    if not limits(fmt).has_zero and r == 0:
         r = mpfr(2) ** -127
-    if abs(r) > fmt.max:
+    if abs(r) > limits(fmt).max:
         flags |= Flag.OVERFLOW | Flag.INEXACT
         away = mode in (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY) or (mode is Rounding.UPWARD and x > 0) or \
             (mode is Rounding.DOWNWARD and x < 0)
-        return (float("inf") if away else fmt.max) * (1 if x > 0 else -1), flags
+        return (float("inf") if away else limits(fmt).max) * (1 if x > 0 else -1), flags
     return float(r), flags

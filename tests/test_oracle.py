@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import lossscale.testing as hs
 from sim import BFLOAT16, BINARY16, BINARY32, BINARY64, SIX_MODES, Format, Fpu, OverflowMode, Rounding, Tininess
 
-from oracle import reference, saturated
+from oracle import LIMITS, hifloat8_table, reference, saturated
 
 MODES = list(SIX_MODES)
 OVERFLOWS = [OverflowMode.INF_NAN, OverflowMode.SATURATION]
@@ -96,3 +96,31 @@ def test_other_formats_are_data(fmt: Format, op: str, mode: Rounding, data, over
     arity = {"sqrt": 1, "fma": 3}.get(op, 2)
     rows = data.draw(batch(st.tuples(*[hs.values(fmt)] * arity)))
     check(Fpu(overflow, mode, format=fmt), op, [list(c) for c in zip(*rows, strict=True)], fmt, fmt)
+
+
+@pytest.mark.parametrize("name", [n for n in LIMITS if n != "hifloat8"])
+def test_the_oracles_limits_are_ml_dtypes(name: str) -> None:
+    """The limits typed into the oracle from the publications against ml_dtypes.finfo (numpy's
+    for the IEEE formats), and the IEEE bit facts against the dtype's own encodings."""
+    import ml_dtypes
+
+    lim = LIMITS[name]
+    dtype = np.dtype({"binary16": np.float16, "binary32": np.float32, "binary64": np.float64}.get(name)
+                     or getattr(ml_dtypes, name))
+    fi = ml_dtypes.finfo(dtype)
+    assert (lim.precision, lim.emin, lim.emax) == (fi.nmant + 1, fi.minexp, fi.maxexp - 1)
+    assert (lim.max, lim.tiny, 2.0**lim.qmin) == (float(fi.max), float(fi.tiny), float(fi.smallest_subnormal))
+    if lim.inf_bits:
+        uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
+        bits = lambda v: int(np.array([v]).astype(dtype).view(uint)[0])  # noqa: E731
+        assert (bits(-0.0), bits(np.inf), bits(np.nan)) == (lim.sign_bit, lim.inf_bits, lim.default_nan)
+        assert lim.default_nan & lim.quiet_bit and lim.quiet_bit << 1 == lim.inf_bits & -lim.inf_bits
+
+
+def test_the_oracles_hifloat8_limits_are_the_papers_table() -> None:
+    """ml_dtypes has no HiFloat8: its limits against the codes read off the paper (hifloat8_table)."""
+    values = np.array([v for v in hifloat8_table().values() if np.isfinite(v) and v > 0])
+    lim = LIMITS["hifloat8"]
+    assert (values.max(), values.min()) == (lim.max, 2.0**lim.qmin)
+    normal = values[values >= lim.tiny]
+    assert normal.min() == lim.tiny and 2.0**lim.emax == lim.max

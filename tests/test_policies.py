@@ -193,11 +193,47 @@ def test_update_takes_a_bool() -> None:
         TorchGradScaler().update_loss_scale(1)
 
 
-def test_trajectory_and_determinism() -> None:
-    steps = [T, F, T, T, F, F, T] * 20
-    policy = ExponentialUpdateLossScaleManager(2**16, 3).policy
-    assert trajectory(policy, steps) == trajectory(policy, steps)
-    assert trajectory(policy, steps) == run(ExponentialUpdateLossScaleManager(2**16, 3), steps)
+def exponential_reference(init: float, n_incr: int, n_decr: int, incr: float, decr: float,
+                          steps: list[bool]) -> list[float]:
+    """Ascend's ExponentialUpdateLossScaleManager rules written out from its documentation (the
+    TF1 ``ExponentialUpdateLossScaleManager`` it adapts): binary32 scale, a good-step and a
+    bad-step counter; growth refused at or above 3.4e38 / incr; the floor after a decrease is 1."""
+    scale, good, bad = np.float32(init), 0, 0
+    out = [float(scale)]
+    for finite in steps:
+        if finite:
+            good += 1
+            if good == n_incr:
+                if scale < np.float32(3.4e38 / incr):
+                    scale = np.float32(scale * np.float32(incr))
+                good = bad = 0
+        else:
+            bad += 1
+            good = 0
+            if bad == n_decr:
+                scale = max(np.float32(1), np.float32(scale * np.float32(decr)))
+                good = bad = 0
+        out.append(float(scale))
+    return out
+
+
+@pytest.mark.parametrize("init, n_incr, n_decr, incr, decr", [
+    (2.0**16, 3, 2, 2.0, 0.8), (8.0, 1, 1, 2.0, 0.5), (2.0**120, 2, 3, 2.0, 0.8), (3.0, 4, 2, 3.0, 0.25)])
+def test_trajectory_and_manager_follow_the_written_out_rules(init, n_incr, n_decr, incr, decr) -> None:
+    """``trajectory`` on the policy and the stateful manager both match the rules written out
+    independently, over random finite/overflow runs (mostly finite, so the scale also reaches the
+    3.4e38 / incr ceiling from 2**120 and falls to the floor of 1 from 3)."""
+    rng = np.random.default_rng(n_incr * 10 + n_decr)
+    for p_finite in (0.9, 0.5, 0.2):
+        steps = [bool(x) for x in rng.random(300) < p_finite]
+        want = exponential_reference(init, n_incr, n_decr, incr, decr, steps)
+        args = dict(init_loss_scale=init, incr_every_n_steps=n_incr, decr_every_n_nan_or_inf=n_decr,
+                    incr_ratio=incr, decr_ratio=decr)
+        assert trajectory(ExponentialUpdateLossScaleManager(**args).policy, steps) == want
+        assert run(ExponentialUpdateLossScaleManager(**args), steps) == want
+    # The ceiling by hand: 2**127 = 1.70141e38 is not below f32(3.4e38 / 2) = 1.7e38, so it stays.
+    ceiling = ExponentialUpdateLossScaleManager(2.0**120, 2, incr_ratio=2.0).policy
+    assert trajectory(ceiling, [T] * 40)[-1] == 2.0**127
 
 
 def test_trajectory_refuses_what_is_not_a_bool() -> None:

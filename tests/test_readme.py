@@ -51,28 +51,3 @@ def test_readme_python_examples_run(capsys) -> None:
         if "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())
-
-
-def test_readme_documents_every_column_and_the_register() -> None:
-    from lossscale.simulate import COLUMNS, EVENT_COLUMNS
-    text = README.read_text()
-    section = text[text.index("## Files and columns"):text.index("## Checks and speed")]
-    for column in COLUMNS:
-        assert f"`{column}`" in section, column
-    assert "`rank step phase label op flags elements`" in section and len(EVENT_COLUMNS) == 7
-    from lossscale.fp8 import FP8_COLUMNS
-    assert f"`{' '.join(FP8_COLUMNS)}`" in section
-    from lossscale.app.sweep import RESULT_COLUMNS
-    for column in RESULT_COLUMNS:
-        assert f"`{column}`" in section, column
-    assert "0 OVERFLOW, 1 INVALID,\n2 DIVBYZERO" in section and "4-7 zero" in section
-    assert "docs/semantics.md" in section and "tfmigr1_tfadapi_0064.html" in section
-
-
-def test_the_semantics_document_is_the_projects_own() -> None:
-    root = README.parent
-    doc = (root / "docs" / "semantics.md").read_text()
-    assert "tfmigr1_tfadapi_0064.html" in doc and "| 3 | how many device operations" in doc
-    for path in [*root.glob("sim/*.py"), *root.glob("lossscale/*.py"), root / "README.md",
-                 root / "docs" / "semantics.md"]:
-        assert "DESIGN.md" not in path.read_text() and "../shared" not in path.read_text(), path

@@ -3,8 +3,11 @@ managers, policies or plain scaler objects, against the named ones they stand fo
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import scripted  # tests/ is on the path (pytest prepends it)
 
 from lossscale import SGD, ExponentialUpdateLossScaleManager, PolicyManager, policies
 from lossscale.managers import ExponentialUpdate
@@ -74,8 +77,9 @@ class Halving:
             self.scale *= 2
 
 
-def records(run):
-    return [{k: v for k, v in r.items() if k != "underflow_fraction"} for r in run.records]
+def records(run) -> str:
+    """Every column of every row, as text: NaN (an unmeasured underflow_fraction) equals NaN."""
+    return json.dumps(run.records)
 
 
 RUN = dict(workload="trace", profile="atlas-training", steps=80, seed=3)
@@ -169,3 +173,108 @@ def test_one_registry_holds_every_manager_once() -> None:
     assert {cls for cls, _ in MANAGERS.values()} == faces and len(MANAGERS) == len(faces) == 11
     with pytest.raises(ValueError, match="manager name 'torch' is taken by TorchGradScaler"):
         register("torch")(ExponentialUpdateLossScaleManager)
+
+
+def scripted_rows(mode: str, detector: str, steps: int = 6, init_scale: float = 1024.0) -> list[dict]:
+    """Every column of the scripted workload's trajectory (tests/scripted.py), worked out apart
+    from the simulator: the scale halves after each skip (torch's backoff; growth is 1000 steps
+    away); the binary16 gradient is numpy's rounding of g * S (Inf beyond 65504, or 65504 in
+    saturation mode; TINY * S flushes to 0); applied steps move binary32 weights by LR * g16 / S,
+    the baseline's by LR * g; the update errors are 2-norm ratios in binary64."""
+    skips, window = scripted.SKIPS[mode][detector], scripted.REGISTER_WINDOW[mode][detector]
+    w, base = np.array(scripted.INIT, F32), np.array(scripted.INIT, F32)
+    scale, rows, events_so_far = init_scale, [], 0
+
+    def error(update, ref) -> float:
+        u, r = update.astype(np.float64), ref.astype(np.float64)
+        return float("inf") if not np.isfinite(u).all() else float(np.linalg.norm(u - r) / np.linalg.norm(r))
+
+    for t in range(steps):
+        g = scripted.grad(t)
+        with np.errstate(over="ignore"):
+            g16 = (g * F32(scale)).astype(H)
+        if mode == "saturation":
+            g16 = np.clip(g16, -65504, 65504).astype(H)
+        applied = t not in skips
+        phase = scripted.PHASE_OF.get(t)
+        events_so_far += phase is not None
+        in_window = {"step": phase is not None, "backward": phase == "backward", "run": events_so_far}[window]
+        ref = (w - F32(scripted.LR) * g) - w
+        with np.errstate(all="ignore"):
+            would_be = (w - F32(scripted.LR) * (g16.astype(F32) / F32(scale))) - w
+        update_error = error(would_be, ref) if applied else 1.0
+        skipped_error = float("nan") if applied else error(would_be, ref)
+        harm = "" if phase is None else (("harmless" if update_error <= 2**-4 else "harmful") if applied else
+                                         ("skipped-needless" if skipped_error <= 2**-4 else "skipped-needed"))
+        measured = t % 2 == 0
+        rows.append({
+            "step": t, "loss_scale": scale, "overflow": phase is not None, "event_phases": phase or "",
+            "detector_finite": applied, "applied": applied,
+            "undetected_overflow": applied and scripted.FEEDS.get(t, False),
+            "false_positive": not applied and not scripted.FEEDS.get(t, False),
+            "ranks_agree": True, "ranks_applied": str(int(applied)),
+            "register": f"{int(in_window > 0)} 0 0 {int(in_window)} 0 0 0 0",
+            "loss": float(np.dot(w.astype(np.float64), g)), "baseline_loss": float(np.dot(base.astype(np.float64), g)),
+            "grad_max": float(np.max(np.abs(g16.astype(F32)))) / scale,
+            "underflow_fraction": np.count_nonzero((g16 == 0) & (g != 0)) / np.count_nonzero(g) if measured
+            else float("nan"),
+            "update_error": update_error, "skipped_update_error": skipped_error, "overflow_harm": harm})
+        if applied:
+            w = w + would_be
+        else:
+            scale *= 0.5
+        base = base - F32(scripted.LR) * g
+    return rows
+
+
+@pytest.mark.parametrize("detector", list(scripted.SKIPS["inf_nan"]))
+@pytest.mark.parametrize("profile, mode", [("atlas-training", "saturation"), ("atlas-a2", "inf_nan")])
+def test_every_column_of_a_hand_built_run(profile: str, mode: str, detector: str) -> None:
+    """Each column of the trajectory against :func:`scripted_rows`: the floats exactly where the
+    arithmetic is exact (dyadic values), the update errors to 4 units of binary64 (the same
+    binary32 vectors' norms, summed in another order at most)."""
+    run = simulate(workload=scripted.Scripted(), manager="torch", manager_args={"init_scale": 1024.0,
+                   "growth_interval": 1000}, detector=detector, profile=profile, steps=6, underflow_every=2)
+    want = scripted_rows(mode, detector)
+    assert [list(r) for r in run.records] == [list(w) for w in want]
+    for got, row in zip(run.records, want, strict=True):
+        for column in ("update_error", "skipped_update_error"):
+            assert got[column] == pytest.approx(row[column], rel=2**-50, nan_ok=True), (row["step"], column)
+        exact = {k: v for k, v in row.items() if k not in ("update_error", "skipped_update_error")}
+        assert json.dumps({k: got[k] for k in exact}) == json.dumps(exact), row["step"]
+    assert len({r["overflow_harm"] for r in want}) >= 3  # the script reaches several outcomes
+
+
+def test_mlp_grads32_against_finite_differences() -> None:
+    """The mlp's binary32 loss and gradients against central differences of the loss written out
+    here in binary64 (mean softmax cross-entropy of relu(x w1 + b1) w2 + b2). Step h = 2**-20:
+    truncation error ~h**2 and rounding ~2**-52 / h, both below 1e-9, provided no pre-activation is
+    within h of the relu's kink (asserted). The binary32 gradients are sums of at most 64 products,
+    each rounded: within 64 * 2**-24 of the largest, so 1e-5 of it is a safe bound."""
+    from lossscale.workloads import Mlp
+
+    wl = Mlp(hidden=8, batch=16)
+    rng = np.random.default_rng(5)
+    params = [(p + 0.1 * rng.standard_normal(p.shape)).astype(F32) for p in wl.init_params()]
+    idx = np.arange(16)
+    x, y = wl.train[0][idx].astype(np.float64), wl.train[1][idx]
+
+    def loss64(w1, b1, w2, b2) -> float:
+        z = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+        z = z - z.max(axis=1, keepdims=True)
+        return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))
+
+    p64 = [p.astype(np.float64) for p in params]
+    assert np.abs(x @ p64[0] + p64[1]).min() > 1e-3  # no kink within reach of h
+    h = 2.0**-20
+    loss, grads = wl.grads32(params, idx)
+    assert loss == pytest.approx(loss64(*p64), rel=1e-6)
+    for i, g in enumerate(grads):
+        fd = np.zeros(p64[i].size)
+        for j in range(p64[i].size):
+            plus, minus = [q.copy() for q in p64], [q.copy() for q in p64]
+            plus[i].flat[j] += h
+            minus[i].flat[j] -= h
+            fd[j] = (loss64(*plus) - loss64(*minus)) / (2 * h)
+        assert g.shape == p64[i].shape and g.dtype == F32
+        assert np.abs(g.reshape(-1) - fd).max() <= 1e-5 * np.abs(fd).max(), f"parameter {i}"
