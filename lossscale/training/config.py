@@ -21,7 +21,7 @@ from sim import OverflowMode, profiles
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
-from .workloads import WORKLOADS, Workload, check_shards, is_import_path, make_workload
+from .workloads import WORKLOADS, Workload, check_split, is_import_path, make_workload
 
 __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
            "manager_arguments", "make_manager", "fp8_recipe", "check_fp8_profile"]
@@ -121,7 +121,9 @@ def _check_workload(get: Callable[[str], Any]) -> None:
         made = _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
         ranks = get("ranks")
         if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:  # else integer_problems says
-            check_shards(made.shards(made.batches(1)[0], ranks), ranks)
+            micro = get("micro_batches")
+            valid = isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1  # else integer_problems says
+            check_split(made, made.batches(1)[0], ranks, micro if valid else 1)
 
 
 def _check_manager(get: Callable[[str], Any]) -> None:
@@ -209,6 +211,9 @@ class RunConfig:
     fp8_args: dict[str, Any] | None = setting(
         None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",
         option="--fp8-arg", table=True, words=True)
+    micro_batches: int = setting(
+        1, "forward and backward passes per optimizer step on each rank (gradient accumulation: each rank's "
+        "part of the batch split into this many micro-batches, their binary16 gradients summed; 1: none)", low=1)
 
     def __post_init__(self) -> None:
         wrong = integer_problems(lambda name: getattr(self, name))

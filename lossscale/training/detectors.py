@@ -32,8 +32,30 @@ sees every rank's register before it reduces them).
   Ascend: after the gradients, ``NPUGetFloatStatusV2`` then ``NPUClearFloatStatusV2``,
   finite iff all zero, per rank: nothing reduces it, so ranks can disagree. INF/NaN mode:
   a non-finite check.
+- ``paddle-npu``: Paddle 2.1's static-graph AMP on NPU in a pipeline (:class:`PaddleNpu`):
+  cleared after every micro-batch's loss, read then cleared by ``check_finite_and_unscale``;
+  per rank.
 - ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
   defeats: saturated gradients are finite.
+
+Under gradient accumulation (``micro_batches``: the micro-batches of a step run one after
+another, each its forward, loss, scale and backward, before the one check):
+
+- ``tf-npu`` reads and clears in ``apply_gradients`` only, once per optimizer step, so its
+  window holds every micro-batch.
+- ``torch-npu`` clears in ``scale()`` only while ``self._clear_overflow_flag`` is False; the
+  first ``scale()`` sets it and only ``update()`` resets it (Ascend/pytorch
+  ``torch_npu/npu/amp/grad_scaler.py``, ``GradScaler.scale`` and ``GradScaler.update``). So it
+  clears once per optimizer step, at the first micro-batch's scale: no micro-batch's overflow
+  is lost, and the later micro-batches' forward passes and logging are in the window.
+- ``mindspore`` is modelled the same way (one clear per step, at the first micro-batch's
+  scale). MindSpore runs accumulation in one graph, where the clear follows every micro-batch's
+  loss; the model's window also holds the later micro-batches' forward passes (not checked
+  against MindSpore's source).
+- ``mindspore-all-finite`` is modelled as called once per step, on the accumulated
+  gradients (a loop that calls it on every micro-batch's gradients checks each alone).
+- ``paddle-npu`` clears in every micro-batch: an overflow in any micro-batch but the last is
+  lost (applied, an undetected overflow).
 
 The windows, with their sources: ``docs/semantics.md``.
 """
@@ -51,7 +73,7 @@ from sim import Device, OverflowMode
 from .phases import PHASES, current_step
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
-           "MindSpore", "MindSporeAllFinite", "IsFinite", "ascend_register_check"]
+           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "IsFinite", "ascend_register_check"]
 
 #: The phase of a workload that does not mark its phases: its whole forward and backward.
 #: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
@@ -74,13 +96,17 @@ class Detector:
     name: ClassVar[str]
     #: The phase at whose beginning the framework clears the register (None: it does not).
     clears_at: ClassVar[str | None] = None
+    #: Whether it clears there once per optimizer step (False) or in every micro-batch (True;
+    #: with ``micro_batches`` 1 the two are the same).
+    clears_every_micro_batch: ClassVar[bool] = False
 
     def __init__(self, distributed: bool = True) -> None:
         if not isinstance(distributed, (bool, np.bool_)):
             raise ValueError(f"distributed must be a bool, got {distributed!r}")
         self.distributed = bool(distributed)
-        #: The step each device was last cleared in (weakly keyed: a new device never inherits it).
-        self._cleared: weakref.WeakKeyDictionary[Device, int | None] = weakref.WeakKeyDictionary()
+        #: The window (step, micro-batch or None) each device was last cleared in (weakly keyed: a new
+        #: device never inherits it).
+        self._cleared: weakref.WeakKeyDictionary[Device, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(distributed={self.distributed})"
@@ -100,10 +126,10 @@ class Detector:
         phase = current.get("phase")
         if self.clears_at is None or phase not in _ORDER or _ORDER[phase] < _ORDER[self.clears_at]:
             return
-        step = current_step(device)
-        if self._cleared.get(device, -1) != step and self.reads_register(device):
+        window = (current_step(device), current.get("micro_batch") if self.clears_every_micro_batch else None)
+        if self._cleared.get(device) != window and self.reads_register(device):
             device.clear_float_status()
-        self._cleared[device] = step
+        self._cleared[device] = window
 
     def check(self, devices: Sequence[Device], grads: Sequence[Sequence[np.ndarray]]) -> list[bool]:
         """Each rank's decision (True: finite, apply the step), at the unscale step: from the
@@ -184,6 +210,34 @@ class MindSporeAllFinite(TfNpu):
         super().__init__(distributed)
 
 
+class PaddleNpu(Detector):
+    """Paddle 2.1's static-graph AMP on NPU in a pipeline (``PipelineOptimizer``), before the fix.
+    ``OptimizerWithMixedPrecision.backward`` (``python/paddle/fluid/contrib/mixed_precision/
+    decorator.py``) appends ``alloc_float_status`` and ``clear_float_status`` after the loss,
+    before it is scaled; the pipeline runs that section once per micro-batch, so the register is
+    cleared in every micro-batch and only the last one's overflows (and its forward's, after its
+    loss) reach the check (PaddlePaddle/Paddle pull 35144 describes it; pull 35165,
+    https://github.com/PaddlePaddle/Paddle/pull/35165, gives the two ops the LRSched role so that
+    they run once per mini-batch). The check, ``check_finite_and_unscale``'s NPU kernel
+    (``paddle/fluid/operators/amp/check_finite_and_unscale_op_npu.cc``): ``NPUGetFloatStatus``,
+    found_inf iff the sum of the 8 values is above 1 (in the model's slots any event sums to at
+    least 2), then ``NPUClearFloatStatus``. Each rank decides alone. INF/NaN mode: a non-finite
+    check."""
+
+    name = "paddle-npu"
+    clears_at = "scale"
+    clears_every_micro_batch = True
+
+    def __init__(self, distributed: bool = False) -> None:
+        super().__init__(distributed)
+
+    def _read(self, devices):
+        sums = [np.array([dev.get_float_status().astype(np.int64).sum()]) for dev in devices]
+        for dev in devices:
+            dev.clear_float_status()
+        return [int(s[0]) <= 1 for s in self._reduce(sums)]
+
+
 class IsFinite(Detector):
     name = "isfinite"
 
@@ -193,7 +247,7 @@ class IsFinite(Detector):
 
 #: Every detector by name, in the order ``lossscale run --detector`` lists them.
 DETECTORS: dict[str, type[Detector]] = {d.name: d for d in (TfNpu, TorchNpu, MindSpore, MindSporeAllFinite,
-                                                               IsFinite)}
+                                                               PaddleNpu, IsFinite)}
 #: Earlier names: ``status`` is today's ``tf-npu``.
 ALIASES = {"status": "tf-npu"}
 

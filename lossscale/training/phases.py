@@ -23,18 +23,22 @@ __all__ = ["PHASES", "begin_phase", "current_phase", "current_step", "PhaseEvent
 PHASES = ("forward", "loss", "log", "scale", "backward", "allreduce", "unscale", "apply")
 
 
-def begin_phase(device: Device, phase: str, step: int | None = None) -> None:
+def begin_phase(device: Device, phase: str, step: int | None = None, micro_batch: int | None = None) -> None:
     """Mark the start of ``phase`` (one of :data:`PHASES`, or a name of yours) of the training
-    step on ``device``; ``step`` starts a new step. Sets the device's ``phase`` (and ``step``)
-    tags, so the device's observers run, in order."""
+    step on ``device``; ``step`` starts a new step (or, with ``micro_batch``, that micro-batch of
+    the step: gradient accumulation). Sets the device's ``phase`` (and ``step``, ``micro_batch``)
+    tags in one change, so the device's observers run once, in order."""
     if not isinstance(phase, str) or not phase:
         raise ValueError(f"phase must be a non-empty string such as {', '.join(PHASES)}; got {phase!r}")
+    if micro_batch is not None and step is None:
+        raise ValueError("micro_batch goes with its step: begin_phase(device, phase, step=..., micro_batch=...)")
+    for name, value in (("step", step), ("micro_batch", micro_batch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if step is None:
         device.set_tags(phase=phase)
-        return
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    device.set_tags(step=int(step), phase=phase)
+    else:  # a step without micro_batch removes an earlier step's micro-batch tag (None removes a tag)
+        device.set_tags(step=int(step), phase=phase, micro_batch=None if micro_batch is None else int(micro_batch))
 
 
 def current_phase(device: Device) -> str | None:

@@ -56,7 +56,7 @@ from .fp8 import Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer
 from .phases import PHASES, PhaseEvents, begin_phase
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
-from .workloads import check_shards, check_workload, make_workload
+from .workloads import check_split, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
            "RunConfig", "Row", "Summary", "check_arguments", "manager_arguments", "DEFAULTS"]
@@ -231,7 +231,7 @@ def _set_up(config: RunConfig) -> _Training:
     opts = [LossScaleOptimizer(wl.optimizer(), m) for m in managers]
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(c.steps)
-    check_shards(wl.shards(batches[0], ranks), ranks)
+    check_split(wl, batches[0], ranks, c.micro_batches)
     return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
                      checks, params, opts, base_params, base_opt, batches)
 
@@ -254,15 +254,14 @@ def _detector(config: RunConfig, prof: Any, devices: list[Device]) -> Detector:
 def _step(run: _Training, t: int) -> _Step:
     """Step ``t`` on every rank: forward and backward, the allreduce, the detector's check and
     the update (raises :class:`MinimumScaleError` where a manager cannot go lower)."""
-    wl, devices, opts, params, marks, ranks = run.wl, run.devices, run.opts, run.params, run.marks, run.config.ranks
+    wl, devices, opts, params, ranks = run.wl, run.devices, run.opts, run.params, run.config.ranks
     scales = [_scale(opt.get_loss_scale(), m, run.manager_name, r, t)
               for r, (opt, m) in enumerate(zip(opts, run.managers, strict=True))]
     shards = wl.shards(run.batches[t], ranks)
     losses, grads = [], []
     for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
-        begin_phase(dev, "forward" if marks else UNMARKED, step=t)
         with dev:
-            loss, g = wl.forward_backward(dev, p, s, part, share)
+            loss, g = _passes(run, dev, p, s, part, share, t)
         losses.append(loss)
         grads.append(g)
     local0 = grads[0]
@@ -291,6 +290,35 @@ def _step(run: _Training, t: int) -> _Step:
     update_error = _relative_error(applied, reference)
     skipped_error = _NAN if would_be is None else _relative_error(would_be, reference)
     return _Step(scales, shards, losses, local0, grads, register, finite, decisions, update_error, skipped_error)
+
+
+def _passes(run: _Training, dev: Device, params: list[Any], scale: float, part: Any, share: float,
+            t: int) -> tuple[float, list[Any]]:
+    """One rank's forward and backward passes in step ``t``: the loss and the gradients. With
+    ``micro_batches`` k > 1, k passes on the workload's split of the rank's part
+    (``shards(part, k)``), each given its share of the global batch, so that its loss is its
+    mean divided by k, as torch's accumulation recipe divides each micro-batch's loss by the
+    number of accumulation steps (https://pytorch.org/docs/stable/notes/amp_examples.html,
+    "Gradient accumulation"). Their gradients are summed in their own dtype on the device, in
+    the backward phase, as autograd's ``AccumulateGrad`` adds a new gradient into ``.grad``
+    (``torch/csrc/autograd/functions/accumulate_grad.h``, ``accumulateGrad``): a sum above
+    binary16's range overflows there, and the register sees it."""
+    k, first = run.config.micro_batches, "forward" if run.marks else UNMARKED
+    if k == 1:
+        begin_phase(dev, first, step=t)
+        return run.wl.forward_backward(dev, params, scale, part, share)
+    total, summed = 0.0, None
+    for j, (piece, piece_share) in enumerate(run.wl.shards(part, k)):
+        begin_phase(dev, first, step=t, micro_batch=j)
+        loss, grads = run.wl.forward_backward(dev, params, scale, piece, share * piece_share)
+        total += loss
+        if summed is not None:
+            begin_phase(dev, "backward" if run.marks else UNMARKED)
+            with dev.label("accumulate"):
+                grads = [a if g is None else g if a is None else dev.add(a, g) for a, g in zip(summed, grads,
+                                                                                               strict=True)]
+        summed = grads
+    return total, summed
 
 
 def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:

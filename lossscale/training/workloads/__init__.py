@@ -42,7 +42,7 @@ from .base import PROTOCOL, SampledWorkload, Workload, digits
 from .builtin import Mlp, Trace
 
 __all__ = ["WORKLOADS", "Workload", "Mlp", "Trace", "make_workload", "check_workload", "SampledWorkload", "digits",
-           "is_import_path", "import_factory", "arguments", "check_shards"]
+           "is_import_path", "import_factory", "arguments", "check_shards", "check_split"]
 
 #: The built-in torch workloads by name: classes of the optional extra, imported when made.
 _TORCH_BUILT_IN = {"torch-mlp": "TorchMlp", "torch-cnn": "TorchCnn", "torch-transformer": "TorchTransformer"}
@@ -178,12 +178,25 @@ def check_workload(workload: Any, made_by: str | None = None) -> None:
 
 
 
-def check_shards(shards: list[tuple[Any, float]], ranks: int) -> None:
+def check_shards(shards: list[tuple[Any, float]], ranks: int, what: str = "ranks") -> None:
     """Every rank needs a share of the batch (``shards``: a workload's ``shards(batch, ranks)``):
-    ValueError before any step otherwise."""
+    ValueError before any step otherwise. ``what``: the setting that asked for the split
+    (``micro_batches``: a rank's part split into micro-batches)."""
     sized = all(hasattr(part, "__len__") for part, _ in shards)
     empty = sum(1 for part, share in shards if not share > 0 or (sized and not len(part)))
     if len(shards) != ranks or empty:
         batch = f"{sum(len(p) for p, _ in shards)} examples" if sized else "too few examples"
-        raise ValueError(f"ranks={ranks} leaves {empty} rank(s) without data: the batch has {batch}; use fewer "
-                         f"ranks or a larger batch")
+        whose = "the batch" if what == "ranks" else "a rank's part of the batch"
+        unit = "rank(s)" if what == "ranks" else "micro-batch(es)"
+        raise ValueError(f"{what}={ranks} leaves {empty} {unit} without data: {whose} has {batch}; use fewer "
+                         f"{what} or a larger batch")
+
+
+def check_split(workload: Any, batch: Any, ranks: int, micro_batches: int = 1) -> None:
+    """``batch`` split across ``ranks`` and each rank's part into ``micro_batches`` by the
+    workload's ``shards``: ValueError (:func:`check_shards`) where a rank or micro-batch gets no data."""
+    parts = workload.shards(batch, ranks)
+    check_shards(parts, ranks)
+    if micro_batches > 1:
+        for part, _ in parts:
+            check_shards(workload.shards(part, micro_batches), micro_batches, "micro_batches")
