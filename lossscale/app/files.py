@@ -314,7 +314,7 @@ def read_replay(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise ValueError(f"{str(folder)!r} holds no replay: summary.json is missing") from None
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"{str(folder / 'summary.json')!r} is not a replay's summary ({err})") from None
-    kinds = {"step": int, "line": int, "overflow": bool, "scale": float,
-             **{f"{m}_{c}": str if c == "decision" else float for m in managers for c in REPLAY_MANAGER_COLUMNS}}
+    kinds = dict(zip(replay_columns(managers), [int, int, bool, float, *[
+        str if c == "decision" else float for _ in managers for c in REPLAY_MANAGER_COLUMNS]], strict=True))
     path = folder / "replay.csv"
-    return _rows(path, path.read_text(), replay_columns(managers), kinds), summary
+    return _rows(path, path.read_text(), kinds), summary
