@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lossscale.app.results import load_run as lossscale_load
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -48,6 +50,12 @@ def test_readme_python_examples_run(capsys) -> None:
             assert register == "(1, 1, 0, 4, 0, 0, 0, 0)" and ns["run"].rows[0].register == (1, 1, 0, 4, 0, 0, 0, 0)
             assert int(skipped) == sum(not r.applied for r in ns["run"].rows) > 0
             assert list(ns["frame"].columns)[:2] == ["step", "loss_scale"] and len(ns["frame"]) == 20
-        if "DeviceMode" in block:
+        if "GradScaler(dev" in block:  # the one-line change: the register skips saturated steps
+            rows = ns["scaler"].rows
+            assert out.strip() == f"{[r.applied for r in rows][:3]} {ns['scaler'].get_scale()}"
+            assert 0 < sum(not r.applied for r in rows) < len(rows) and all(
+                p.grad.isfinite().all() for p in ns["model"].parameters())
+            assert lossscale_load(ns["folder"]).summary.skipped_steps == sum(not r.applied for r in rows)
+        elif "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())

@@ -1,0 +1,208 @@
+"""``lossscale.torch.GradScaler`` in an unchanged torch AMP loop: against torch's own
+``torch.amp.GradScaler("cpu")`` in INF/NaN mode, against the register in saturation mode, its
+checkpoints, and its run folder."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lossscale  # noqa: E402
+from lossscale.policy import trajectory  # noqa: E402
+from lossscale.policy.frameworks import KerasPolicy  # noqa: E402
+from lossscale.torch import GradScaler  # noqa: E402
+from sim import Device  # noqa: E402
+from sim.torch import DeviceMode  # noqa: E402
+
+F = torch.nn.functional
+
+
+class Net(torch.nn.Module):
+    """float32 parameters, float16 activations between the layers (autocast style). The
+    matmuls stay in float32: torch's CPU float16 gemm adds in another order than the device's
+    ascending binary32 sum (checked: last-bit differences with k as small as 6), while the
+    float16 operations here (casts, relu, a multiply) are correctly rounded on both."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+        self.register_buffer("gate", torch.linspace(0.5, 1.5, 32).half())
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x).half()) * self.gate
+        return self.fc2(h.float())
+
+
+class CountingSGD(torch.optim.SGD):
+    """SGD that records which steps it applied (the oracle of the skipped steps)."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, lr=0.05)
+        self.applied: list[bool] = []
+
+    def step(self, closure=None):
+        self.applied[-1] = True
+        return super().step(closure)
+
+
+DATA = [(torch.randn(32, 16, generator=torch.Generator().manual_seed(t)) * 2,
+         torch.randint(0, 4, (32,), generator=torch.Generator().manual_seed(100 + t))) for t in range(40)]
+
+
+def train(scaler, dev: Device | None, steps: range, model: Net | None = None, opt: CountingSGD | None = None,
+          check=None):
+    """The AMP loop, as in torch's documentation; the scale each step used and the applied steps."""
+    model = model or Net(0)
+    opt = opt or CountingSGD(model.parameters())
+    scales = []
+    for t in steps:
+        x, y = DATA[t % len(DATA)]
+        opt.zero_grad()
+        opt.applied.append(False)
+        with DeviceMode(dev) if dev is not None else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+        if check is not None:
+            check(model)
+        scales.append(scaler.get_scale())
+        scaler.step(opt)
+        scaler.update()
+    return scales, opt.applied[-len(steps):], model, opt
+
+
+def test_import_lossscale_does_not_import_torch() -> None:
+    code = "import sys, lossscale, lossscale.policy, lossscale.training; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bit_identical_to_torch_amp_in_inf_nan_mode() -> None:
+    ours = GradScaler(Device("atlas-a2"), init_scale=2.0**24, growth_interval=4, detector="isfinite")
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=4)
+    s1, a1, m1, _ = train(ours, ours.device, range(40))
+    s2, a2, m2, _ = train(theirs, None, range(40))
+    assert 0 < a2.count(False) < 30 and max(s2) > min(s2[5:])  # the loop overflows, skips, and grows back
+    assert np.array(s1, np.float32).tobytes() == np.array(s2, np.float32).tobytes()
+    assert a1 == a2
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert [r.applied for r in ours.rows] == a2 and [r.loss_scale for r in ours.rows] == s2
+
+
+def test_saturation_mode_skips_what_the_register_shows() -> None:
+    dev = Device("atlas-training")
+    grads_finite, registers = [], []
+
+    def check(model):
+        grads_finite.append(all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()))
+        registers.append(bool(dev.get_float_status().any()))
+
+    scaler = GradScaler(dev, init_scale=2.0**24, growth_interval=4)  # torch-npu: the register
+    _, applied, _, _ = train(scaler, dev, range(30), check=check)
+    assert all(grads_finite)  # saturated, never Inf: torch's isfinite check would skip nothing
+    assert applied.count(False) >= 3
+    assert [not a for a in applied] == registers
+    naive = GradScaler(Device("atlas-training"), init_scale=2.0**24, growth_interval=4, detector="isfinite")
+    assert all(train(naive, naive.device, range(30))[1])  # the naive check lets the saturated steps through
+
+
+def test_torch_npu_clears_at_scale_so_forward_events_do_not_skip() -> None:
+    """An overflow in the forward pass before scale() (a logged float16 value) is cleared by
+    torch-npu's scale(), and is kept by tf-npu, whose window runs from its last read."""
+    skipped = {}
+    for name in ("torch-npu", "tf-npu"):
+        dev = Device("atlas-training")
+        scaler = GradScaler(dev, init_scale=1.0, detector=name)
+        model, opt = Net(0), None
+        for t in range(3):
+            x, y = DATA[t]
+            with DeviceMode(dev):
+                (torch.tensor([60000.0]).half() * 4).sum()  # saturates: a register event, feeding nothing
+                loss = F.cross_entropy(model(x), y)
+                scaler.scale(loss).backward()
+            opt = opt or CountingSGD(model.parameters())
+            opt.applied.append(False)
+            scaler.step(opt)
+            scaler.update()
+        skipped[name] = [not r.applied for r in scaler.rows]
+    assert skipped == {"torch-npu": [False] * 3, "tf-npu": [True] * 3}
+
+
+@pytest.mark.parametrize("policy", [None, "torch-npu", "keras"])
+def test_state_dict_round_trip_continues_bit_for_bit(policy) -> None:
+    torch_args = {"init_scale": 2.0**24, "growth_interval": 4}
+    args = {None: {}, "torch-npu": torch_args, "keras": {"initial_scale": 2.0**24, "dynamic_growth_steps": 4}}
+
+    def scaler():
+        return GradScaler(Device("atlas-a2"), detector="isfinite", policy=policy, policy_args=args[policy],
+                          **(torch_args if policy is None else {}))
+
+    whole = scaler()
+    scales, applied, _, _ = train(whole, whole.device, range(24))
+    first = scaler()
+    s1, a1, model, opt = train(first, first.device, range(12))
+    saved = json.loads(json.dumps(first.state_dict()))
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    buf.seek(0)
+    second = scaler()
+    second.load_state_dict(torch.load(buf))
+    s2, a2, _, _ = train(second, second.device, range(12, 24), model, opt)
+    assert np.array(s1 + s2, np.float32).tobytes() == np.array(scales, np.float32).tobytes()
+    assert a1 + a2 == applied and not all(applied)
+    assert [r.step for r in second.rows] == list(range(12, 24))
+
+
+def test_a_named_policy_follows_its_trajectory() -> None:
+    scaler = GradScaler(Device("atlas-a2"), policy="keras", policy_args={"initial_scale": 2.0**24,
+                                                                          "dynamic_growth_steps": 3})
+    scales, applied, _, _ = train(scaler, scaler.device, range(20))
+    expected = trajectory(KerasPolicy(initial_scale=2.0**24, dynamic_growth_steps=3), applied)
+    assert scales == expected[:-1] and scaler.get_scale() == expected[-1] and not all(applied)
+
+
+def test_getters_setters_and_disabled() -> None:
+    scaler = GradScaler(Device("atlas-a2"), growth_factor=4.0)
+    assert scaler.get_growth_factor() == 4.0 and scaler.get_backoff_factor() == 0.5
+    scaler.set_growth_interval(7)
+    assert scaler.get_growth_interval() == 7 and scaler.is_enabled() and scaler.get_scale() == 2.0**16
+    off = GradScaler(Device("atlas-a2"), enabled=False)
+    loss = torch.tensor(3.0)
+    assert off.scale(loss) is loss and off.get_scale() == 1.0 and off.state_dict() == {}
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(TypeError, match="sim.Device"):
+        GradScaler("cpu")
+    with pytest.raises(ValueError, match="init_scale set torch's own rule"):
+        GradScaler(Device("atlas-a2"), init_scale=8.0, policy="keras")
+    with pytest.raises(ValueError, match="unknown manager"):
+        GradScaler(Device("atlas-a2"), policy="nope")
+    scaler = GradScaler(Device("atlas-a2"))
+    w = torch.nn.Parameter(torch.ones(3).half())
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler.scale((w * w).sum()).backward()
+    with pytest.raises(ValueError, match="FP16 gradients"):
+        scaler.step(opt)
+    with pytest.raises(AssertionError, match="No inf checks"):
+        GradScaler(Device("atlas-a2")).update()
+
+
+def test_the_trajectory_is_a_run_folder(tmp_path) -> None:
+    from lossscale.app.cli import main
+
+    scaler = GradScaler(Device("atlas-training"), init_scale=2.0**24, growth_interval=4)
+    scales, applied, _, _ = train(scaler, scaler.device, range(12))
+    scaler.write_run(tmp_path / "run", plot=False)
+    run = lossscale.load_run(tmp_path / "run")
+    assert [r.loss_scale for r in run.rows] == scales and [r.applied for r in run.rows] == applied
+    assert run.summary.skipped_steps == applied.count(False) > 0 and run.summary.detector == "torch-npu"
+    assert main(["plot", str(tmp_path / "run")]) == 0 and (tmp_path / "run" / "scale.png").stat().st_size > 0
