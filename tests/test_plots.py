@@ -168,7 +168,12 @@ def test_every_figure_function_returns_a_figure_and_events_have_a_y_title(fp8_ru
     made = {"figure_run": figure_run(fp8_run), "figure_compare": figure_compare([("a", fp8_run), ("b", fp8_run)]),
             "figure_heatmaps": figure_heatmaps([{"manager": "a", "status": "ok", "skipped_steps": 1,
                                                  "final_loss": 1}], "manager", None),
-            "figure_fp8": figure_fp8(fp8_run), "figure_events": figure_events(fp8_run)}
+            "figure_fp8": figure_fp8(fp8_run), "figure_events": figure_events(fp8_run),
+            "figure_replay": plots.figure_replay(
+                [{"step": i, "line": i + 1, "overflow": i == 1, "scale": 2.0 ** (16 - (i > 1)), "m_decision": d,
+                  "m_scale_low": 2.0 ** 10, "m_scale_high": 2.0 ** 10} for i, d in enumerate(["clean", "unknown"])],
+                {"managers": [{"name": "m"}], "format": "csv", "log": "x.csv",
+                 "consistency": {"verdict": "no framework policy"}})}
     assert set(made) == {n for n in plots.__all__ if n.startswith("figure_")}
     assert all(type(fig) is Figure for fig in made.values())
     assert made["figure_events"].axes[0].get_ylabel() == "label (module or device.label)"

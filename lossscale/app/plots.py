@@ -383,7 +383,7 @@ def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
 
 
-def figure_replay(rows: Sequence[dict], summary: dict):
+def figure_replay(rows: Sequence[dict], summary: dict) -> Figure:
     """A replay (``replay.csv``'s rows, ``summary.json``): the scale each logged step ran at, its
     overflows marked, and each manager's scale on the log's bounds (a band where unknown steps left
     it several states), its certain overflows marked and its unknown steps shaded; log2 axis."""
