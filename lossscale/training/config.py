@@ -132,6 +132,14 @@ def _check_manager(get: Callable[[str], Any]) -> None:
         make_manager(get("manager"), get("manager_args"), defaults if defaults in DEFAULTS else "demo")
 
 
+def _check_positive(name: str, value: Any) -> None:
+    """None, or a finite number above 0 (else ValueError naming ``name``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number above 0 (or unset: off), got {value!r}")
+
+
 def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
             low: int | None = None, table: bool = False, words: bool = False, named: bool = False,
             recorded: bool = True, listed_after: str | None = None, check: Check | None = None,
@@ -209,6 +217,11 @@ class RunConfig:
     fp8_args: dict[str, Any] | None = setting(
         None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",
         option="--fp8-arg", table=True, words=True)
+
+    clip_grad_norm: float | None = setting(
+        None, "clip the unscaled gradients by their global norm (binary32, as torch.nn.utils.clip_grad_norm_) to "
+        "at most this before the optimizer, in the step and in the binary32 reference update alike (default: off)",
+        check=lambda get: _check_positive("clip_grad_norm", get("clip_grad_norm")))
 
     def __post_init__(self) -> None:
         wrong = integer_problems(lambda name: getattr(self, name))
