@@ -227,6 +227,7 @@ class RunConfig:
         wrong = integer_problems(lambda name: getattr(self, name))
         if wrong:
             raise ValueError(wrong[0])
+        _check_positive("clip_grad_norm", self.clip_grad_norm)
 
     @classmethod
     def bind(cls, *args: Any, **kwargs: Any) -> RunConfig:
