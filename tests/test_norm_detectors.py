@@ -170,3 +170,44 @@ def test_clip_grad_norm_setting() -> None:
     assert not np.array_equal(plain.column("loss"), clipped.column("loss"))
     with pytest.raises(ValueError, match="clip_grad_norm must be a finite number above 0"):
         simulate(clip_grad_norm=-1.0, steps=1)
+
+
+def fp8_run(**fp8_args):
+    return simulate(profile="atlas-350", ranks=2, steps=3, fp8="delayed", record_events=False,
+                    fp8_args={"amax_history_len": 1, **fp8_args})
+
+
+def by_tensor(rows):
+    out: dict[tuple[int, str], dict[int, dict]] = {}
+    for r in rows:
+        out.setdefault((r["step"], r["tensor"]), {})[r["rank"]] = r
+    return out
+
+
+def test_delayed_scaling_reduces_amax_over_ranks() -> None:
+    """amax_history_len=1, margin 0: the scale of step t+1 is fp8_max / max over ranks of step t's
+    amax (binary32), the same on every rank (TE's reduce_amax, its default)."""
+    fp8_max = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # the OCP FP8 formats' largest finite values
+    table = by_tensor(fp8_run().fp8)
+    assert any(len({r["amax"] for r in ranks.values()}) > 1 for ranks in table.values())  # the ranks' data differ
+    checked = 0
+    for (step, tensor), ranks in table.items():
+        assert len({r["scale"] for r in ranks.values()}) == 1, (step, tensor)
+        if step == 0:
+            continue
+        top = max(r["amax"] for r in table[(step - 1, tensor)].values())
+        previous = table[(step - 1, tensor)][0]["scale"]
+        with np.errstate(all="ignore"):  # TE keeps the scale where the amax is not finite and positive
+            want = np.float32(fp8_max[ranks[0]["format"]]) / np.float32(top) if 0 < top < np.inf else previous
+        want = min(want, float(np.finfo(np.float32).max))
+        assert ranks[0]["scale"] == float(want), (step, tensor)
+        checked += 1
+    assert checked > 0
+
+
+def test_delayed_scaling_without_reduction_parts_and_warns() -> None:
+    with pytest.warns(UserWarning, match="FP8 scales differ across ranks"):
+        table = by_tensor(fp8_run(reduce_amax=False).fp8)
+    assert any(len({r["scale"] for r in ranks.values()}) > 1 for ranks in table.values())
+    with pytest.raises(ValueError, match="reduce_amax must be true or false"):
+        fp8_run(reduce_amax="maybe")

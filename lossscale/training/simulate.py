@@ -52,7 +52,7 @@ from .config import (
     settings,
 )
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
-from .fp8 import Fp8Matmuls, Recipe
+from .fp8 import AmaxGroup, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
@@ -221,8 +221,9 @@ def _set_up(config: RunConfig) -> _Training:
     det.attach(devices)
     fp8_rows: list[dict[str, Any]] = []
     if recipe is not None:
+        group = AmaxGroup() if ranks > 1 else None
         for r, dev in enumerate(devices):
-            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append))
+            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append, group=group))
     if ranks > 1:
         Group(devices)
     marks = bool(getattr(wl, "marks_phases", False))
