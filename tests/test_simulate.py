@@ -3,9 +3,8 @@ managers, policies or plain scaler objects, against the named ones they stand fo
 
 from __future__ import annotations
 
-from typing import get_origin
-
 import json
+from typing import get_origin
 
 import numpy as np
 import pytest

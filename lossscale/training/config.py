@@ -134,6 +134,14 @@ def _check_manager(get: Callable[[str], Any]) -> None:
         make_manager(get("manager"), get("manager_args"), defaults if defaults in DEFAULTS else "demo")
 
 
+def _check_positive(name: str, value: Any) -> None:
+    """None, or a finite number above 0 (else ValueError naming ``name``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number above 0 (or unset: off), got {value!r}")
+
+
 def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
             low: int | None = None, table: bool = False, words: bool = False, named: bool = False,
             recorded: bool = True, listed_after: str | None = None, check: Check | None = None,
@@ -215,10 +223,16 @@ class RunConfig:
         1, "forward and backward passes per optimizer step on each rank (gradient accumulation: each rank's "
         "part of the batch split into this many micro-batches, their binary16 gradients summed; 1: none)", low=1)
 
+    clip_grad_norm: float | None = setting(
+        None, "clip the unscaled gradients by their global norm (binary32, as torch.nn.utils.clip_grad_norm_) to "
+        "at most this before the optimizer, in the step and in the binary32 reference update alike (default: off)",
+        check=lambda get: _check_positive("clip_grad_norm", get("clip_grad_norm")))
+
     def __post_init__(self) -> None:
         wrong = integer_problems(lambda name: getattr(self, name))
         if wrong:
             raise ValueError(wrong[0])
+        _check_positive("clip_grad_norm", self.clip_grad_norm)
 
     @classmethod
     def bind(cls, *args: Any, **kwargs: Any) -> RunConfig:

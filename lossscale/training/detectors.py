@@ -37,6 +37,15 @@ sees every rank's register before it reduces them).
   per rank.
 - ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
   defeats: saturated gradients are finite.
+- ``deepspeed-sum``, ``fairseq-norm``, ``megatron-norm``: the GPU frameworks' checks, which
+  decide from the gradients' values (a sum, a norm) in binary32 and never read the register
+  (:class:`DeepSpeedSum`, :class:`FairseqNorm`, :class:`MegatronNorm` give their sources).
+  They fire on an Inf or NaN gradient, so in INF/NaN mode they agree with ``isfinite``; in
+  saturation mode an overflowed gradient is 65504, finite, and so are its sum and its norm,
+  unless the binary32 sum of squares itself overflows: ``sum(g**2) > FLT_MAX``, a norm above
+  about 2**64 (:func:`norm32`). Scaled binary16 gradients cannot reach that (it takes
+  (2**64 / 65504)**2, some 8e28, saturated elements); unscaled ones can, when the loss scale
+  is below about ``65504 * sqrt(n) * 2**-64`` (n saturated elements).
 
 Under gradient accumulation (``micro_batches``: the micro-batches of a step run one after
 another, each its forward, loss, scale and backward, before the one check):
@@ -73,7 +82,8 @@ from sim import Device, OverflowMode
 from .phases import PHASES, current_step
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
-           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "IsFinite", "ascend_register_check"]
+           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "IsFinite", "DeepSpeedSum", "FairseqNorm", "MegatronNorm",
+           "ascend_register_check", "norm32"]
 
 #: The phase of a workload that does not mark its phases: its whole forward and backward.
 #: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
@@ -99,6 +109,9 @@ class Detector:
     #: Whether it clears there once per optimizer step (False) or in every micro-batch (True;
     #: with ``micro_batches`` 1 the two are the same).
     clears_every_micro_batch: ClassVar[bool] = False
+    #: Each rank's loss scale for the step being checked, set by the step loop before
+    #: :meth:`check` (None: the gradients are taken as unscaled); the norm checks unscale by it.
+    scales: list[float] | None = None
 
     def __init__(self, distributed: bool = True) -> None:
         if not isinstance(distributed, (bool, np.bool_)):
@@ -245,9 +258,126 @@ class IsFinite(Detector):
         return False
 
 
+F32 = np.float32
+
+
+def _two_norm(x: np.ndarray) -> np.float32:
+    """One tensor's 2-norm as torch's ``linalg.vector_norm`` takes it for binary32: the sum of the
+    squares in binary32, then sqrt (a one-element tensor: its magnitude, as torch returns)."""
+    x = np.asarray(x, F32).reshape(-1)
+    with np.errstate(all="ignore"):
+        if x.size == 1:
+            return np.abs(x[0])
+        return np.sqrt(np.sum(x * x, dtype=F32))
+
+
+def norm32(grads: Sequence[np.ndarray | None]) -> np.float32:
+    """The global 2-norm of ``grads`` (None skipped) in binary32, in the two levels of
+    ``torch.nn.utils.clip_grad_norm_`` (``torch/nn/utils/clip_grad.py``, ``_get_total_norm``) and
+    fairseq's ``utils.clip_grad_norm_``: each tensor's norm, then the norm of those norms. Every
+    square and sum is binary32, so the norm is Inf once a sum of squares passes FLT_MAX (a norm
+    above about 2**64) though every value is finite, and NaN or Inf where a value is. The
+    summation order is numpy's pairwise one: torch's vectorised order may differ in the last
+    bit, never in whether the sum overflows by more than a rounding."""
+    norms = [_two_norm(g) for g in grads if g is not None]
+    return _two_norm(np.array(norms, F32)) if norms else F32(0.0)
+
+
+def _inverse(scale: float) -> np.float32:
+    """1/S in binary32, as the frameworks keep it (Inf where S is below 2**-128 or 0)."""
+    with np.errstate(all="ignore"):
+        return np.reciprocal(F32(scale))
+
+
+class _ValueCheck(Detector):
+    """A check of the gradients' values that never reads the register; :attr:`norms` keeps
+    each rank's value from the last check (a norm or a sum), for inspection."""
+
+    def __init__(self, distributed: bool = True) -> None:
+        super().__init__(distributed)
+        self.norms: list[float] = []
+
+    def reads_register(self, device: Device) -> bool:
+        return False
+
+    def check(self, devices: Sequence[Device], grads: Sequence[Sequence[np.ndarray]]) -> list[bool]:
+        scales = self.scales if self.scales is not None else [1.0] * len(grads)
+        self.norms, finite = [], []
+        for g, s in zip(grads, scales, strict=True):
+            value, ok = self._decide([x for x in g if x is not None], float(s))
+            self.norms.append(float(value))
+            finite.append(ok)
+        if self.distributed and len(finite) > 1:  # an all-reduce of the overflow flag (MAX)
+            return [all(finite)] * len(finite)
+        return finite
+
+    def _decide(self, grads: list[np.ndarray], scale: float) -> tuple[np.float32, bool]:
+        raise NotImplementedError
+
+
+class DeepSpeedSum(_ValueCheck):
+    """DeepSpeed's ``CheckOverflow._has_inf_or_nan`` (``deepspeed/runtime/utils.py``, also
+    ``runtime/zero/stage_1_and_2.py`` and the fp16 ``FP16_Optimizer``), as DeepSpeed 0.x had it
+    for years: ``cpu_sum = float(x.float().sum())`` on each (scaled) gradient; overflow if a sum
+    is +-Inf or NaN; the flag all-reduced with MAX. (DeepSpeed 0.19's ``has_inf_or_nan`` tests
+    ``x.amax()`` and ``x.amin()`` instead: the same decision on binary16 gradients, whose binary32
+    sum cannot overflow.) :attr:`norms` holds the largest |sum|."""
+
+    name = "deepspeed-sum"
+
+    def _decide(self, grads, scale):
+        with np.errstate(all="ignore"):
+            sums = np.array([np.sum(np.asarray(g, F32), dtype=F32) for g in grads], F32)
+            worst = F32(np.max(np.abs(sums))) if sums.size else F32(0.0)
+        return worst, bool(np.isfinite(sums).all())
+
+
+class FairseqNorm(_ValueCheck):
+    """fairseq's ``FP16Optimizer.clip_grad_norm`` (``fairseq/optim/fp16_optimizer.py``): the
+    scaled gradients copied to binary32, their norm by ``utils.clip_grad_norm_``
+    (``fairseq/utils.py``: :func:`norm32`), times ``_multiply_factor`` = 1/S; then
+    ``DynamicLossScaler.check_overflow(grad_norm)`` (``fairseq/optim/dynamic_loss_scaler.py``):
+    overflow iff ``grad_norm == inf or grad_norm != grad_norm``. :attr:`norms` holds that
+    unscaled norm."""
+
+    name = "fairseq-norm"
+
+    def _decide(self, grads, scale):
+        with np.errstate(all="ignore"):
+            norm = F32(_inverse(scale) * norm32(grads))
+        return norm, not (norm == np.inf or norm != norm)
+
+
+class MegatronNorm(_ValueCheck):
+    """Megatron-LM's ``MixedPrecisionOptimizer.step`` (``megatron/core/optimizer/optimizer.py``):
+    ``_unscale_main_grads_and_check_for_nan`` copies the gradients to binary32 main grads and runs
+    ``torch._amp_foreach_non_finite_check_and_unscale_``, which tests each value *before* it
+    multiplies by 1/S, so found_inf is the scaled gradients' non-finite check; the grad norm
+    (``clip_grads.get_grad_norm_fp32``: :func:`norm32` of the unscaled main grads) is taken
+    after, for clipping, and skips the step only above ``grad_norm_skip_threshold`` (the
+    optimizer config's, default inf: ``norm > inf`` is never true, so an Inf or NaN norm does
+    not skip). :attr:`norms` holds that unscaled norm."""
+
+    name = "megatron-norm"
+
+    def __init__(self, distributed: bool = True, skip_threshold: float = float("inf")) -> None:
+        super().__init__(distributed)
+        if isinstance(skip_threshold, bool) or not isinstance(skip_threshold, (int, float)) \
+                or skip_threshold != skip_threshold:
+            raise ValueError(f"skip_threshold must be a number (inf: never skip on the norm), got {skip_threshold!r}")
+        self.skip_threshold = float(skip_threshold)
+
+    def _decide(self, grads, scale):
+        with np.errstate(all="ignore"):
+            found_inf = not all(bool(np.isfinite(np.asarray(g, F32)).all()) for g in grads)
+            norm = norm32([np.asarray(g, F32) * _inverse(scale) for g in grads])
+        return norm, not (found_inf or norm > self.skip_threshold)
+
+
 #: Every detector by name, in the order ``lossscale run --detector`` lists them.
 DETECTORS: dict[str, type[Detector]] = {d.name: d for d in (TfNpu, TorchNpu, MindSpore, MindSporeAllFinite,
-                                                               PaddleNpu, IsFinite)}
+                                                               PaddleNpu, IsFinite, DeepSpeedSum, FairseqNorm,
+                                                               MegatronNorm)}
 #: Earlier names: ``status`` is today's ``tf-npu``.
 ALIASES = {"status": "tf-npu"}
 

@@ -19,6 +19,13 @@ the update in ``common/recipe/delayed_scaling.cu`` and ``recipe_common.cuh``):
 - :class:`MXScaling`: OCP MX blocks of 32 with E8M0 scales (``rule="floor"``, OCP's, or
   ``"ceil"``, TE's round-up), no per-tensor state.
 
+Across data-parallel ranks (``AmaxGroup``), delayed scaling reduces each tensor's amax with MAX
+over the group before the scale update, as TE's ``FP8GlobalStateManager.reduce_and_update_fp8_tensors``
+(``transformer_engine/pytorch/quantization.py``) does when the recipe's ``reduce_amax`` is true
+(its default; ``common/recipe/__init__.py``: "the amax value for FP8 tensors is reduced across
+the amax_reduction_group ... If set to False ... every GPU maintains local amaxes and scaling
+factors"). Without the reduction the ranks' scales may part; the first step they do so warns.
+
 ``fp8_format``: ``"HYBRID"`` (TE's default: E4M3 in the forward pass, max 448, E5M2 in the
 backward pass, max 57344), ``"E4M3"``, or ``"HIF8"`` (HiFloat8 both ways, max 32768: the
 Atlas 350's own format, rounded ties-away as its cube unit's ``CAST_ROUND``).
@@ -27,6 +34,7 @@ Atlas 350's own format, rounded ties-away as its cube unit's ``CAST_ROUND``).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
@@ -42,7 +50,7 @@ from . import records
 from .phases import current_phase, current_step
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
-           "FP8_FORMATS", "make_recipe", "amax_of", "FP8_COLUMNS"]
+           "FP8_FORMATS", "make_recipe", "amax_of", "FP8_COLUMNS", "AmaxGroup"]
 
 #: Formats by recipe format and pass: (forward, backward).
 FP8_FORMATS: dict[str, tuple[Format, Format]] = {
@@ -106,9 +114,12 @@ class DelayedScaling(Recipe):
     margin: int = 0
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    reduce_amax: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.reduce_amax, (bool, np.bool_)):
+            raise ValueError(f"reduce_amax must be true or false, got {self.reduce_amax!r}")
         if isinstance(self.margin, bool) or not isinstance(self.margin, int):
             raise ValueError(f"margin must be an integer, got {self.margin!r}")
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
@@ -243,6 +254,32 @@ def make_recipe(name: str | Recipe, **kwargs: Any) -> Recipe:
 FP8_COLUMNS = records.FP8_COLUMNS
 
 
+class AmaxGroup:
+    """The data-parallel group of :class:`Fp8Matmuls` (one per rank): each step's amax and scale
+    of every tensor on every rank. With the recipe's ``reduce_amax`` a delayed-scaling update
+    takes the MAX over the ranks' amaxes (fmax, as TE's amax kernels); without it each rank
+    keeps its own, and the first tensor whose ranks quantised with different scales warns."""
+
+    def __init__(self) -> None:
+        self.amaxes: dict[tuple[int | None, str], dict[int, float]] = {}
+        self.scales: dict[tuple[int | None, str], dict[int, float]] = {}
+        self.warned = False
+
+    def record(self, step: int | None, rank: int, tensor: str, amax: float, scale: float) -> None:
+        self.amaxes.setdefault((step, tensor), {})[rank] = amax
+        seen = self.scales.setdefault((step, tensor), {})
+        seen[rank] = scale
+        if not self.warned and len(set(seen.values())) > 1:
+            self.warned = True
+            warnings.warn(f"FP8 scales differ across ranks without amax reduction (step {step}, tensor {tensor}: "
+                          f"{', '.join(f'rank {r} {v:g}' for r, v in sorted(seen.items()))}); set reduce_amax=true "
+                          f"to keep them in step, as Transformer Engine does by default", UserWarning, stacklevel=2)
+
+    def reduced(self, step: int | None, tensor: str) -> float:
+        """The MAX over the ranks' amaxes of ``tensor`` in ``step``."""
+        return float(np.fmax.reduce(np.array(list(self.amaxes[(step, tensor)].values()), np.float32)))
+
+
 class Fp8Matmuls:
     """A device's substitute for ``matmul`` (``dev.substitute("matmul", Fp8Matmuls(recipe))``):
     every matmul's two binary16 operands are scaled per tensor by the recipe, cast into the
@@ -253,8 +290,11 @@ class Fp8Matmuls:
     step, and the operand (a or b)."""
 
     def __init__(self, recipe: Recipe, rank: int = 0,
-                 record: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.recipe, self.rank = recipe, rank
+                 record: Callable[[dict[str, Any]], None] | None = None, group: AmaxGroup | None = None) -> None:
+        self.recipe, self.rank, self.group = recipe, rank, group
+        #: Delayed scaling with a group that reduces: updates wait for every rank's amax.
+        self._deferred = group is not None and getattr(recipe, "reduce_amax", False)
+        self._pending: list[str] = []
         self.scalers: dict[str, TensorScaler] = {}
         self.rows: list[dict[str, Any]] = []
         self._record = record or self.rows.append
@@ -264,7 +304,9 @@ class Fp8Matmuls:
     def __call__(self, dev: Device, a, b, accumulate, out_dtype) -> np.ndarray:
         step = current_step(dev)
         if step != self._step:
-            self._step, self._seen = step, {}
+            for tensor in self._pending:  # every rank has finished the step before: reduce, then update
+                self.scalers[tensor].update(self.group.reduced(self._step, tensor))
+            self._step, self._seen, self._pending = step, {}, []
         label, phase = dev.current_label or "matmul", current_phase(dev) or "forward"
         n = self._seen.get((label, phase), 0)
         self._seen[(label, phase)] = n + 1
@@ -291,7 +333,12 @@ class Fp8Matmuls:
         self._record({"step": self._step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "scale": scale,
                       "amax": amax, "saturated": int(np.count_nonzero(flags & Flag.OVERFLOW)),
                       "nonfinite": int(np.count_nonzero(~np.isfinite(values)))})
-        scaler.update(amax)
+        if self.group is not None:
+            self.group.record(self._step, self.rank, tensor, amax, scale)
+        if self._deferred:
+            self._pending.append(tensor)
+        else:
+            scaler.update(amax)
         return x8, scale
 
     def _mx(self, dev: Device, name: str, fmt: Format, a: np.ndarray, b: np.ndarray, out_dtype) -> np.ndarray:

@@ -28,10 +28,10 @@ import numpy as np
 from sim import Device, OverflowMode, current_device
 
 from ..policy.core import Manager, Policy, check_positive, check_ratio
-from .detectors import ascend_register_check
+from .detectors import ascend_register_check, norm32
 
 __all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS",
-           "UnsupportedProductWarning"]
+           "UnsupportedProductWarning", "clip_by_global_norm"]
 
 GradsAndVars = Sequence[tuple[np.ndarray | None, np.ndarray]]
 F32 = np.float32
@@ -149,6 +149,20 @@ class Adam(_Plain):
         s *= self.beta2
         s += (F32(1) - self.beta2) * g * g
         v -= self._lr_t * m / (np.sqrt(s) + self.epsilon)
+
+
+def clip_by_global_norm(grads_and_vars: GradsAndVars, max_norm: float) -> list[tuple[np.ndarray | None, np.ndarray]]:
+    """The pairs with their gradients clipped as ``torch.nn.utils.clip_grad_norm_``
+    (``torch/nn/utils/clip_grad.py``) clips them: the global norm in binary32 (:func:`norm32`),
+    ``clip_coef = max_norm / (total_norm + 1e-6)`` in binary32 (a float over a tensor is the
+    tensor's reciprocal times the float, ``Tensor.__rdiv__`` in ``torch/_tensor.py``), clamped
+    to at most 1, and every gradient times it, even when it is 1. An Inf norm makes the
+    coefficient 0, so finite gradients become 0 and Inf ones NaN, as in torch."""
+    pairs = list(grads_and_vars)
+    total = norm32([g for g, _ in pairs])
+    with np.errstate(all="ignore"):
+        coef = np.minimum(np.reciprocal(F32(total + F32(1e-6))) * F32(max_norm), F32(1.0))
+        return [(None if g is None else np.asarray(g, F32) * coef, v) for g, v in pairs]
 
 
 class UnsupportedProductWarning(UserWarning):

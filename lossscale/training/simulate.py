@@ -52,8 +52,8 @@ from .config import (
     settings,
 )
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
-from .fp8 import Fp8Matmuls, Recipe
-from .optimizers import LossScaleOptimizer
+from .fp8 import AmaxGroup, Fp8Matmuls, Recipe
+from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
 from .workloads import check_split, check_workload, make_workload
@@ -221,8 +221,9 @@ def _set_up(config: RunConfig) -> _Training:
     det.attach(devices)
     fp8_rows: list[dict[str, Any]] = []
     if recipe is not None:
+        group = AmaxGroup() if ranks > 1 else None
         for r, dev in enumerate(devices):
-            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append))
+            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append, group=group))
     if ranks > 1:
         Group(devices)
     marks = bool(getattr(wl, "marks_phases", False))
@@ -276,11 +277,13 @@ def _step(run: _Training, t: int) -> _Step:
     register = np.sum([dev.get_float_status() for dev in devices], axis=0)
     for dev in devices:
         begin_phase(dev, "unscale")
+    run.det.scales = scales
     finite = run.det.check(devices, grads) if any(run.checks) else [True] * ranks
     decisions = [bool(f) or not c for f, c in zip(finite, run.checks, strict=True)]
     for dev in devices:
         begin_phase(dev, "apply")
-    steps = [opt.compute_gradients(lambda _s, g=g: g, p) for opt, g, p in zip(opts, grads, params, strict=True)]
+    steps = [_clip(run, opt.compute_gradients(lambda _s, g=g: g, p)) for opt, g, p in zip(opts, grads, params,
+                                                                                         strict=True)]
     before = [v.copy() for v in params[0]]
     reference, would_be = _reference(run, t, steps[0], decisions[0])
     for opt, gv, ok in zip(opts, steps, decisions, strict=True):
@@ -321,6 +324,11 @@ def _passes(run: _Training, dev: Device, params: list[Any], scale: float, part: 
     return total, summed
 
 
+def _clip(run: _Training, pairs: list[Any]) -> list[Any]:
+    """The step's (gradient, variable) pairs, clipped by global norm if the run clips."""
+    return pairs if run.config.clip_grad_norm is None else clip_by_global_norm(pairs, run.config.clip_grad_norm)
+
+
 def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:
     """The scale ``manager`` gave for step ``t``, as a float: a real number, above 0 and finite,
     or TypeError/ValueError naming the manager, the rank and the step (a NaN scale would skip
@@ -357,13 +365,13 @@ _NAN = float("nan")  # one object: rows of equal runs compare equal (NaN == NaN 
 
 def _reference(run: _Training, t: int, step0: list[Any], applies: bool) -> tuple[list[Any] | None, list[Any] | None]:
     """Rank 0's binary32 reference update, before its step is applied: the workload's
-    ``grads32`` on the same weights and the step's whole batch (unscaled), passed through a
+    ``grads32`` on the same weights and the step's whole batch (unscaled, clipped as the step is), through a
     preview of rank 0's optimizer (its state and the weights untouched); and, for a step
     about to be skipped, the update its own gradients would have made (None otherwise).
     Both None where the optimizer cannot preview."""
     opt, params = run.opts[0], run.params[0]
     _, grads32 = run.wl.grads32(params, run.batches[t])
-    reference = opt.preview(list(zip(grads32, params, strict=True)))
+    reference = opt.preview(_clip(run, list(zip(grads32, params, strict=True))))
     would_be = None if applies or reference is None else opt.preview(step0)
     return reference, would_be
 
