@@ -78,7 +78,7 @@ def _compare(name: str, code: int, doc: str, signaling: bool, fpu: bool = True, 
 
 OPS: tuple[Op, ...] = (
     _binary("add", K.add, "a + b, rounded once.", ("add",), ("add", "add_any"), K.add_exact),
-    _binary("sub", K.sub, "a - b, rounded once.", ("sub",), ("sub",), K.sub_exact),
+    _binary("sub", K.sub, "a - b, rounded once.", ("sub", "rsub"), ("sub",), K.sub_exact),
     _binary("mul", K.mul, "a * b, rounded once.", ("mul", "native_dropout_backward", "pow", "hardswish",
                                                    "hardsigmoid_backward", "hardswish_backward"), ("mul",)),
     _binary("div", K.div, "a / b, rounded once.", ("div", "hardsigmoid"), ("div",)),

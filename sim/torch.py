@@ -13,6 +13,7 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   ``addmm`` and biased convolutions place the bias as the device's
   ``matmul_bias`` says (default: the product rounded, then the bias added);
   sums and means accumulate in binary32 and round once to the tensor's dtype.
+  ``rsub`` (``1.0 - x``) is ``sub`` with its operands swapped.
   Compositions of device operations, each documented with its order:
   ``clamp`` (maximum, then minimum), ``hardsigmoid`` and ``hardswish`` (the
   NPU kernel's order) and their backward (torch's CPU formulas), operation by
@@ -520,13 +521,19 @@ def _hardswish_backward(op: _Op, grad, x):
                         lambda gi, ai: op.dev.mul(gi, op.dev.add(op.dev.div(ai, c(3)), c(0.5))), g, a))
 
 
+def _rsub(op: _Op, a, b, alpha=1):
+    """``b - alpha * a`` (torch's ``rsub``, which ``1.0 - x`` calls): ``sub`` with its operands
+    swapped, rounded as ``sub`` with ``alpha`` is (the product first where alpha is not 1)."""
+    return _binary("sub")(op, b, a, alpha)
+
+
 # Compositions of device operations for packets the table declares under the operation they
 # are made of (autograd's formulas make some of them).
 _HANDLERS.update({"native_dropout_backward": _dropout_backward, "pow": _pow, "tanh_backward": _tanh_backward,
                   "sigmoid_backward": _sigmoid_backward, "clamp": _clamp,
                   "clamp_min": lambda op, x, min: _clamp(op, x, min, None),
                   "clamp_max": lambda op, x, max: _clamp(op, x, None, max),
-                  "hardsigmoid": _hardsigmoid, "hardswish": _hardswish,
+                  "hardsigmoid": _hardsigmoid, "hardswish": _hardswish, "rsub": _rsub,
                   "hardsigmoid_backward": _hardsigmoid_backward, "hardswish_backward": _hardswish_backward})
 
 
@@ -1068,7 +1075,8 @@ def _nll(logp, target, reduction):
 
 def _plain(target, weight, ignore_index, reduction, label_smoothing=0.0, size_average=None, reduce=None) -> bool:
     return (weight is None and ignore_index == -100 and label_smoothing == 0.0 and size_average is None
-            and reduce is None and reduction in ("mean", "sum", "none") and not target.is_floating_point())
+            and reduce is None and reduction in ("mean", "sum", "none") and not target.is_floating_point()
+            and not bool((target == ignore_index).any()))  # ignored positions (padding): torch's operation
 
 
 def _f_nll_loss(mode, fused, logp, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

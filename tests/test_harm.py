@@ -1,5 +1,6 @@
 """Did the overflow hurt? Each step's update against the binary32 reference update, and the
-``overflow_harm`` reading: a logging overflow and the GPT-2 attention mask are harmless,
+``overflow_harm`` reading: a logging overflow and the GPT-2 attention mask (transformers 4.x's
+double mask, which overflows in float16) are harmless, a register skip for them needless;
 saturated gradients applied at 2**32 under ``isfinite`` are harmful."""
 
 from __future__ import annotations
@@ -113,13 +114,122 @@ def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     # overflow is applied, and the update agrees with binary32.
     run = simulate(workload=wl, manager="fixed", manager_args={"loss_scale": 1.0}, profile="atlas-training",
                    detector="torch-npu", steps=3, underflow_every=3)
-    # transformers 4 fills masked scores with the dtype's min and then adds a min mask (an
-    # overflow every step); later releases add the mask once (no overflow): either way, no
-    # step may read harmful or be skipped.
+    # This transformers (5) adds one combined mask, once: no double-mask overflow (a score of
+    # -16 or less plus -65504 would still overflow); transformers 4's double mask, which does
+    # overflow, is the gpt2_4x tests'. Either way no step may read harmful or be skipped.
     assert all(r["applied"] for r in run.records)
     assert {r["overflow_harm"] for r in run.records if r["overflow"]} <= {"harmless"}
     assert run.summary["harmful_overflow_steps"] == 0
     assert run.summary["harmless_overflow_steps"] == sum(r["overflow"] for r in run.records)
+
+
+# transformers 4.x's GPT-2 eager attention (tests/zoo.py, GPT2Eager4) on a padded batch: four
+# 16-token sequences, the second and fourth ending in 4 padding tokens (targets -100 there).
+PAD, SEQS = 4, 4
+
+
+def _gpt2_4x_data():
+    import torch
+    import zoo
+
+    ids = torch.randint(1, zoo.VOCAB, (SEQS, zoo.TOKENS), generator=torch.Generator().manual_seed(1))
+    mask, target = zoo.padded(torch.roll(ids, -1, 1), PAD)
+    return ids, mask, target
+
+
+def _gpt2_4x_workload():
+    """GPT2Eager4 as a TorchWorkload: its one input the ids and the mask stacked (N, 2, T); the batch
+    all four sequences, so every step holds padded ones."""
+    torch = pytest.importorskip("torch")
+    import zoo
+
+    from lossscale.workloads import TorchWorkload
+
+    class Stacked(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_ids=x[:, 0], attention_mask=x[:, 1])
+
+    def next_token(out, y):  # the padding's targets are -100: cross-entropy leaves them out
+        return torch.nn.functional.cross_entropy(out.logits.float().flatten(0, 1), y.flatten())
+
+    model, _ = zoo.build("gpt2_eager4")
+    ids, mask, target = _gpt2_4x_data()
+    return TorchWorkload(Stacked(model), next_token, (torch.stack([ids, mask], 1), target), batch=SEQS,
+                         learning_rate=0.05, name="gpt2-4.x")
+
+
+def _run_gpt2_4x(profile: str, detector: str, scale: float = 1.0, **kw):
+    return simulate(workload=_gpt2_4x_workload(), manager="fixed", manager_args={"loss_scale": scale},
+                    profile=profile, detector=detector, steps=2, underflow_every=2, **kw)
+
+
+def test_gpt2_4x_mask_overflows_natively_in_float16_and_the_softmax_zeroes_it(monkeypatch) -> None:
+    """The independent probe: the 4.x model in plain torch float16. Every score of a key that is
+    both after its query and padding is -65504 + -65504 = -inf, and only those; the softmax gives
+    them exactly 0."""
+    torch = pytest.importorskip("torch")
+    import zoo
+
+    zoo.transformers()
+    model, _ = zoo.build("gpt2_eager4")
+    ids, mask, _ = _gpt2_4x_data()
+    scores, weights = [], []
+    softmax = torch.nn.functional.softmax
+
+    def spy(x, *args, **kwargs):
+        scores.append(x.detach().clone())
+        weights.append(softmax(x, *args, **kwargs))
+        return weights[-1]
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", spy)
+    model.half()(input_ids=ids, attention_mask=mask)
+    assert len(scores) == 2 and all(s.dtype == torch.float16 for s in scores)  # one per layer
+    t = zoo.TOKENS
+    after = torch.arange(t)[None, :] > torch.arange(t)[:, None]  # key after query: causally masked
+    both = after[None, None] & (mask == 0)[:, None, None, :]  # and padding
+    assert int(both.sum()) == 2 * sum(range(t - PAD, t))  # 2 padded sequences: key j after j queries
+    for s, w in zip(scores, weights, strict=True):
+        assert torch.equal(torch.isneginf(s), both.expand_as(s)) and not torch.isnan(s).any()
+        assert torch.all(w[both.expand_as(w)] == 0)
+
+
+@pytest.mark.parametrize("profile", ["atlas-training", "atlas-a2"])
+def test_gpt2_4x_mask_overflow_is_harmless_and_a_register_skip_for_it_needless(profile: str) -> None:
+    """At scale 1 the device register records the mask's overflow in the forward pass (the
+    attention's add, every step, in either overflow mode); the gradients stay finite. isfinite
+    applies the step: harmless. tf-npu reads the register and skips it: skipped-needless (the
+    update it dropped agreed with binary32's)."""
+    applied = _run_gpt2_4x(profile, "isfinite", record_events=True)
+    for r in applied.records:
+        assert r["overflow"] and r["event_phases"] == "forward" and int(r["register"].split()[0]) == 1
+        assert r["applied"] and r["overflow_harm"] == "harmless" and r["update_error"] <= HARMLESS_ERROR
+    events = applied.events
+    assert {(e["op"], e["phase"]) for e in events} == {("add", "forward")}
+    assert {e["label"] for e in events} == {f"model.model.transformer.h.{i}.attn" for i in range(2)}
+    assert all("OVERFLOW" in e["flags"] for e in events)
+    s = applied.summary
+    assert s["harmless_overflow_steps"] == 2 and s["harmful_overflow_steps"] == s["skipped_steps"] == 0
+    skipped = _run_gpt2_4x(profile, "tf-npu")
+    for r in skipped.records:
+        assert r["overflow"] and not r["applied"] and not r["detector_finite"] and r["update_error"] == 1
+        assert r["overflow_harm"] == "skipped-needless" and r["skipped_update_error"] <= HARMLESS_ERROR
+    assert skipped.summary["needless_skip_steps"] == 2 and skipped.summary["needed_skip_steps"] == 0
+
+
+def test_gpt2_4x_at_2_32_under_isfinite_in_saturation_mode_is_harmful() -> None:
+    """The same model at 2**32: the backward pass saturates gradients at 65504 (finite), isfinite
+    applies them, and the steps read harmful."""
+    run = _run_gpt2_4x("atlas-training", "isfinite", 2.0**32)
+    saturated = [r for r in run.records if r["grad_max"] * r["loss_scale"] == 65504.0]
+    assert len(saturated) == 2
+    for r in saturated:
+        assert "backward" in r["event_phases"].split() and r["applied"] and r["detector_finite"]
+        assert r["overflow_harm"] == "harmful" and r["update_error"] > 0.5
+    assert run.summary["harmful_overflow_steps"] == 2
 
 
 def test_scale_plot_marks_harmful_and_harmless_overflows() -> None:

@@ -1,5 +1,5 @@
 """The deliberate routes of sim.torch.DeviceMode for the operations real models use beyond the
-basic table: exact selections and predicates, clamp, hardsigmoid and hardswish (forward and
+basic table: exact selections and predicates, rsub, clamp, hardsigmoid and hardswish (forward and
 backward) as device compositions, pow's Pows-kernel exponents, and the fused gradient
 accumulations of embeddings and max pooling. Each against a reference of independent means:
 numpy float16 arithmetic (binary32 then rounded to binary16, the same as one binary16 rounding for
@@ -80,6 +80,20 @@ def test_clamp_is_the_device_maximum_then_minimum_with_bounds_rounded_into_the_d
     # A float32 bound of full shape promotes: x widened exactly, a binary32 minimum.
     assert wide.dtype == torch.float32
     assert np.array_equal(wide.numpy(), np.minimum(x.astype(F32), hi.astype(F32)), equal_nan=True)
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_rsub_is_the_device_subtraction_with_its_operands_swapped(profile: str) -> None:
+    """``1.0 - x`` (aten rsub) is 1 - x rounded once; ``rsub(x, 2, alpha=3)`` is 3 * x rounded, then
+    2 minus that rounded, as sub's alpha is: numpy float16 arithmetic, saturated in saturation mode."""
+    x = np.array([0.0, 1.0, -0.0, 2.0**-24, 3.0, -65504.0, 30000.0], H)
+    (one, alpha), routes, status = routed(lambda: (1.0 - t(x), torch.rsub(t(x), 2.0, alpha=3)), profile)
+    assert routes == {"device"} and one.dtype == alpha.dtype == torch.float16
+    assert bits(one) == bits(H(1) - x)  # 1 - (-65504) = 65505 rounds to 65504: no overflow
+    with np.errstate(over="ignore"):
+        triple = x * H(3)  # 3 * -65504 and 3 * 30000 overflow
+    assert bits(alpha) == bits(H(2) - triple if profile == "atlas-a2" else sat(H(2) - sat(triple)))
+    assert status[0] == 1
 
 
 XS = np.array([-65504.0, -100.0, -3.0, -2.998, -1.0, -0.0, 0.0, 0.1, 1.0, 2.5, 3.0, 3.002, 7.0, 10000.0,

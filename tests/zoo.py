@@ -3,8 +3,9 @@ definitions with random weights (no download): torchvision, timm, transformers a
 
 Each entry of ``ZOO`` names its library (``pytest.importorskip`` it before building) and its
 config; ``build(name)`` returns the model in float32 (seeded) and a batch of 2 (3x32x32 images
-or 16-token sequences); ``loss(model, batch)`` is the cross-entropy of its logits in float32,
-the way a mixed-precision loop computes it. Shared by tests/test_zoo.py and bench/bench_zoo.py.
+or 16-token sequences, the second ending in padding for an entry with ``extra["padded"]``);
+``loss(model, batch)`` is the cross-entropy of its logits in float32, the way a mixed-precision
+loop computes it. Shared by tests/test_zoo.py and bench/bench_zoo.py.
 """
 
 from __future__ import annotations
@@ -152,6 +153,64 @@ class SDPABlock(torch.nn.Module):
         return self.head(x)
 
 
+class GPT2Eager4(torch.nn.Module):
+    """GPT-2 as transformers 4.x computed its eager attention: transformers' own GPT2LMHeadModel
+    (``attn_implementation="eager"``) with the eager attention function swapped, during the
+    forward pass only, for the 4.x formula, and the padding mask made as 4.x made it.
+
+    Read at huggingface/transformers commit 0010f60284ab4b9d14b7df9c6525b1a2ad44e640 (a 4.x
+    revision: it warns that ``parallelize`` goes in v5), src/transformers/models/gpt2/modeling_gpt2.py:
+    ``GPT2Attention._attn`` divides the scores by ``sqrt(head_dim)`` (and by ``layer_idx + 1``
+    with ``scale_attn_by_inverse_layer_idx``), puts ``torch.finfo(dtype).min`` where the causal
+    buffer ``bias`` (a lower triangle of ones) is false, by ``torch.where``, then adds
+    ``attention_mask``; ``GPT2Model.forward`` made that mask ``(1.0 - attention_mask[:, None,
+    None, :]) * torch.finfo(self.dtype).min`` in the model's dtype. A key both after the query and
+    padded gets min + min: in float16 -65504 + -65504, an overflow to -inf (or, saturating,
+    -65504), which the softmax turns into 0 as it does any masked score. transformers 5 (5.24's
+    modeling_gpt2.py, ``eager_attention_forward``) adds one mask, once, that
+    ``masking_utils.create_causal_mask`` combined, so it no longer overflows there."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__()
+        hf = transformers()
+        self.model = hf.GPT2LMHeadModel(hf.GPT2Config(attn_implementation="eager", **config))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
+        padding = None
+        if attention_mask is not None:  # 4.x's GPT2Model.forward
+            dtype = self.model.dtype
+            padding = (1.0 - attention_mask.view(input_ids.shape[0], -1)[:, None, None, :].to(dtype)) * \
+                torch.finfo(dtype).min
+        from transformers.models.gpt2 import modeling_gpt2 as module
+
+        eager, module.eager_attention_forward = module.eager_attention_forward, _attention_4x
+        try:
+            return self.model(input_ids=input_ids, gpt2_4x_padding=padding)
+        finally:
+            module.eager_attention_forward = eager
+
+
+def _attention_4x(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                  gpt2_4x_padding: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers 4.x's ``GPT2Attention._attn`` (see :class:`GPT2Eager4`) in transformers 5's
+    eager-function interface (output heads transposed to the sequence axis); the combined mask
+    transformers 5 passes is not used: 4.x masked causally itself and added only the padding."""
+    w = torch.matmul(query, key.transpose(-1, -2))
+    if module.scale_attn_weights:
+        w = w / torch.full([], value.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+    if module.scale_attn_by_inverse_layer_idx:
+        w = w / float(module.layer_idx + 1)
+    q, k = query.size(-2), key.size(-2)
+    causal = torch.tril(torch.ones(k, k, dtype=torch.bool, device=w.device))[k - q:k, :k]
+    w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device))
+    if gpt2_4x_padding is not None:
+        w = w + gpt2_4x_padding
+    w = F.softmax(w, dim=-1).type(value.dtype)
+    w = F.dropout(w, p=dropout, training=module.training)
+    return torch.matmul(w, value).transpose(1, 2), w
+
+
 _TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 ZOO: dict[str, Entry] = {
@@ -164,6 +223,10 @@ ZOO: dict[str, Entry] = {
     "gpt2": Entry("transformers", "GPT2LMHeadModel, 2 layers, width 32, 4 heads",
                   _hf("GPT2Config", "GPT2LMHeadModel", vocab_size=VOCAB, n_positions=TOKENS, n_embd=32, n_layer=2,
                       n_head=4), "tokens"),
+    "gpt2_eager4": Entry("transformers", "GPT2Eager4: GPT2LMHeadModel, 2 layers, width 32, 2 heads, transformers "
+                         "4.x's eager attention; padded batch", lambda: GPT2Eager4(
+                             vocab_size=VOCAB, n_positions=TOKENS, n_embd=32, n_layer=2, n_head=2), "tokens",
+                         {"padded": TOKENS // 4}),
     "bert": Entry("transformers", "BertForMaskedLM, 2 layers, width 32, 4 heads",
                   _hf("BertConfig", "BertForMaskedLM", max_position_embeddings=TOKENS, **_TINY), "tokens"),
     "llama": Entry("transformers", "LlamaForCausalLM, 2 layers, width 32, 4 heads (2 key/value)",
@@ -199,10 +262,22 @@ def build(name: str, seed: int = 0, batch: int = BATCH) -> tuple[torch.nn.Module
         inputs = {"input_ids": ids}
         if entry.kind == "seq2seq":
             inputs["decoder_input_ids"] = torch.roll(ids, 1, 1)
-        examples = Batch(inputs, torch.roll(ids, -1, 1))
+        target = torch.roll(ids, -1, 1)
+        if "padded" in entry.extra:
+            inputs["attention_mask"], target = padded(target, entry.extra["padded"])
+        examples = Batch(inputs, target)
     if entry.library == "transformers" and entry.kind == "image":
         examples = Batch({"pixel_values": examples.inputs["x"]}, examples.target)
     return model, examples
+
+
+def padded(target: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention mask of a batch whose every second sequence ends in ``pad`` padding tokens
+    (zeros there, ones elsewhere), and ``target`` with -100 (cross-entropy's ``ignore_index``)
+    at the padding, as a padded language-model batch has them."""
+    mask = torch.ones_like(target)
+    mask[1::2, target.shape[1] - pad:] = 0
+    return mask, target.masked_fill(mask == 0, -100)
 
 
 def logits(out: Any) -> torch.Tensor:
