@@ -1008,22 +1008,39 @@ def _pad(x: np.ndarray, lo, hi) -> np.ndarray:
 def _im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
     """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
     position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS."""
-    d = x.ndim - 2
     xp = _pad(x, padding, padding)
     spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
     if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
         raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
                          f"{xp.shape[2:]}")
-    axes = tuple(range(2, d + 2))
-    windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=axes)
-    windows = windows[(slice(None), slice(None), *(slice(None, None, s) for s in stride),
-                       *(slice(None, None, di) for di in dilation))]  # (N, C, *OS, *K)
-    n, c = x.shape[:2]
-    out_shape = list(windows.shape[2:d + 2])
-    w = windows.reshape(n, groups, c // groups, *windows.shape[2:])  # (N, g, Cg, *OS, *K)
-    order = (1, 0, *range(3, d + 3), 2, *range(d + 3, 2 * d + 3))  # (g, N, *OS, Cg, *K)
-    cols = w.transpose(order).reshape(groups, n * math.prod(out_shape), -1)
-    return np.ascontiguousarray(cols), out_shape
+    index, out_shape = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
+    return np.take(np.ascontiguousarray(xp).reshape(-1), index), list(out_shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+                  groups: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`_im2col`),
+    one gather per convolution of that geometry (kept: a model's convolutions repeat)."""
+    n, c, sizes = shape[0], shape[1], shape[2:]
+    d = len(sizes)
+    out_shape = tuple((s - di * (ki - 1) - 1) // st + 1
+                      for s, ki, st, di in zip(sizes, k, stride, dilation, strict=True))
+    strides = [math.prod(sizes[i + 1:]) for i in range(d)]  # element strides of the spatial axes
+    spatial = np.zeros(out_shape + k, np.int64)  # (*OS, *K): the offset of each output's taps
+    for i in range(d):
+        pos = np.arange(out_shape[i])[:, None] * stride[i] + np.arange(k[i])[None, :] * dilation[i]
+        spatial += (pos * strides[i]).reshape([out_shape[i] if a == i else 1 for a in range(d)]
+                                              + [k[i] if a == i else 1 for a in range(d)])
+    spatial = spatial.reshape(math.prod(out_shape), math.prod(k))
+    cg = c // groups
+    base = (np.arange(n)[:, None] * c + np.arange(c)[None, :]) * math.prod(sizes)  # (N, C)
+    base = base.reshape(n, groups, cg).transpose(1, 0, 2)  # (g, N, Cg)
+    index = base[:, :, None, :, None] + spatial[None, None, :, None, :]  # (g, N, OS, Cg, K)
+    index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
+    index = index.astype(np.int32) if n * c * math.prod(sizes) < 2**31 else index
+    index.flags.writeable = False
+    return index, out_shape
 
 
 def _from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
