@@ -55,6 +55,7 @@ from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detect
 from .fp8 import AmaxGroup, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
+from .pipeline import Pipeline
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
 from .workloads import check_split, check_workload, make_workload
 
@@ -168,6 +169,11 @@ class _Training:
     base_params: Any
     base_opt: Any
     batches: Any
+    pipe: Pipeline | None = None
+
+    def checked(self) -> list[Device]:
+        """The devices the detector observes and reads: the ranks', or every rank's stage devices."""
+        return self.devices if self.pipe is None else self.pipe.devices
 
 
 @dataclass
@@ -218,7 +224,9 @@ def _set_up(config: RunConfig) -> _Training:
         emulated = check_fp8_profile(recipe, prof, c.allow_unsupported)
         if emulated:
             warnings.warn(emulated, UserWarning, stacklevel=2)
-    det.attach(devices)
+    pipe = None if c.pipeline_stages == 1 else Pipeline(
+        devices, c.pipeline_stages, lambda r, s: Device(prof, overflow_mode, name=f"rank{r}.stage{s}"))
+    det.attach(devices if pipe is None else pipe.devices)
     fp8_rows: list[dict[str, Any]] = []
     if recipe is not None:
         group = AmaxGroup() if ranks > 1 else None
@@ -234,7 +242,7 @@ def _set_up(config: RunConfig) -> _Training:
     batches = wl.batches(c.steps)
     check_split(wl, batches[0], ranks, c.micro_batches)
     return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
-                     checks, params, opts, base_params, base_opt, batches)
+                     checks, params, opts, base_params, base_opt, batches, pipe)
 
 
 def _detector(config: RunConfig, prof: Any, devices: list[Device]) -> Detector:
@@ -274,11 +282,17 @@ def _step(run: _Training, t: int) -> _Step:
                 stack.enter_context(dev.label("allreduce"))
             summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
         grads = [[s[r] for s in summed] for r in range(ranks)]
-    register = np.sum([dev.get_float_status() for dev in devices], axis=0)
+    p = run.config.pipeline_stages
+    if run.pipe is not None:
+        run.pipe.replay(t, run.config.micro_batches)
+        devices = devices + run.pipe.devices
+    register = np.sum([dev.get_float_status() for dev in run.checked()], axis=0)
     for dev in devices:
         begin_phase(dev, "unscale")
-    run.det.scales = scales
-    finite = run.det.check(devices, grads) if any(run.checks) else [True] * ranks
+    run.det.scales = [v for v in scales for _ in range(p)]
+    finite = run.det.check(run.checked(), [g for g in grads for _ in range(p)]) if any(run.checks) \
+        else [True] * ranks * p
+    finite = [all(finite[r * p:(r + 1) * p]) for r in range(ranks)]  # a rank's stages: found_inf MAX-reduced
     decisions = [bool(f) or not c for f, c in zip(finite, run.checks, strict=True)]
     for dev in devices:
         begin_phase(dev, "apply")
@@ -312,6 +326,8 @@ def _passes(run: _Training, dev: Device, params: list[Any], scale: float, part: 
         return run.wl.forward_backward(dev, params, scale, part, share)
     total, summed = 0.0, None
     for j, (piece, piece_share) in enumerate(run.wl.shards(part, k)):
+        if run.pipe is not None:
+            dev.set_tags(stage=None)  # a workload names its stage anew in each micro-batch
         begin_phase(dev, first, step=t, micro_batch=j)
         loss, grads = run.wl.forward_backward(dev, params, scale, piece, share * piece_share)
         total += loss
