@@ -376,6 +376,19 @@ class Device:
         with self._lock:
             self._register[:] = 0
 
+    def raise_event(self, flags: Flag, op: str, elements: int = 1, label: str | None = None) -> None:
+        """Raise ``flags`` here as if operation ``op`` had raised them: the register, the IEEE
+        status, the log and the observers see an event with this device's tags. For a driver that
+        runs operations on one device and replays them, in another order, on the devices they are
+        attributed to (a pipeline schedule's stage devices)."""
+        if not isinstance(flags, (Flag, int)) or isinstance(flags, bool):
+            raise ValueError(f"flags must be a sim.Flag, got {flags!r}")
+        previous, self._label = self._label, label
+        try:
+            self._record(int(flags), op, elements)
+        finally:
+            self._label = previous
+
     @property
     def status(self) -> Flag:
         """The OR of every IEEE flag raised by this device's operations since :meth:`clear_status`."""

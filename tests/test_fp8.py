@@ -4,6 +4,7 @@ the FP8 matmul hook, and training with FP8 matmuls on atlas-350."""
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -305,3 +306,56 @@ def test_a_sweep_over_recipes_and_modes(capsys, tmp_path) -> None:
     code = main(["sweep", str(grid), "--out", str(tmp_path / "bad"), "--workers", "1", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown FP8 recipe 'tensorwise'" in err and "margin must be an integer" in err
+
+
+class _OneMatmul:
+    """Each rank's forward is one matmul of its shard (rows of binary16 values) by a fixed 2x2
+    matrix, so each rank's amax of operand a is the largest |value| of its own shard."""
+
+    name, has_accuracy, marks_phases = "one-matmul", False, True
+    ROWS = np.array([[1.5, -3.0], [0.25, 0.5], [-20.0, 2.0], [7.0, 0.125]], np.float16)  # rank 0: 3.0, rank 1: 20.0
+
+    def init_params(self):
+        return [np.eye(2, dtype=np.float32)]
+
+    def optimizer(self):
+        from lossscale.training.optimizers import SGD
+        return SGD(0.01)
+
+    def batches(self, steps):
+        return [self.ROWS] * steps
+
+    def shards(self, batch, ranks):
+        return [(part, len(part) / len(batch)) for part in np.array_split(batch, ranks)]
+
+    def forward_backward(self, dev, params, scale, part, share=1.0):
+        dev.matmul(part, params[0].astype(np.float16), out_dtype=np.float16)
+        return 0.0, [np.zeros((2, 2), np.float16)]
+
+    def grads32(self, params, part, share=1.0):
+        return 0.0, [np.zeros((2, 2), np.float32)]
+
+    def evaluate(self, params):
+        return {"loss": 0.0, "accuracy": float("nan")}
+
+
+def _current_scales(reduce_amax: bool) -> tuple[dict[int, float], list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = simulate(workload=_OneMatmul(), profile="atlas-350", fp8="current", fp8_args={"reduce_amax": reduce_amax},
+                       ranks=2, steps=1, record_events=False)
+    return ({r["rank"]: r["scale"] for r in run.fp8 if r["tensor"].endswith(".a")},
+            [str(w.message) for w in caught if "FP8 scales differ" in str(w.message)])
+
+
+def test_current_scaling_reduces_amax_over_the_ranks() -> None:
+    halves = np.array_split(_OneMatmul.ROWS.astype(np.float32), 2)
+    local = [float(np.max(np.abs(h))) for h in halves]  # 3.0 and 20.0
+    e4m3_max = np.float32(448.0)  # HYBRID's forward format, E4M3
+    scales, said = _current_scales(True)
+    assert scales == {0: float(e4m3_max / np.float32(max(local))), 1: float(e4m3_max / np.float32(max(local)))}
+    assert said == []
+    scales, said = _current_scales(False)
+    assert scales == {r: float(e4m3_max / np.float32(a)) for r, a in enumerate(local)}
+    assert len(said) == 1 and "set reduce_amax=true" in said[0] and "with_amax_reduction" in said[0]
+    assert "as Transformer Engine does by default" not in said[0]  # TE's current scaling does not reduce by default

@@ -21,6 +21,7 @@ from sim import OverflowMode, profiles
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
+from .pipeline import check_stages
 from .workloads import WORKLOADS, Workload, check_split, is_import_path, make_workload
 
 __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
@@ -228,11 +229,18 @@ class RunConfig:
         "at most this before the optimizer, in the step and in the binary32 reference update alike (default: off)",
         check=lambda get: _check_positive("clip_grad_norm", get("clip_grad_norm")))
 
+    pipeline_stages: int = setting(
+        1, "pipeline-parallel stages per rank, each its own device and float-status register, run in Megatron's "
+        "1F1B order (needs micro_batches >= pipeline_stages; a workload's operations run on the stage its "
+        "device's stage tag names, else stage 0; 1: none)", low=1,
+        check=lambda get: check_stages(get("pipeline_stages"), get("micro_batches")))
+
     def __post_init__(self) -> None:
         wrong = integer_problems(lambda name: getattr(self, name))
         if wrong:
             raise ValueError(wrong[0])
         _check_positive("clip_grad_norm", self.clip_grad_norm)
+        check_stages(self.pipeline_stages, self.micro_batches)
 
     @classmethod
     def bind(cls, *args: Any, **kwargs: Any) -> RunConfig:

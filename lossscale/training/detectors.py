@@ -35,6 +35,11 @@ sees every rank's register before it reduces them).
 - ``paddle-npu``: Paddle 2.1's static-graph AMP on NPU in a pipeline (:class:`PaddleNpu`):
   cleared after every micro-batch's loss, read then cleared by ``check_finite_and_unscale``;
   per rank.
+- ``megatron-npu``: Megatron-LM (and MindSpeed, which keeps Megatron's optimizer) on torch_npu
+  (:class:`MegatronNpu`): no clear anywhere in the step; the optimizer's
+  ``torch._amp_foreach_non_finite_check_and_unscale_`` (torch_npu's kernel: read, and clear if
+  set) after the last micro-batch's backward, found_inf all-reduced with MAX over the
+  model-parallel group (every pipeline stage) and, here, the ranks.
 - ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
   defeats: saturated gradients are finite.
 - ``deepspeed-sum``, ``fairseq-norm``, ``megatron-norm``: the GPU frameworks' checks, which
@@ -82,8 +87,8 @@ from sim import Device, OverflowMode
 from .phases import PHASES, current_step
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
-           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "IsFinite", "DeepSpeedSum", "FairseqNorm", "MegatronNorm",
-           "ascend_register_check", "norm32"]
+           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "MegatronNpu", "IsFinite", "DeepSpeedSum", "FairseqNorm",
+           "MegatronNorm", "ascend_register_check", "norm32"]
 
 #: The phase of a workload that does not mark its phases: its whole forward and backward.
 #: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
@@ -251,6 +256,25 @@ class PaddleNpu(Detector):
         return [int(s[0]) <= 1 for s in self._reduce(sums)]
 
 
+class MegatronNpu(TorchNpu):
+    """Megatron-LM's mixed-precision optimizer on Ascend NPUs through torch_npu, as MindSpeed runs
+    it. ``MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan``
+    (``megatron/core/optimizer/optimizer.py``; MindSpeed's ``unscale_main_grads_and_check_for_nan``,
+    ``mindspeed/core/optimizer/low_precision/quant_optimizer_hooks.py``) calls
+    ``torch._amp_foreach_non_finite_check_and_unscale_`` on the main gradients once per optimizer
+    step, after the pipeline schedule's last backward, then ``all_reduce(found_inf, MAX)`` over the
+    model-parallel (grad-stats) group, which holds every pipeline stage. On NPU in saturation mode
+    that kernel reads the float-status register and clears it if set (the op-plugin kernel
+    :class:`TorchNpu` models). Megatron scales the loss itself (``grad_scale_func`` in
+    ``backward_step``, ``megatron/core/pipeline_parallel/schedules.py``), never through torch's
+    ``GradScaler.scale``, so nothing else clears: the window is everything since the last read that
+    found an event. MindSpeed's own source calls no ``npu_get_float_status``/``clear_float_status``:
+    the register is read inside torch_npu's kernel. INF/NaN mode: a non-finite check."""
+
+    name = "megatron-npu"
+    clears_at = None
+
+
 class IsFinite(Detector):
     name = "isfinite"
 
@@ -376,8 +400,8 @@ class MegatronNorm(_ValueCheck):
 
 #: Every detector by name, in the order ``lossscale run --detector`` lists them.
 DETECTORS: dict[str, type[Detector]] = {d.name: d for d in (TfNpu, TorchNpu, MindSpore, MindSporeAllFinite,
-                                                               PaddleNpu, IsFinite, DeepSpeedSum, FairseqNorm,
-                                                               MegatronNorm)}
+                                                               PaddleNpu, MegatronNpu, IsFinite, DeepSpeedSum,
+                                                               FairseqNorm, MegatronNorm)}
 #: Earlier names: ``status`` is today's ``tf-npu``.
 ALIASES = {"status": "tf-npu"}
 

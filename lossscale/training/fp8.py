@@ -34,6 +34,7 @@ Atlas 350's own format, rounded ties-away as its cube unit's ``CAST_ROUND``).
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -92,6 +93,11 @@ class Recipe:
         raise NotImplementedError
 
 
+def _check_reduce(value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"reduce_amax must be true or false, got {value!r}")
+
+
 class DelayedState(NamedTuple):
     scale: np.float32
     history: tuple[np.float32, ...]
@@ -118,8 +124,7 @@ class DelayedScaling(Recipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.reduce_amax, (bool, np.bool_)):
-            raise ValueError(f"reduce_amax must be true or false, got {self.reduce_amax!r}")
+        _check_reduce(self.reduce_amax)
         if isinstance(self.margin, bool) or not isinstance(self.margin, int):
             raise ValueError(f"margin must be an integer, got {self.margin!r}")
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
@@ -154,12 +159,20 @@ class CurrentState(NamedTuple):
 
 @dataclass(frozen=True)
 class CurrentScaling(Recipe):
-    """Transformer Engine's current (per-tensor, just-in-time) scaling."""
+    """Transformer Engine's current (per-tensor, just-in-time) scaling. ``reduce_amax``: each
+    tensor's amax is reduced (MAX) over the data-parallel ranks before its scale is taken, as TE's
+    ``Float8CurrentScalingQuantizer`` does with ``with_amax_reduction`` and an
+    ``amax_reduction_group`` (``transformer_engine/pytorch/tensor/float8_tensor.py``; the C++
+    ``quantize`` all-reduces the amax before computing the scale). The ``Float8CurrentScaling``
+    recipe itself has no such field, and the quantizers it makes do not reduce (TE's modules turn
+    it on for sequence-parallel inputs, over the tensor-parallel group), hence the default False."""
 
     amax_epsilon: float = 0.0
+    reduce_amax: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_reduce(self.reduce_amax)
         if not (isinstance(self.amax_epsilon, (int, float)) and math.isfinite(self.amax_epsilon)
                 and self.amax_epsilon >= 0):
             raise ValueError(f"amax_epsilon must be a finite number >= 0, got {self.amax_epsilon!r}")
@@ -257,23 +270,44 @@ FP8_COLUMNS = records.FP8_COLUMNS
 class AmaxGroup:
     """The data-parallel group of :class:`Fp8Matmuls` (one per rank): each step's amax and scale
     of every tensor on every rank. With the recipe's ``reduce_amax`` a delayed-scaling update
-    takes the MAX over the ranks' amaxes (fmax, as TE's amax kernels); without it each rank
-    keeps its own, and the first tensor whose ranks quantised with different scales warns."""
+    takes the MAX over the ranks' amaxes (fmax, as TE's amax kernels), and current scaling takes
+    its scale from that MAX (:meth:`exchange`: the ranks must then run side by side, one thread
+    each, since each waits for the others' amax); without it each rank keeps its own, and the
+    first tensor whose ranks quantised with different scales warns."""
 
-    def __init__(self) -> None:
+    #: How long a rank waits for the others' amax (seconds) before the step fails.
+    TIMEOUT = 300.0
+
+    def __init__(self, ranks: int = 1) -> None:
         self.amaxes: dict[tuple[int | None, str], dict[int, float]] = {}
         self.scales: dict[tuple[int | None, str], dict[int, float]] = {}
         self.warned = False
+        self._lock = threading.Lock()
+        self.barrier = threading.Barrier(ranks, timeout=self.TIMEOUT) if ranks > 1 else None
 
-    def record(self, step: int | None, rank: int, tensor: str, amax: float, scale: float) -> None:
-        self.amaxes.setdefault((step, tensor), {})[rank] = amax
-        seen = self.scales.setdefault((step, tensor), {})
-        seen[rank] = scale
-        if not self.warned and len(set(seen.values())) > 1:
+    def exchange(self, step: int | None, rank: int, tensor: str, amax: float) -> float:
+        """Current scaling's all-reduce: post this rank's amax of ``tensor``, wait until every rank
+        has posted its own, and return the MAX (the ranks run in threads; see the class)."""
+        with self._lock:
+            self.amaxes.setdefault((step, tensor), {})[rank] = amax
+        if self.barrier is not None:
+            self.barrier.wait()
+        return self.reduced(step, tensor)
+
+    def record(self, step: int | None, rank: int, tensor: str, amax: float, scale: float, recipe: Recipe) -> None:
+        with self._lock:
+            self.amaxes.setdefault((step, tensor), {}).setdefault(rank, amax)
+            seen = self.scales.setdefault((step, tensor), {})
+            seen[rank] = scale
+            if self.warned or len(set(seen.values())) < 2:
+                return
             self.warned = True
-            warnings.warn(f"FP8 scales differ across ranks without amax reduction (step {step}, tensor {tensor}: "
-                          f"{', '.join(f'rank {r} {v:g}' for r, v in sorted(seen.items()))}); set reduce_amax=true "
-                          f"to keep them in step, as Transformer Engine does by default", UserWarning, stacklevel=2)
+        hint = {DelayedScaling: "; set reduce_amax=true to keep them in step, as Transformer Engine does by default",
+                CurrentScaling: "; set reduce_amax=true to reduce each tensor's amax over the ranks before its scale "
+                                "(Transformer Engine's quantizer with_amax_reduction; off by default)"}
+        warnings.warn(f"FP8 scales differ across ranks without amax reduction (step {step}, tensor {tensor}: "
+                      f"{', '.join(f'rank {r} {v:g}' for r, v in sorted(seen.items()))}){hint.get(type(recipe), '')}",
+                      UserWarning, stacklevel=2)
 
     def reduced(self, step: int | None, tensor: str) -> float:
         """The MAX over the ranks' amaxes of ``tensor`` in ``step``."""
@@ -292,8 +326,11 @@ class Fp8Matmuls:
     def __init__(self, recipe: Recipe, rank: int = 0,
                  record: Callable[[dict[str, Any]], None] | None = None, group: AmaxGroup | None = None) -> None:
         self.recipe, self.rank, self.group = recipe, rank, group
+        reduces = group is not None and getattr(recipe, "reduce_amax", False)
         #: Delayed scaling with a group that reduces: updates wait for every rank's amax.
-        self._deferred = group is not None and getattr(recipe, "reduce_amax", False)
+        self._deferred = reduces and isinstance(recipe, DelayedScaling)
+        #: Current scaling with a group that reduces: each quantisation waits for every rank's amax.
+        self._exchange = reduces and isinstance(recipe, CurrentScaling)
         self._pending: list[str] = []
         self.scalers: dict[str, TensorScaler] = {}
         self.rows: list[dict[str, Any]] = []
@@ -325,7 +362,7 @@ class Fp8Matmuls:
         if scaler is None:
             scaler = self.scalers[tensor] = TensorScaler(self.recipe, fmt.max)
         amax = amax_of(x)
-        scale = scaler.scale_for(amax)
+        scale = scaler.scale_for(self.group.exchange(self._step, self.rank, tensor, amax) if self._exchange else amax)
         scaled = dev.mul(dev.cast(x, np.float32), F32(scale))
         rounding = "rna" if fmt is HIFLOAT8 else None
         x8, flags = dev.cast(scaled, fmt, rounding=rounding, return_flags=True)
@@ -334,7 +371,7 @@ class Fp8Matmuls:
                       "amax": amax, "saturated": int(np.count_nonzero(flags & Flag.OVERFLOW)),
                       "nonfinite": int(np.count_nonzero(~np.isfinite(values)))})
         if self.group is not None:
-            self.group.record(self._step, self.rank, tensor, amax, scale)
+            self.group.record(self._step, self.rank, tensor, amax, scale, self.recipe)
         if self._deferred:
             self._pending.append(tensor)
         else:

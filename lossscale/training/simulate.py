@@ -24,6 +24,7 @@ module paths, for torch workloads) whose operations raised the most events.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import math
@@ -52,9 +53,10 @@ from .config import (
     settings,
 )
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
-from .fp8 import AmaxGroup, Fp8Matmuls, Recipe
+from .fp8 import AmaxGroup, CurrentScaling, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
+from .pipeline import Pipeline
 from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
 from .workloads import check_split, check_workload, make_workload
 
@@ -168,6 +170,12 @@ class _Training:
     base_params: Any
     base_opt: Any
     batches: Any
+    pipe: Pipeline | None = None
+    side_by_side: AmaxGroup | None = None  # current scaling reducing amax: the ranks' passes run in threads
+
+    def checked(self) -> list[Device]:
+        """The devices the detector observes and reads: the ranks', or every rank's stage devices."""
+        return self.devices if self.pipe is None else self.pipe.devices
 
 
 @dataclass
@@ -218,10 +226,13 @@ def _set_up(config: RunConfig) -> _Training:
         emulated = check_fp8_profile(recipe, prof, c.allow_unsupported)
         if emulated:
             warnings.warn(emulated, UserWarning, stacklevel=2)
-    det.attach(devices)
+    pipe = None if c.pipeline_stages == 1 else Pipeline(
+        devices, c.pipeline_stages, lambda r, s: Device(prof, overflow_mode, name=f"rank{r}.stage{s}"))
+    det.attach(devices if pipe is None else pipe.devices)
     fp8_rows: list[dict[str, Any]] = []
+    group = None
     if recipe is not None:
-        group = AmaxGroup() if ranks > 1 else None
+        group = AmaxGroup(ranks) if ranks > 1 else None
         for r, dev in enumerate(devices):
             dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append, group=group))
     if ranks > 1:
@@ -234,7 +245,8 @@ def _set_up(config: RunConfig) -> _Training:
     batches = wl.batches(c.steps)
     check_split(wl, batches[0], ranks, c.micro_batches)
     return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
-                     checks, params, opts, base_params, base_opt, batches)
+                     checks, params, opts, base_params, base_opt, batches, pipe,
+                     group if isinstance(recipe, CurrentScaling) and recipe.reduce_amax else None)
 
 
 def _detector(config: RunConfig, prof: Any, devices: list[Device]) -> Detector:
@@ -259,12 +271,9 @@ def _step(run: _Training, t: int) -> _Step:
     scales = [_scale(opt.get_loss_scale(), m, run.manager_name, r, t)
               for r, (opt, m) in enumerate(zip(opts, run.managers, strict=True))]
     shards = wl.shards(run.batches[t], ranks)
-    losses, grads = [], []
-    for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True):
-        with dev:
-            loss, g = _passes(run, dev, p, s, part, share, t)
-        losses.append(loss)
-        grads.append(g)
+    losses, grads = map(list, zip(*_side_by_side(run, [
+        lambda dev=dev, p=p, s=s, part=part, share=share: _passes(run, dev, p, s, part, share, t)
+        for dev, p, s, (part, share) in zip(devices, params, scales, shards, strict=True)]), strict=True))
     local0 = grads[0]
     for dev in devices:
         begin_phase(dev, "allreduce")
@@ -274,11 +283,17 @@ def _step(run: _Training, t: int) -> _Step:
                 stack.enter_context(dev.label("allreduce"))
             summed = [devices[0].group.allreduce([g[i] for g in grads]) for i in range(len(local0))]
         grads = [[s[r] for s in summed] for r in range(ranks)]
-    register = np.sum([dev.get_float_status() for dev in devices], axis=0)
+    p = run.config.pipeline_stages
+    if run.pipe is not None:
+        run.pipe.replay(t, run.config.micro_batches)
+        devices = devices + run.pipe.devices
+    register = np.sum([dev.get_float_status() for dev in run.checked()], axis=0)
     for dev in devices:
         begin_phase(dev, "unscale")
-    run.det.scales = scales
-    finite = run.det.check(devices, grads) if any(run.checks) else [True] * ranks
+    run.det.scales = [v for v in scales for _ in range(p)]
+    finite = run.det.check(run.checked(), [g for g in grads for _ in range(p)]) if any(run.checks) \
+        else [True] * ranks * p
+    finite = [all(finite[r * p:(r + 1) * p]) for r in range(ranks)]  # a rank's stages: found_inf MAX-reduced
     decisions = [bool(f) or not c for f, c in zip(finite, run.checks, strict=True)]
     for dev in devices:
         begin_phase(dev, "apply")
@@ -293,6 +308,24 @@ def _step(run: _Training, t: int) -> _Step:
     update_error = _relative_error(applied, reference)
     skipped_error = _NAN if would_be is None else _relative_error(would_be, reference)
     return _Step(scales, shards, losses, local0, grads, register, finite, decisions, update_error, skipped_error)
+
+
+def _side_by_side(run: _Training, passes: list[Any]) -> list[Any]:
+    """Each rank's passes (``passes[r]()`` on device r), one rank after another, or, where current
+    scaling reduces each tensor's amax over the ranks (each rank waits for the others' amax), in a
+    thread per rank; a rank that fails breaks the others' wait."""
+    def on(r: int) -> Any:
+        try:
+            with run.devices[r]:
+                return passes[r]()
+        except BaseException:
+            if run.side_by_side is not None and run.side_by_side.barrier is not None:
+                run.side_by_side.barrier.abort()
+            raise
+    if run.side_by_side is None:
+        return [on(r) for r in range(len(passes))]
+    with concurrent.futures.ThreadPoolExecutor(len(passes)) as pool:
+        return list(pool.map(on, range(len(passes))))
 
 
 def _passes(run: _Training, dev: Device, params: list[Any], scale: float, part: Any, share: float,
@@ -312,6 +345,8 @@ def _passes(run: _Training, dev: Device, params: list[Any], scale: float, part: 
         return run.wl.forward_backward(dev, params, scale, part, share)
     total, summed = 0.0, None
     for j, (piece, piece_share) in enumerate(run.wl.shards(part, k)):
+        if run.pipe is not None:
+            dev.set_tags(stage=None)  # a workload names its stage anew in each micro-batch
         begin_phase(dev, first, step=t, micro_batch=j)
         loss, grads = run.wl.forward_backward(dev, params, scale, piece, share * piece_share)
         total += loss
@@ -500,7 +535,8 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         **(_event_summary(events) if c.record_events else {"first_overflow": None, "top_labels": {}}),
         fp8=_fp8_summary(run.recipe, run.fp8_rows),
     )
-    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, run.fp8_rows)
+    fp8_rows = run.fp8_rows if run.side_by_side is None else sorted(run.fp8_rows, key=lambda r: (r["step"], r["rank"]))
+    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows)
 
 
 def simulate(*args: Any, **kwargs: Any) -> Run:
