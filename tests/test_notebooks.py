@@ -13,10 +13,11 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_six() -> None:
+def test_there_are_seven() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01-overflow-modes.ipynb", "02-scale-policies.ipynb",
                                            "03-training-on-atlas.ipynb", "04-your-own-model.ipynb",
-                                           "05-who-sees-the-overflow.ipynb", "06-fp8-on-atlas-350.ipynb"]
+                                           "05-who-sees-the-overflow.ipynb", "06-fp8-on-atlas-350.ipynb",
+                                           "07-your-run.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
