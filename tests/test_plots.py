@@ -112,7 +112,7 @@ def test_importing_and_drawing_leaves_the_backend_alone() -> None:
             "assert plots.plot_run(run).startswith(b'\\x89PNG')\n"
             "print(matplotlib.get_backend(), len(plt.get_fignums()), type(fig).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["svg", "0", "Figure"]
+    assert out == ["svg", "0", "InlineFigure"]  # a Figure that shows itself inline
 
 
 @pytest.fixture(scope="module")
@@ -175,5 +175,7 @@ def test_every_figure_function_returns_a_figure_and_events_have_a_y_title(fp8_ru
                 {"managers": [{"name": "m"}], "format": "csv", "log": "x.csv",
                  "consistency": {"verdict": "no framework policy"}})}
     assert set(made) == {n for n in plots.__all__ if n.startswith("figure_")}
-    assert all(type(fig) is Figure for fig in made.values())
+    assert all(isinstance(fig, Figure) for fig in made.values())
+    # Jupyter shows them without pyplot's inline backend: IPython asks for _repr_png_.
+    assert all(fig._repr_png_().startswith(b"\x89PNG\r\n") for fig in made.values())
     assert made["figure_events"].axes[0].get_ylabel() == "label (module or device.label)"

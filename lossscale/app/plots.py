@@ -20,11 +20,20 @@ from ..training.simulate import Run
 from . import FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
-           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "FORMATS", "MARKS"]
+           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "InlineFigure", "FORMATS",
+           "MARKS"]
 
 
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
              "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}
+
+
+class InlineFigure(Figure):
+    """A matplotlib Figure that shows itself as a PNG in Jupyter (IPython's ``_repr_png_``) even
+    where pyplot was never imported, so no inline backend registered a display for figures."""
+
+    def _repr_png_(self) -> bytes:
+        return _png(self)
 
 
 def _png(fig, fmt: str = "png") -> bytes:
@@ -97,7 +106,7 @@ def figure_run(run: Run) -> Figure:
     and, with several ranks, each rank's events and decisions."""
     ranks = int(run.summary.get("arguments", {}).get("ranks", 1) or 1)
     heights = [3, 2, 1.4, 1.6] + ([0.35 * ranks + 0.9] if ranks > 1 else [])
-    fig = Figure(figsize=(8, 1.6 * sum(heights) + 0.8))
+    fig = InlineFigure(figsize=(8, 1.6 * sum(heights) + 0.8))
     axes = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)
     scale_ax, loss_ax, under_ax, grad_ax = axes[:4]
     steps = run.column("step")
@@ -172,7 +181,7 @@ def figure_compare(runs: Sequence[tuple[str, Run]]) -> Figure:
     """Several managers on one figure: their scales with register events, skipped and undetected steps marked
     (line styles and widths differ, so that overlapping lines stay visible), their losses
     against the binary32 baseline below."""
-    fig = Figure(figsize=(8, 6))
+    fig = InlineFigure(figsize=(8, 6))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     n = len(runs)
     for i, (name, run) in enumerate(runs):
@@ -227,7 +236,7 @@ def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
     cell = lambda r: (row_values.index(label(r.get(row_axis))),  # noqa: E731
                       col_values.index(label(r.get(col_axis))) if col_axis else 0)
     width = max(4.8, 1.1 * len(col_values) + 2.2)
-    fig = Figure(figsize=(width * len(metrics), 0.5 * len(row_values) + 2.4))
+    fig = InlineFigure(figsize=(width * len(metrics), 0.5 * len(row_values) + 2.4))
     axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         values = [[[] for _ in col_values] for _ in row_values]
@@ -287,7 +296,7 @@ def figure_fp8(run: Run, rank: int = 0) -> Figure:
     rows = [r for r in run.fp8 if r["rank"] == rank]
     tensors = list(dict.fromkeys(r["tensor"] for r in rows))
     groups = list(dict.fromkeys(_fp8_group(t) for t in tensors))
-    fig = Figure(figsize=(9, 1.9 * len(groups) + 2.6))
+    fig = InlineFigure(figsize=(9, 1.9 * len(groups) + 2.6))
     axes = fig.subplots(len(groups) + 1, 1, sharex=True, squeeze=False,
                         height_ratios=[2] * len(groups) + [1.6])[:, 0]
     for ax, group in zip(axes, groups, strict=False):
@@ -354,7 +363,7 @@ def figure_events(run: Run, top: int = 12) -> Figure:
         key = e["label"] or "(unlabelled)"
         if key in labels and e["step"] is not None:
             grid[labels.index(key), e["step"]] += 1
-    fig = Figure(figsize=(8, 0.35 * len(labels) + 1.8))
+    fig = InlineFigure(figsize=(8, 0.35 * len(labels) + 1.8))
     ax = fig.subplots()
     im = ax.imshow(np.ma.masked_equal(grid, 0), aspect="auto", interpolation="nearest", cmap="viridis",
                    extent=(-0.5, steps - 0.5, len(labels) - 0.5, -0.5))
@@ -391,7 +400,7 @@ def figure_replay(rows: Sequence[dict], summary: dict) -> Figure:
     numbered = all(r["step"] is not None for r in rows)
     x = np.array([r["step"] if numbered else i for i, r in enumerate(rows)], dtype=float)
     log2 = lambda key: np.log2(np.array([np.nan if r[key] is None else r[key] for r in rows], dtype=float))  # noqa: E731
-    fig = Figure(figsize=(8, 4.5))
+    fig = InlineFigure(figsize=(8, 4.5))
     ax = fig.subplots()
     logged = log2("scale")
     ax.step(x, logged, where="post", color="black", lw=1.6, label=f"logged ({summary['format']})")
