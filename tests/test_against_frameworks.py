@@ -106,6 +106,7 @@ def keras_trajectory(steps, initial_scale: float, dynamic_growth_steps: int) -> 
 
 
 @needs_torch
+@pytest.mark.slow
 @given(steps=st.lists(st.booleans(), min_size=1, max_size=40),
        initial_scale=st.sampled_from([2.0**15, 3.0, 2.0**126 * 1.5, 1e-30, 0.75]),
        dynamic_growth_steps=st.integers(1, 4))
@@ -264,6 +265,7 @@ def tf_keras():
     return pytest.importorskip("tf_keras")
 
 
+@pytest.mark.slow
 @given(steps=st.lists(st.booleans(), min_size=1, max_size=30),
        initial_scale=st.sampled_from([2.0**15, 3.0, 1.0, 2.0**127, 1.5]),
        dynamic_growth_steps=st.integers(1, 4))
@@ -290,6 +292,7 @@ def mindspore():
     return ms
 
 
+@pytest.mark.slow
 @given(steps=st.lists(st.booleans(), min_size=1, max_size=30),
        init=st.sampled_from([2.0**24, 3.0, 1.0, 2.0**127, 1.5, 12345.678]),
        factor=st.sampled_from([2, 3, 5, 10]), window=st.integers(1, 4))

@@ -33,6 +33,7 @@ def workload(**kw) -> JaxWorkload:
                        learning_rate=0.05, name="jax-mlp", **kw)
 
 
+@pytest.mark.slow
 def test_a_jax_model_trains_and_the_register_catches_what_isfinite_misses() -> None:
     caught = simulate(workload=workload(), profile="atlas-training", steps=60)
     missed = simulate(workload=workload(), profile="atlas-training", steps=60, detector="isfinite")

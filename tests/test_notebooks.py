@@ -28,6 +28,7 @@ def test_stored_without_outputs(path: Path) -> None:
             assert cell.outputs == [] and cell.execution_count is None, f"{path.name} holds outputs"
 
 
+@pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     if "import torch" in path.read_text() and importlib.util.find_spec("torch") is None:

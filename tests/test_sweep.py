@@ -105,6 +105,7 @@ def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(tmp_path) -> None
     assert len(rows) == 21
 
 
+@pytest.mark.slow
 def test_dask_gives_the_same_table_as_local(tmp_path) -> None:
     distributed = pytest.importorskip("distributed")
     g = grid(tmp_path)

@@ -16,8 +16,10 @@ from lossscale.testing import (
     overflow_sequences,
 )
 
+from groups import representatives
 
-@pytest.mark.parametrize("name", list(MANAGERS))
+
+@pytest.mark.parametrize("name", representatives(MANAGERS, lambda n: n == "exponential"))  # the rest: -m slow
 def test_builtin_policies_pass(name: str) -> None:
     args = {"deepspeed": {"init_scale": 2.0**16}}.get(name, {})
     check_policy(lambda: make_manager(name, args), growth_within=200, raises=(MinimumScaleError,), max_examples=60)

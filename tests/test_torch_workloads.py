@@ -11,8 +11,11 @@ torch = pytest.importorskip("torch")
 from lossscale.simulate import simulate  # noqa: E402
 from lossscale.workloads import WORKLOADS, TorchWorkload, make_workload  # noqa: E402
 
+from groups import representatives  # noqa: E402
 
-@pytest.mark.parametrize("name", ["torch-mlp", "torch-cnn", "torch-transformer"])
+
+@pytest.mark.parametrize("name", representatives(["torch-mlp", "torch-cnn", "torch-transformer"],
+                                                  lambda n: n == "torch-mlp"))  # the others: -m slow
 def test_builtin_torch_workloads_register_catches_what_isfinite_misses(name: str) -> None:
     assert name in WORKLOADS
     steps = 16 if name == "torch-transformer" else 40
