@@ -222,7 +222,8 @@ def test_inplace_and_functional_float32_ops_agree(op: str) -> None:
         else:
             inplace = f(inplace)
     assert bits(inplace) == bits(functional)
-    assert {route for _, route in mode.routes} <= {"float32", "fused", "exact"}
+    # SiLU and GELU are fused kernels; hardswish is the NPU kernel's device operations
+    assert {route for _, route in mode.routes} - {"exact"} == ({"device"} if op == "hardswish" else {"fused"})
 
 
 class Seen(TorchDispatchMode):

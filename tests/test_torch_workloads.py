@@ -103,12 +103,13 @@ ROUTE_TABLES = {
     "torch-cnn": {
         "device": {"_to_copy.default": 3, "addmm.default": 1, "convolution.default": 1,
                    "convolution_backward.default": 1, "mm.default": 2, "relu.default": 1, "sum.dim_IntList": 1},
-        "float32": {"max_pool2d_with_indices_backward.default": 1},
+        "fused": {"max_pool2d_with_indices_backward.default": 1},  # the overlapping windows' gradient sum
         "exact": {"detach.default": 6, "max_pool2d_with_indices.default": 1, "t.default": 5,
                   "threshold_backward.default": 1, "view.default": 3}},
     "torch-transformer": {
-        "float32": {"embedding_dense_backward.default": 2, "masked_fill.Scalar": 2},
-        "fused": {"_softmax.default": 1, "_softmax_backward_data.default": 1, "gelu.default": 1,
+        "float32": {"masked_fill.Scalar": 2},
+        "fused": {"embedding_dense_backward.default": 2, "_softmax.default": 1, "_softmax_backward_data.default": 1,
+                  "gelu.default": 1,
                   "gelu_backward.default": 1, "native_layer_norm.default": 3,
                   "native_layer_norm_backward.default": 3},
         "device": {"_to_copy.default": 2, "add.Tensor": 5, "addmm.default": 5, "bmm.default": 6, "mm.default": 10,
