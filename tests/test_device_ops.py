@@ -59,7 +59,7 @@ PREDICATES = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_e
 
 
 @given(data=st.data(), op=st.sampled_from(list(PREDICATES)))
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=25, deadline=None)
 def test_comparisons_are_ieee_predicates(data, op: str) -> None:
     a = data.draw(binary16_arrays())
     b = data.draw(binary16_arrays(st.just(a.shape)))

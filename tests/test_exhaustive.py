@@ -22,8 +22,8 @@ from groups import representatives
 from oracle import reference, saturated
 
 ALL = np.arange(1 << 16, dtype=np.uint16)
-#: The modes of the default run (the others: -m slow).
-TWO_MODES = (Rounding.NEAREST_EVEN, Rounding.UPWARD)
+#: The mode of the default run (the other five: -m slow; test_oracle samples toward zero in the default run).
+DEFAULT_MODES = (Rounding.NEAREST_EVEN,)
 NAN16 = lambda b: (b & 0x7FFF) > 0x7C00  # noqa: E731
 
 
@@ -43,17 +43,17 @@ def compare_all(op: str, mode: Rounding, dst: Format, call, src: Format = BINARY
                                f"want {int(w[bad[0]]):#x}/{want_flags[bad[0]]:#x}")
 
 
-@pytest.mark.parametrize("mode", representatives(SIX_MODES, TWO_MODES.__contains__, lambda m: m.name))
+@pytest.mark.parametrize("mode", representatives(SIX_MODES, DEFAULT_MODES.__contains__, lambda m: m.name))
 def test_sqrt_all_inputs(mode: Rounding) -> None:
     compare_all("sqrt", mode, BINARY16, lambda fpu, x: fpu.sqrt(x, return_flags=True))
 
 
-@pytest.mark.parametrize("mode", representatives(SIX_MODES, TWO_MODES.__contains__, lambda m: m.name))
+@pytest.mark.parametrize("mode", representatives(SIX_MODES, DEFAULT_MODES.__contains__, lambda m: m.name))
 def test_rint_all_inputs(mode: Rounding) -> None:
     compare_all("rint", mode, BINARY16, lambda fpu, x: fpu.rint(x, return_flags=True))
 
 
-@pytest.mark.parametrize("mode", representatives(SIX_MODES, TWO_MODES.__contains__, lambda m: m.name))
+@pytest.mark.parametrize("mode", representatives(SIX_MODES, DEFAULT_MODES.__contains__, lambda m: m.name))
 def test_to_bfloat16_all_inputs(mode: Rounding) -> None:
     compare_all("convert", mode, BFLOAT16, lambda fpu, x: fpu.convert(x, ml_dtypes.bfloat16, return_flags=True))
 

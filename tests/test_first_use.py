@@ -74,6 +74,7 @@ def test_plot_names_what_is_wrong(capsys, tmp_path) -> None:
     one_line(*run_cli(capsys, "plot", out)[::2], "does not have the columns")
 
 
+@pytest.mark.slow  # test_cli's test_run_and_compare_draw_in_the_format_asked keeps the formats in the default run
 def test_plot_redraws_every_kind_of_output_in_every_format(capsys, tmp_path) -> None:
     run, cmp = tmp_path / "run", tmp_path / "cmp"
     assert run_cli(capsys, "run", *FAST, "--out", run)[0] == 0
@@ -154,6 +155,7 @@ overflow_mode = ["inf_nan"]
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
 
 
+@pytest.mark.slow
 def test_sweep_with_no_scheduler_listening(capsys, tmp_path) -> None:
     pytest.importorskip("distributed")
     code, _, err = sweep_cli(capsys, tmp_path, '[grid]\nseed = [0]\n', "out", "--scheduler", "tcp://127.0.0.1:9")

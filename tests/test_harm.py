@@ -12,6 +12,8 @@ from lossscale.optimizers import SGD, Adam, LossScaleOptimizer, Momentum
 from lossscale.simulate import simulate
 from lossscale.training.simulate import HARMLESS_ERROR, _relative_error
 
+from groups import representatives  # noqa: E402
+
 LOGGED = dict(profile="atlas-training", steps=40, workload_args={"log_perplexity": True})
 
 
@@ -90,6 +92,7 @@ def test_quiet_steps_sit_below_the_threshold() -> None:
     assert all(np.isnan(r["skipped_update_error"]) for r in quiet)
 
 
+@pytest.mark.slow  # transformers 5's single mask; the 4.x double mask below is the default run's case
 def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     torch = pytest.importorskip("torch")
     from zoo import transformers as load
@@ -197,7 +200,7 @@ def test_gpt2_4x_mask_overflows_natively_in_float16_and_the_softmax_zeroes_it(mo
         assert torch.all(w[both.expand_as(w)] == 0)
 
 
-@pytest.mark.parametrize("profile", ["atlas-training", "atlas-a2"])
+@pytest.mark.parametrize("profile", representatives(["atlas-training", "atlas-a2"], lambda p: p == "atlas-training"))
 def test_gpt2_4x_mask_overflow_is_harmless_and_a_register_skip_for_it_needless(profile: str) -> None:
     """At scale 1 the device register records the mask's overflow in the forward pass (the
     attention's add, every step, in either overflow mode); the gradients stay finite. isfinite

@@ -189,6 +189,7 @@ def test_adam_is_tensorflow_1s_formula(size: float, eps: float) -> None:
         assert np.abs(torch_form[-1] - want[-1]).max() > 100 * bound
 
 
+@pytest.mark.slow  # imports TensorFlow (~25 s); test_adam_is_tensorflow_1s_formula stays in the default run
 def test_adam_against_tensorflow() -> None:
     """tf.compat.v1.train.AdamOptimizer itself, on binary32 variables (its kernel computes m and v
     as m + (g - m) * (1 - b1): another rounding, within the same bound of the binary64 formula)."""

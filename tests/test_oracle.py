@@ -14,6 +14,10 @@ from groups import representatives
 from oracle import LIMITS, hifloat8_table, reference, saturated
 
 MODES = list(SIX_MODES)
+#: The default run keeps round-to-nearest-even and toward zero (its overflow goes to MAX, not Inf) of
+#: each binary16 property; the slow group runs the other four modes (TestFloat's vectors cover all six
+#: in the default run).
+MODE_PARAMS = representatives(MODES, lambda m: m in (Rounding.NEAREST_EVEN, Rounding.TOWARD_ZERO), lambda m: m.name)
 OVERFLOWS = [OverflowMode.INF_NAN, OverflowMode.SATURATION]
 
 
@@ -44,7 +48,7 @@ common = settings(max_examples=60, deadline=None)
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 @given(pairs=batch(st.one_of(st.tuples(hs.values(), hs.values()), hs.near_pair())),
        overflow=st.sampled_from(OVERFLOWS), tininess=st.sampled_from(list(Tininess)))
 @common
@@ -52,7 +56,7 @@ def test_binary(op: str, mode: Rounding, pairs, overflow, tininess) -> None:
     check(Fpu(overflow, mode, tininess), op, [list(c) for c in zip(*pairs, strict=True)], BINARY16, BINARY16)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 @given(triples=batch(st.one_of(st.tuples(hs.values(), hs.values(), hs.values()), hs.fma_triple())),
        overflow=st.sampled_from(OVERFLOWS))
 @common
@@ -60,7 +64,7 @@ def test_fma(mode: Rounding, triples, overflow) -> None:
     check(Fpu(overflow, mode), "fma", [list(c) for c in zip(*triples, strict=True)], BINARY16, BINARY16)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 @given(xs=batch(hs.values()), overflow=st.sampled_from(OVERFLOWS))
 @common
 def test_unary(mode: Rounding, xs, overflow) -> None:
@@ -78,7 +82,7 @@ def wide_bits(fmt: Format) -> st.SearchStrategy[int]:
 
 
 @pytest.mark.parametrize("src", [BINARY32, BINARY64], ids=lambda f: f.name)
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 @given(data=st.data(), overflow=st.sampled_from(OVERFLOWS))
 @common
 def test_convert_narrowing(src: Format, mode: Rounding, data, overflow) -> None:
@@ -88,7 +92,7 @@ def test_convert_narrowing(src: Format, mode: Rounding, data, overflow) -> None:
 
 
 @pytest.mark.parametrize("fmt", [BFLOAT16, BINARY32], ids=lambda f: f.name)
-@pytest.mark.parametrize("op", ["add", "mul", "div", "sqrt", "fma"])
+@pytest.mark.parametrize("op", representatives(["add", "mul", "div", "sqrt", "fma"], lambda o: o in ("add", "fma")))
 @pytest.mark.parametrize("mode", representatives([Rounding.NEAREST_EVEN, Rounding.DOWNWARD, Rounding.ODD],
                                                   lambda m: m is Rounding.NEAREST_EVEN, lambda m: m.name))
 @given(data=st.data(), overflow=st.sampled_from(OVERFLOWS))
