@@ -56,7 +56,7 @@ def _t(*names: str) -> tuple[str, ...]:
     return tuple(f"tests/{n}.py" if "::" not in n else f"tests/{n}" for n in names)
 
 
-ARITHMETIC = _t("test_fpu", "test_eight_bit", "test_fpu_checks", "test_testfloat", "test_stochastic")
+ARITHMETIC = _t("test_fpu", "test_testfloat", "test_eight_bit", "test_fpu_checks")
 REGISTER = _t("test_device", "test_observers", "test_who_sees")
 DETECTORS = _t("test_detectors", "test_who_sees", "test_norm_detectors")
 POLICIES = _t("test_policies", "test_policy_models", "test_testing_kit")
@@ -74,46 +74,6 @@ def _m(name: str, place: str, file: str, original: str, replacement: str, tests:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    # -- the arithmetic: sim/kernels.py, the one rounding routine --------------------------------------
-    _m("k-ties-to-odd", "arithmetic", K, "+ (((sig >> s) & 1) & even)", "+ ((1 - ((sig >> s) & 1)) & even)",
-       ARITHMETIC),
-    _m("k-ties-away-dropped", "arithmetic", K, "+ np.int64(mode == RNA) \\", "+ 0 \\", ARITHMETIC),
-    _m("k-half-plus-one", "arithmetic", K, "inc = ((mask >> 1) & near)", "inc = (((mask + 1) >> 1) & near)",
-       ARITHMETIC),
-    _m("k-up-down-swapped", "arithmetic", K, "-np.int64(mode == UP)\n", "-np.int64(mode == DOWN)\n", ARITHMETIC),
-    _m("k-rtz-directed", "arithmetic", K, "directed, up = -np.int64((mode == UP) | (mode == DOWN))",
-       "directed, up = -np.int64((mode == UP) | (mode == DOWN) | (mode == RTZ))", ARITHMETIC),
-    _m("k-odd-sticky-dropped", "arithmetic", K, "return kept | (lost & np.int64(mode == ODD)), lost",
-       "return kept, lost", ARITHMETIC),
-    _m("k-inexact-misses-round-bit", "arithmetic", K, "lost = np.int64((sig & mask) != 0)",
-       "lost = np.int64((sig & (mask >> 1)) != 0)", ARITHMETIC),
-    _m("k-tiny-after-boundary", "arithmetic", K, "(unbounded < (2 << man))", "(unbounded <= (2 << man))",
-       ARITHMETIC),
-    _m("k-tiny-before-boundary", "arithmetic", K, "tiny = exp < tiny_exp if", "tiny = exp <= tiny_exp if",
-       ARITHMETIC),
-    _m("k-underflow-when-exact", "arithmetic", K, "flags |= UNDERFLOW * (tiny & (flags != 0))",
-       "flags |= UNDERFLOW * tiny", ARITHMETIC),
-    _m("k-subnormal-quantum-off-by-one", "arithmetic", K, "q = max(exp - man, cfg[QUANTUM])",
-       "q = max(exp - man, cfg[QUANTUM] + 1)", ARITHMETIC),
-    _m("k-fast-path-normal-boundary", "arithmetic", K, "hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero)",
-       "hard = ((e - 1023 < -cfg[BIAS]) & ~zero)", ARITHMETIC),
-    _m("k-overflow-at-limit", "arithmetic", K, "over = bits >= cfg[LIMIT]", "over = bits > cfg[LIMIT]",
-       ARITHMETIC),
-    _m("k-saturation-overflows-to-inf", "arithmetic", K, "bits = (top if sat | (away == 0) else cfg[OVER])",
-       "bits = (top if (away == 0) else cfg[OVER])", ARITHMETIC),
-    _m("k-down-negative-overflow-to-max", "arithmetic", K, "\\\n        | (np.int64(mode == DOWN) & sign)",
-       "", ARITHMETIC),
-    _m("k-exact-inf-not-saturated", "arithmetic", K, "bits = (top if sat else cfg[INFB]) if special else bits",
-       "bits = cfg[INFB] if special else bits", ARITHMETIC),
-    _m("k-nan-to-zero-flipped", "arithmetic", K, "if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits",
-       "if sat & (cfg[NAN_TO_ZERO] == 0) else nan_bits", ARITHMETIC),
-    _m("k-sign-op-inf-not-saturated", "arithmetic", K, "out = bits - (mag == inf)", "out = bits", ARITHMETIC),
-    _m("k-binary64-subnormal-exponent", "arithmetic", K, "exp = -1022 - shift if e == 0",
-       "exp = -1023 - shift if e == 0", ARITHMETIC),
-    _m("k-hybrid-ties-away-boundary", "arithmetic", K, "(mode == HYBRID) & (a < 4)", "(mode == HYBRID) & (a <= 4)",
-       ARITHMETIC),
-    _m("k-taper-boundary", "arithmetic", K, "man = man0 - np.int64(a > cfg[TAPER1])",
-       "man = man0 - np.int64(a >= cfg[TAPER1])", ARITHMETIC),
     # -- the register: sim/device.py ----------------------------------------------------------------
     _m("d-overflow-in-slot-1", "register", D, "reg[0] |= (status & _OVERFLOW) != 0",
        "reg[1] |= (status & _OVERFLOW) != 0", REGISTER),
@@ -223,6 +183,46 @@ MUTANTS: tuple[Mutant, ...] = (
        "/ F32(amax)\n    return F32(F32_MAX) if math.isinf(s) else s", "/ F32(amax)\n    return s", FP8),
     _m("fp8-current-epsilon-ignored", "fp8", FP, "a = max(F32(amax), F32(self.amax_epsilon)) if",
        "a = F32(amax) if", FP8),
+    # -- the arithmetic: sim/kernels.py, the one rounding routine --------------------------------------
+    _m("k-ties-to-odd", "arithmetic", K, "+ (((sig >> s) & 1) & even)", "+ ((1 - ((sig >> s) & 1)) & even)",
+       ARITHMETIC),
+    _m("k-ties-away-dropped", "arithmetic", K, "+ np.int64(mode == RNA) \\", "+ 0 \\", ARITHMETIC),
+    _m("k-half-plus-one", "arithmetic", K, "inc = ((mask >> 1) & near)", "inc = (((mask + 1) >> 1) & near)",
+       ARITHMETIC),
+    _m("k-up-down-swapped", "arithmetic", K, "-np.int64(mode == UP)\n", "-np.int64(mode == DOWN)\n", ARITHMETIC),
+    _m("k-rtz-directed", "arithmetic", K, "directed, up = -np.int64((mode == UP) | (mode == DOWN))",
+       "directed, up = -np.int64((mode == UP) | (mode == DOWN) | (mode == RTZ))", ARITHMETIC),
+    _m("k-odd-sticky-dropped", "arithmetic", K, "return kept | (lost & np.int64(mode == ODD)), lost",
+       "return kept, lost", ARITHMETIC),
+    _m("k-inexact-misses-round-bit", "arithmetic", K, "lost = np.int64((sig & mask) != 0)",
+       "lost = np.int64((sig & (mask >> 1)) != 0)", ARITHMETIC),
+    _m("k-tiny-after-boundary", "arithmetic", K, "(unbounded < (2 << man))", "(unbounded <= (2 << man))",
+       ARITHMETIC),
+    _m("k-tiny-before-boundary", "arithmetic", K, "tiny = exp < tiny_exp if", "tiny = exp <= tiny_exp if",
+       ARITHMETIC),
+    _m("k-underflow-when-exact", "arithmetic", K, "flags |= UNDERFLOW * (tiny & (flags != 0))",
+       "flags |= UNDERFLOW * tiny", ARITHMETIC),
+    _m("k-subnormal-quantum-off-by-one", "arithmetic", K, "q = max(exp - man, cfg[QUANTUM])",
+       "q = max(exp - man, cfg[QUANTUM] + 1)", ARITHMETIC),
+    _m("k-fast-path-normal-boundary", "arithmetic", K, "hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero)",
+       "hard = ((e - 1023 < -cfg[BIAS]) & ~zero)", ARITHMETIC),
+    _m("k-overflow-at-limit", "arithmetic", K, "over = bits >= cfg[LIMIT]", "over = bits > cfg[LIMIT]",
+       ARITHMETIC),
+    _m("k-saturation-overflows-to-inf", "arithmetic", K, "bits = (top if sat | (away == 0) else cfg[OVER])",
+       "bits = (top if (away == 0) else cfg[OVER])", ARITHMETIC),
+    _m("k-down-negative-overflow-to-max", "arithmetic", K, "\\\n        | (np.int64(mode == DOWN) & sign)",
+       "", ARITHMETIC),
+    _m("k-exact-inf-not-saturated", "arithmetic", K, "bits = (top if sat else cfg[INFB]) if special else bits",
+       "bits = cfg[INFB] if special else bits", ARITHMETIC),
+    _m("k-nan-to-zero-flipped", "arithmetic", K, "if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits",
+       "if sat & (cfg[NAN_TO_ZERO] == 0) else nan_bits", ARITHMETIC),
+    _m("k-sign-op-inf-not-saturated", "arithmetic", K, "out = bits - (mag == inf)", "out = bits", ARITHMETIC),
+    _m("k-binary64-subnormal-exponent", "arithmetic", K, "exp = -1022 - shift if e == 0",
+       "exp = -1023 - shift if e == 0", ARITHMETIC),
+    _m("k-hybrid-ties-away-boundary", "arithmetic", K, "(mode == HYBRID) & (a < 4)", "(mode == HYBRID) & (a <= 4)",
+       ARITHMETIC),
+    _m("k-taper-boundary", "arithmetic", K, "man = man0 - np.int64(a > cfg[TAPER1])",
+       "man = man0 - np.int64(a >= cfg[TAPER1])", ARITHMETIC),
 )
 
 
