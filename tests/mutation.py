@@ -58,7 +58,7 @@ def _t(*names: str) -> tuple[str, ...]:
 
 ARITHMETIC = _t("test_fpu", "test_testfloat", "test_eight_bit", "test_fpu_checks")
 REGISTER = _t("test_device", "test_observers", "test_who_sees")
-DETECTORS = _t("test_detectors", "test_who_sees", "test_norm_detectors")
+DETECTORS = _t("test_detectors", "test_who_sees", "test_norm_detectors", "test_accumulation")
 POLICIES = _t("test_policies", "test_policy_models", "test_testing_kit")
 CONVERTERS = _t("test_formats", "test_eight_bit", "test_mx")
 CLASSIFY = _t("test_simulate", "test_who_sees")
