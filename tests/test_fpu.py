@@ -95,6 +95,12 @@ def test_tininess_before_and_after_rounding() -> None:
     assert bits(z) == 0x0400 and f == INX
     z, f = Fpu(tininess=Tininess.BEFORE).mul(a, b, return_flags=True)
     assert bits(z) == 0x0400 and f == INX | UF
+    # (1 + 2**-10)**2 * 2**-14 = 2**-14 + 2**-23 + 2**-34: inexact, but at least 2**-14 (emin) before
+    # rounding, so not tiny either way (IEEE 754-2019 7.5): no underflow in the binade at emin.
+    c = H((1 + 2.0**-10) * 2.0**-7)
+    for tininess in ("before", "after"):
+        z, f = Fpu(tininess=tininess).mul(c, c, return_flags=True)
+        assert bits(z) == 0x0402 and f == INX, tininess  # 2**-14 + 2 * 2**-24
     # Exact subnormal results raise nothing.
     z, f = Fpu().mul(H(2.0**-12), H(2.0**-12), return_flags=True)
     assert float(z) == 2.0**-24 and f == 0
