@@ -53,10 +53,13 @@ class Mutant:
 
 
 def _t(*names: str) -> tuple[str, ...]:
-    return tuple(f"tests/{n}.py" if "::" not in n else f"tests/{n}" for n in names)
+    """Test files (``test_x``) or tests (``test_x::test_y``) as pytest's paths from the repository."""
+    parts = [n.partition("::") for n in names]
+    return tuple(f"tests/{file}.py{sep}{test}" for file, sep, test in parts)
 
 
-ARITHMETIC = _t("test_fpu", "test_testfloat", "test_eight_bit", "test_fpu_checks")
+ARITHMETIC = _t("test_fpu", "test_testfloat", "test_eight_bit", "test_fpu_checks",
+                "test_device::test_neg_and_abs_are_sign_bit_operations")
 REGISTER = _t("test_device", "test_observers", "test_who_sees")
 DETECTORS = _t("test_detectors", "test_who_sees", "test_norm_detectors", "test_accumulation")
 POLICIES = _t("test_policies", "test_policy_models", "test_testing_kit")

@@ -259,3 +259,11 @@ def test_status_is_the_or_of_every_elements_flags(a, b, op, mode) -> None:
     args = {"sqrt": (a,), "rint": (a,), "exp": (a,), "fma": (a, b, a)}.get(op, (a, b))
     _, flags = getattr(fpu, op)(*args, return_flags=True)
     assert fpu.status == Flag(int(np.bitwise_or.reduce(flags.reshape(-1), initial=0)))
+
+
+def test_binary64_subnormals_convert_to_binary64_exactly() -> None:
+    """A conversion into the format a value is already in is exact (no flags), binary64's subnormals
+    (below 2**-1022) included: 2**-1074 (the smallest), 3 * 2**-1030, -2**-1022 + 2**-1074."""
+    x = np.array([2.0**-1074, 3 * 2.0**-1030, -(2.0**-1022 - 2.0**-1074), 2.0**-1022], np.float64)
+    z, f = Fpu().convert(x, np.float64, return_flags=True)
+    assert z.view(np.uint64).tolist() == x.view(np.uint64).tolist() and not f.any()
