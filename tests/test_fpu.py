@@ -101,6 +101,10 @@ def test_tininess_before_and_after_rounding() -> None:
     for tininess in ("before", "after"):
         z, f = Fpu(tininess=tininess).mul(c, c, return_flags=True)
         assert bits(z) == 0x0402 and f == INX, tininess  # 2**-14 + 2 * 2**-24
+        # Stochastic rounding takes the full path (the nearest modes take a fast one there): up or down,
+        # the result is 2**-14 + 2 or 3 quanta, and still no underflow.
+        z, f = Fpu(tininess=tininess, rounding="stochastic").mul(np.full(64, c), np.full(64, c), return_flags=True)
+        assert set(z.view(np.uint16).tolist()) <= {0x0402, 0x0403} and (f == INX).all(), tininess
     # Exact subnormal results raise nothing.
     z, f = Fpu().mul(H(2.0**-12), H(2.0**-12), return_flags=True)
     assert float(z) == 2.0**-24 and f == 0
