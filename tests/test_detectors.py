@@ -278,3 +278,31 @@ def test_soc_names() -> None:
     # Every product but none twice.
     names = [n for p in profiles.PROFILES.values() for n in p.socs]
     assert len(names) == len(set(names)) and all(p.socs for p in profiles.PROFILES.values())
+
+
+class StandInRegister:
+    """A stand-in for a device in saturation mode whose float-status register reads ``values``."""
+
+    overflow = OverflowMode.SATURATION
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = np.array(values, np.int32)
+
+    def get_float_status(self) -> np.ndarray:
+        return self.values.copy()
+
+    def clear_float_status(self) -> None:
+        self.values[:] = 0
+
+
+@pytest.mark.parametrize("name, finite_at_sum_1", [("mindspore", False), ("paddle-npu", True)])
+def test_register_sum_thresholds_as_the_sources_state_them(name: str, finite_at_sum_1: bool) -> None:
+    """MindSpore's ``get_overflow_status``: overflow iff the 8 values sum to at least 1; Paddle's
+    ``check_finite_and_unscale`` NPU kernel: found_inf iff they sum to more than 1. This model's
+    register never sums to exactly 1 (an event sets a flag slot and the count), so a stand-in
+    register reading 1 shows the two rules apart."""
+    for total, want in ((0, True), (1, finite_at_sum_1), (2, False)):
+        register = StandInRegister([0, 0, 0, total, 0, 0, 0, 0])
+        assert make_detector(name, OverflowMode.SATURATION).check([register], [FINITE]) == [want], total
+        # Paddle clears after reading; MindSpore leaves the register to its next clear (at scale).
+        assert int(register.values.sum()) == (total if name == "mindspore" else 0)

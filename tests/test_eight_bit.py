@@ -148,6 +148,22 @@ def test_binary32_against_mpfr(bits: int, mode: Rounding, fmt) -> None:
     assert (code.view(np.uint8)[0], flags[0]) == (want[0], want_flags[0])
 
 
+@pytest.mark.parametrize("mode", SIX_MODES, ids=lambda m: m.name)
+def test_e8m0_at_both_ends_of_its_range_against_mpfr(mode: Rounding) -> None:
+    """E8M0's binades 2**-127 .. 2**127 lie beyond binary16's, so the casts of every binary16 never
+    reach its ends: binary32 values there, against the MPFR oracle, and the powers of two by hand
+    (OCP MX v1.0 section 5.4: 2**e is code e + 127)."""
+    e = np.arange(-127, 128)
+    powers = np.ldexp(1.0, e).astype(np.float32)
+    codes = Fpu(rounding=mode).convert(powers, "float8_e8m0fnu").view(np.uint8)
+    assert codes.tolist() == (e + 127).tolist()
+    edges = np.array([m * 2.0**k for k in (-127, -126, 126, 127) for m in (1.0, 1.25, 1.5, 1.75, 1.9999999)],
+                     np.float32)
+    got, flags = Fpu(rounding=mode).convert(edges, "float8_e8m0fnu", return_flags=True)
+    want, want_flags = _expected(edges, FLOAT8_E8M0FNU, mode)
+    assert got.view(np.uint8).tolist() == want.tolist() and flags.tolist() == want_flags.tolist()
+
+
 def test_hifloat8_decode_matches_the_definition() -> None:
     values = formats.decode(np.arange(256, dtype=np.uint8), "hifloat8")
     assert values.dtype == np.float64

@@ -95,6 +95,16 @@ def test_tininess_before_and_after_rounding() -> None:
     assert bits(z) == 0x0400 and f == INX
     z, f = Fpu(tininess=Tininess.BEFORE).mul(a, b, return_flags=True)
     assert bits(z) == 0x0400 and f == INX | UF
+    # (1 + 2**-10)**2 * 2**-14 = 2**-14 + 2**-23 + 2**-34: inexact, but at least 2**-14 (emin) before
+    # rounding, so not tiny either way (IEEE 754-2019 7.5): no underflow in the binade at emin.
+    c = H((1 + 2.0**-10) * 2.0**-7)
+    for tininess in ("before", "after"):
+        z, f = Fpu(tininess=tininess).mul(c, c, return_flags=True)
+        assert bits(z) == 0x0402 and f == INX, tininess  # 2**-14 + 2 * 2**-24
+        # Stochastic rounding takes the full path (the nearest modes take a fast one there): up or down,
+        # the result is 2**-14 + 2 or 3 quanta, and still no underflow.
+        z, f = Fpu(tininess=tininess, rounding="stochastic").mul(np.full(64, c), np.full(64, c), return_flags=True)
+        assert set(z.view(np.uint16).tolist()) <= {0x0402, 0x0403} and (f == INX).all(), tininess
     # Exact subnormal results raise nothing.
     z, f = Fpu().mul(H(2.0**-12), H(2.0**-12), return_flags=True)
     assert float(z) == 2.0**-24 and f == 0
@@ -253,3 +263,11 @@ def test_status_is_the_or_of_every_elements_flags(a, b, op, mode) -> None:
     args = {"sqrt": (a,), "rint": (a,), "exp": (a,), "fma": (a, b, a)}.get(op, (a, b))
     _, flags = getattr(fpu, op)(*args, return_flags=True)
     assert fpu.status == Flag(int(np.bitwise_or.reduce(flags.reshape(-1), initial=0)))
+
+
+def test_binary64_subnormals_convert_to_binary64_exactly() -> None:
+    """A conversion into the format a value is already in is exact (no flags), binary64's subnormals
+    (below 2**-1022) included: 2**-1074 (the smallest), 3 * 2**-1030, -2**-1022 + 2**-1074."""
+    x = np.array([2.0**-1074, 3 * 2.0**-1030, -(2.0**-1022 - 2.0**-1074), 2.0**-1022], np.float64)
+    z, f = Fpu().convert(x, np.float64, return_flags=True)
+    assert z.view(np.uint64).tolist() == x.view(np.uint64).tolist() and not f.any()

@@ -7,7 +7,9 @@ import pytest
 
 from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager, trajectory
 from lossscale.policies import (
+    ApexLossScaler,
     DeepSpeedLossScaler,
+    FairseqDynamicLossScaler,
     JmpDynamicLossScale,
     Keras3LossScale,
     KerasDynamicLossScale,
@@ -157,6 +159,36 @@ def test_mindspore_window() -> None:
     # quotient 100 / 3 rounds to 33.33333206176758.
     assert run(MindSporeDynamicLossScale(100, 3), [F])[-1] == 33.333335876464844
     assert float(np.float32(100) / np.float32(3)) == 33.33333206176758
+
+
+def test_apex_halves_doubles_and_clamps() -> None:
+    # apex/amp/scaler.py update_scale: an overflow halves (not below min_loss_scale where set) and
+    # zeroes the unskipped count; the scale_window-th unskipped step doubles, not above max_loss_scale.
+    # Window 2, cap 8: T (1), T (2: 4*2=8, count 0), T (1), T (2: min(8, 16)=8), F (4, count 0), T, T (8).
+    assert run(ApexLossScaler(init_scale=4, scale_window=2, max_loss_scale=8),
+               [T, T, T, T, F, T, T]) == [4, 4, 8, 8, 8, 4, 4, 8]
+    assert run(ApexLossScaler(init_scale=32, max_loss_scale=8), []) == [8]  # min(max_loss_scale, init_scale)
+    assert run(ApexLossScaler(init_scale=4, min_loss_scale=3), [F, F]) == [4, 3, 3]
+    assert run(ApexLossScaler(init_scale=4), [F, F, F]) == [4, 2, 1, 0.5]  # no min_loss_scale: no floor
+
+
+def test_fairseq_window_tolerance_threshold_and_minimum() -> None:
+    # fairseq/optim/dynamic_loss_scaler.py. Growth on a clean step when (iter - last_overflow_iter) %
+    # scale_window == 0, iter from 0 and last_overflow_iter from -1: with window 2 at iters 1 and 3.
+    # The overflow at iter 4 halves (tolerance 0); growth then at iter 6 ((6 - 4) % 2 == 0).
+    assert run(FairseqDynamicLossScaler(init_scale=4, scale_window=2),
+               [T, T, T, T, F, T, T]) == [4, 4, 8, 8, 16, 8, 8, 16]
+    # tolerance 0.5: the overflow at iter 1 is 1 overflow in 1 - (-1) = 2 iterations since the last
+    # rescale, 0.5 >= 0.5, so it halves; the next, at iter 2, is 1 in 2 - 1 = 1: halves again.
+    assert run(FairseqDynamicLossScaler(init_scale=16, scale_window=100, tolerance=0.5), [T, F, F]) == [16, 16, 8, 4]
+    # tolerance 0.75: 1 in 2 (0.5) is tolerated, then 2 in 3 (iter 2 - (-1)) too, then 3 in 4 halves.
+    assert run(FairseqDynamicLossScaler(init_scale=16, scale_window=100, tolerance=0.75),
+               [T, F, F, F]) == [16, 16, 16, 16, 8]
+    assert run(FairseqDynamicLossScaler(init_scale=4, threshold=3), [F, F]) == [4, 3, 3]
+    f = FairseqDynamicLossScaler(init_scale=2, min_loss_scale=1)
+    with pytest.raises(MinimumScaleError, match="the scale stays 2"):
+        f.update_loss_scale(False)  # 2 / 2 = 1 is at min_loss_scale: fairseq keeps 2 and stops
+    assert f.get_loss_scale() == 2
 
 
 def test_fixed_manager() -> None:
