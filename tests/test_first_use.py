@@ -271,6 +271,7 @@ def test_every_option_has_help_and_the_version(capsys) -> None:
     assert "(default: 300)" in subs["run"].format_help()
 
 
+@pytest.mark.slow
 def test_run_folder_names_tell_runs_apart(capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     for extra in ([], ["--manager-arg", "incr_every_n_steps=7"], ["--detector", "isfinite"], ["--ranks", "2"]):
@@ -280,6 +281,7 @@ def test_run_folder_names_tell_runs_apart(capsys, tmp_path, monkeypatch) -> None
     assert any("-isfinite-" in n for n in names) and any("-r2-" in n for n in names)
 
 
+@pytest.mark.slow
 def test_compare_takes_arguments_for_one_manager_and_names_it_in_progress(capsys, tmp_path) -> None:
     code, out, err = run_cli(capsys, "compare", "--manager", "torch", "--manager", "keras", "--steps", "100",
                              "--manager-arg", "torch:growth_interval=7", "--out", tmp_path / "c")
@@ -447,6 +449,7 @@ def test_a_read_only_out_is_refused_before_the_run(capsys, tmp_path) -> None:
         locked.chmod(0o755)
 
 
+@pytest.mark.slow  # test_sweep's resume-after-a-kill stays in the default run
 def test_a_resumed_sweep_says_how_many_points_it_reused(capsys, tmp_path) -> None:
     text = '[sweep]\nworkload = "trace"\nsteps = 3\n[grid]\nseed = [0, 1, 2]\n'
     code, out, _ = sweep_cli(capsys, tmp_path, text)

@@ -261,6 +261,7 @@ def test_hifloat8_recipe_and_saturation() -> None:
         simulate("mlp", profile="atlas-350", fp8_args={"margin": 1}, steps=1)
 
 
+@pytest.mark.slow  # the CLI end to end; the default run keeps the recipes and fp8.csv's columns
 def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
     from lossscale.app.cli import main
     from lossscale.app.files import read_run
