@@ -168,11 +168,12 @@ class _Evaluator:
             if sub is not None:
                 outs = self.run(sub[0], sub[1], [read(v) for v in eqn.invars], label)
             else:
+                where = label or dev.current_label or ""
                 before = int(dev.get_float_status()[3])
-                with dev.label(label or dev.current_label or ""):
+                with dev.label(where):
                     outs = self.eqn(eqn, [read(v) for v in eqn.invars])
                 if int(dev.get_float_status()[3]) != before:
-                    self.events[label or dev.current_label or ""] += 1
+                    self.events[where] += 1
             for var, val in zip(eqn.outvars, outs, strict=True):
                 env[var] = val
         return [read(v) for v in jaxpr.outvars]

@@ -521,10 +521,13 @@ def _hardswish_backward(op: _Op, grad, x):
                         lambda gi, ai: op.dev.mul(gi, op.dev.add(op.dev.div(ai, c(3)), c(0.5))), g, a))
 
 
+_sub = _binary("sub")
+
+
 def _rsub(op: _Op, a, b, alpha=1):
     """``b - alpha * a`` (torch's ``rsub``, which ``1.0 - x`` calls): ``sub`` with its operands
     swapped, rounded as ``sub`` with ``alpha`` is (the product first where alpha is not 1)."""
-    return _binary("sub")(op, b, a, alpha)
+    return _sub(op, b, a, alpha)
 
 
 # Compositions of device operations for packets the table declares under the operation they
@@ -952,9 +955,9 @@ def _f_rnn(mode, fused, x, hx, params, has_biases, num_layers, dropout, train, b
     """torch.lstm / torch.gru (nn.LSTM, nn.GRU) on a padded batch: one fused kernel, its state
     (h, or h and c) and weights its operands. A packed sequence, or dropout between layers in
     training (a draw inside the kernel), takes torch's own decomposition."""
+    if not fused or not isinstance(has_biases, bool) or (dropout and train):  # a packed call: (data,
+        return NotImplemented  # batch_sizes, hx, params, has_biases, ...), has_biases then a list
     lstm = isinstance(hx, (tuple, list))
-    if not fused or not isinstance(params, (tuple, list)) or (dropout and train):
-        return NotImplemented
     state = tuple(hx) if lstm else (hx,)
     flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
 

@@ -152,6 +152,22 @@ def test_fused_rnn_is_one_kernel_and_its_gradient_overflow_reaches_the_register(
     assert not any(r == "fused" for _, r in unfused.routes) and unfused.routes["aten.sigmoid_.default", "device"] > 0
 
 
+def test_a_packed_sequence_takes_the_recurrent_networks_decomposition():
+    """nn.LSTM / nn.GRU on a PackedSequence call torch.lstm / torch.gru with (data, batch_sizes, hx,
+    params, ...): no fused kernel, the cell operations on the device, as without the mode."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(4)
+    x = torch.randn(2, 5, 4).half()
+    for cls in (nn.LSTM, nn.GRU):
+        model = cls(4, 8, batch_first=True).half()
+        packed = pack_padded_sequence(x, torch.tensor([5, 3]), batch_first=True)
+        with DeviceMode(sim.Device("atlas-training")) as mode:
+            out = model(packed)[0].data
+        assert out.shape == (8, 8) and torch.isfinite(out).all()
+        assert not any(r == "fused" for _, r in mode.routes) and mode.routes["aten.sigmoid_.default", "device"] > 0
+
+
 def _device_gelu(dev, a):
     h = dev.mul(a, np.float16(0.5))
     return dev.mul(h, dev.add(dev.erf(dev.mul(a, np.float16(0.5 ** 0.5))), np.float16(1)))
