@@ -106,27 +106,34 @@ from . import fused as _fused
 from . import ops
 from .device import Device
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS", "ABOVE_AUTOGRAD"]
+__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS", "ABOVE_AUTOGRAD", "as_array",
+           "as_tensor", "NUMPY_DTYPES"]
 
 aten = torch.ops.aten
 _LABEL = "sim.module"  # the autograd node metadata key of the module path
-_NUMPY = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
-          torch.float32: np.dtype(np.float32)}
+#: The numpy dtype of each torch dtype the device computes in.
+NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+                torch.float32: np.dtype(np.float32)}
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as a numpy array of the same dtype (shared memory where possible)."""
+def as_array(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array of the same dtype (bfloat16 as ml_dtypes'), sharing its
+    memory where torch can: the device's operands."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
-def _tensor(a) -> torch.Tensor:
+def as_tensor(a) -> torch.Tensor:
+    """A numpy array (a device's result; ml_dtypes bfloat16 included) as a CPU tensor of its dtype."""
     a = np.ascontiguousarray(a)
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+_NUMPY, _numpy, _tensor = NUMPY_DTYPES, as_array, as_tensor  # the short names used below
 
 
 class _Op:

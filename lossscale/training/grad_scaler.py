@@ -30,42 +30,27 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from sim import Device, Event
+from sim.torch import NUMPY_DTYPES as _NUMPY
 from sim.torch import DeviceMode
+from sim.torch import as_array as _array
+from sim.torch import as_tensor as _tensor
 
 from ..policy import Manager, Policy, PolicyManager, describe
 from ..policy.core import check_scale
 from ..policy.frameworks import TorchGradScaler
 from .config import make_manager
 from .detectors import UNMARKED, Detector, TorchNpu, make_detector
-from .records import Row, Run, Summary
+from .records import Row, Run, Summary, versions
 
 __all__ = ["GradScaler"]
 
-_NUMPY = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
-          torch.float32: np.dtype(np.float32)}
 _TORCH_ARGS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
-
-
-def _array(t: torch.Tensor) -> np.ndarray:
-    """The tensor's memory as a numpy array of its dtype (writable, shared where torch shares)."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 def _times(device: Device, a: np.ndarray, factor: np.float32, dtype: np.dtype) -> np.ndarray:
@@ -381,7 +366,6 @@ class GradScaler:
         """The recorded steps as a :class:`Run` (:func:`lossscale.app.files.write_run` writes it as
         a run folder that ``lossscale plot`` draws); the columns a GradScaler cannot know (the
         baseline, underflow, update error) are NaN, and every event counts as feeding the update."""
-        from .simulate import _versions
 
         rows, dev, policy = self.rows, self.device, self.manager.policy
         summary = Summary(
@@ -393,7 +377,7 @@ class GradScaler:
             profile={"name": dev.profile.name, "product": dev.profile.product_en,
                      "overflow_mode": dev.overflow.name, "warnings": []},
             detector=self.detector.name, phases=f"unmarked (the workload's whole step is one phase, {UNMARKED})",
-            versions={**_versions(), "torch": torch.__version__}, steps_run=len(rows), stopped_early=None,
+            versions={**versions(), "torch": torch.__version__}, steps_run=len(rows), stopped_early=None,
             interrupted=False, final={}, baseline_float32={}, final_loss_scale=self.get_scale(),
             skipped_steps=sum(not r.applied for r in rows), overflow_steps=sum(r.overflow for r in rows),
             undetected_overflow_steps=sum(r.undetected_overflow for r in rows),

@@ -141,3 +141,14 @@ class Run:
 
     def column(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.records])
+
+
+def versions() -> dict[str, str]:
+    """The versions a run's summary records: Python, numpy, ml_dtypes and lossscale."""
+    import platform
+
+    import ml_dtypes
+
+    from ..version import __version__
+    return {"python": platform.python_version(), "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__,
+            "lossscale": __version__}

@@ -57,7 +57,7 @@ from .fp8 import AmaxGroup, CurrentScaling, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .pipeline import Pipeline
-from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary
+from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary, versions
 from .workloads import check_split, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
@@ -108,16 +108,6 @@ def _fp8_summary(recipe: Recipe | None, rows: list[dict[str, Any]]) -> dict[str,
             "tensors": len({r["tensor"] for r in rows}),
             "saturated_elements": sum(r["saturated"] for r in rows),
             "nonfinite_elements": sum(r["nonfinite"] for r in rows)}
-
-
-def _versions() -> dict[str, str]:
-    import platform
-
-    import ml_dtypes
-
-    from ..version import __version__
-    return {"python": platform.python_version(), "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__,
-            "lossscale": __version__}
 
 
 def _checks(manager: Any) -> bool:
@@ -512,7 +502,7 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
                  "warnings": [str(w.message) for w in run.caught]},
         detector=run.det.name,
         phases="marked" if run.marks else f"unmarked (the workload's whole step is one phase, {UNMARKED})",
-        versions=_versions(),
+        versions=versions(),
         steps_run=len(rows), stopped_early=stopped, interrupted=interrupted,
         final=final, baseline_float32=baseline,
         final_loss_scale=run.opts[0].get_loss_scale(),
