@@ -500,53 +500,57 @@ def _rounded(value_at, operands, out, flags, cfg):
 
 
 # One compiled function per operation, so that a program compiles only what it uses
-# (each function once per combination of array types).
+# (each function once per combination of array types). The operation's code and exactness
+# enter the shared loop as run-time values, not literals, so that the loop and its helpers
+# compile once per array types for all eight (LLVM still folds the constants after inlining).
+_op, _flag = np.int64, np.bool_
+
 @jit
 def add(a, b, out, flags, cfg):
     """out = a + b elementwise (bits of one format), its flags; returns the OR of the flags."""
-    return _rounded(_binary_at, (ADD, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(ADD), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @jit
 def add_exact(a, b, out, flags, cfg):
     """:func:`add` for a format whose sums binary64 holds exactly (binary16): no TwoSum."""
-    return _rounded(_binary_at, (ADD, True, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(ADD), _flag(True), a, b), out, flags, settings(cfg))
 
 
 @jit
 def sub(a, b, out, flags, cfg):
     """out = a - b, as :func:`add`."""
-    return _rounded(_binary_at, (SUB, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(SUB), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @jit
 def sub_exact(a, b, out, flags, cfg):
     """:func:`sub` for a format whose sums binary64 holds exactly (binary16)."""
-    return _rounded(_binary_at, (SUB, True, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(SUB), _flag(True), a, b), out, flags, settings(cfg))
 
 
 @jit
 def mul(a, b, out, flags, cfg):
     """out = a * b, as :func:`add`."""
-    return _rounded(_binary_at, (MUL, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(MUL), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @jit
 def div(a, b, out, flags, cfg):
     """out = a / b, as :func:`add`."""
-    return _rounded(_binary_at, (DIV, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(DIV), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @jit
 def maximum(a, b, out, flags, cfg):
     """out = IEEE 754-2019 maximum(a, b), as :func:`add`."""
-    return _rounded(_binary_at, (MAX, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(MAX), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @jit
 def minimum(a, b, out, flags, cfg):
     """out = IEEE 754-2019 minimum(a, b), as :func:`add`."""
-    return _rounded(_binary_at, (MIN, False, a, b), out, flags, settings(cfg))
+    return _rounded(_binary_at, (_op(MIN), _flag(False), a, b), out, flags, settings(cfg))
 
 
 @inline
