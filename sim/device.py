@@ -91,6 +91,7 @@ EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
 # As plain ints for the per-operation path (IntFlag arithmetic is slow).
 _EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_SCALARS_KEPT = 4096  # the most values Device.scalar keeps (then it starts again)
 _F16 = np.dtype(np.float16)
 #: The classes the short paths take as they are (a masked array or other subclass is checked first).
 _PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
@@ -258,6 +259,7 @@ class Device:
         for op, fn in (substitutes or {}).items():
             self.substitute(op, fn)
         self._tokens: list[contextvars.Token] = []
+        self._scalars: dict[tuple, tuple[np.ndarray, Fpu, int]] = {}  # scalar()'s results and flags
 
     def __repr__(self) -> str:
         return f"Device({self.profile.name!r}, overflow={self.overflow.name})"
@@ -371,6 +373,13 @@ class Device:
         """The register, ``int32[8]``: all zero unless an event happened since the last clear."""
         with self._lock:
             return self._register.copy()
+
+    @property
+    def event_count(self) -> int:
+        """Slot 3 of the register: how many device operations raised an event since the last
+        clear (``int(get_float_status()[3])`` without the copy, for drivers that read it around
+        every operation)."""
+        return int(self._register[3])
 
     def clear_float_status(self) -> None:
         with self._lock:
@@ -542,6 +551,28 @@ class Device:
         result, shape, scalar = fpu.run("convert", (x,), src=src, dst=dst, cfg=cfg)
         self._record(result.status, "cast", math.prod(shape))
         return finish(result, shape, scalar, False)
+
+    def scalar(self, value: float, dtype) -> np.ndarray:
+        """A Python number rounded into ``dtype`` (float16, bfloat16 or float32) on the device:
+        what ``cast(np.asarray(value, np.float64), dtype)`` returns (a new 0-d array), its flags
+        recorded as that cast's on every call. Each value's result and flags are kept per dtype
+        (the device's rounding is deterministic), so a program's constants are converted once."""
+        value = float(value)
+        key = (dtype, value, math.copysign(1.0, value))  # +0 and -0 apart (they compare equal)
+        kept = self._scalars.get(key)
+        if kept is None:
+            fpu = self._unit(dtype, "scalar's dtype")
+            result, shape, scalar = fpu.run("convert", (np.asarray(value, np.float64),), src=BINARY64,
+                                            dst=fpu.format, cfg=fpu.settings)
+            kept = finish(result, shape, scalar, False), fpu, result.status
+            if value == value:  # not NaN (its payload is not in the key)
+                if len(self._scalars) >= _SCALARS_KEPT:
+                    self._scalars.clear()
+                self._scalars[key] = kept
+        else:
+            kept[1]._status |= kept[2]  # the unit's sticky status, as its conversion sets it
+        self._record(kept[2], "cast", 1)
+        return kept[0].copy()
 
     def _overflow_of(self, dst: Format) -> OverflowMode:
         """The overflow mode of results in ``dst``: the device's (binary32 follows ``saturate_float32``)."""

@@ -169,10 +169,10 @@ class _Evaluator:
                 outs = self.run(sub[0], sub[1], [read(v) for v in eqn.invars], label)
             else:
                 where = label or dev.current_label or ""
-                before = int(dev.get_float_status()[3])
+                before = dev.event_count
                 with dev.label(where):
                     outs = self.eqn(eqn, [read(v) for v in eqn.invars])
-                if int(dev.get_float_status()[3]) != before:
+                if dev.event_count != before:
                     self.events[where] += 1
             for var, val in zip(eqn.outvars, outs, strict=True):
                 env[var] = val

@@ -119,7 +119,8 @@ NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml
 def as_array(t: torch.Tensor) -> np.ndarray:
     """A tensor's values as a numpy array of the same dtype (bfloat16 as ml_dtypes'), sharing its
     memory where torch can: the device's operands."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
@@ -151,12 +152,20 @@ class _Op:
             if x.dtype not in _NUMPY:  # integer or bool tensors: exact in float64 up to 2**53
                 a = a.astype(np.float64)
         else:
-            a = np.asarray(float(x), np.float64)
+            return self.dev.scalar(x, _NUMPY[dtype])
         return self.dev.cast(a, _NUMPY[dtype])
 
 
-def _result_dtype(*xs) -> torch.dtype:
-    return torch.result_type(*xs[:2]) if len(xs) > 1 else xs[0].dtype
+def _result_dtype(a, b) -> torch.dtype:
+    """torch's promotion of two operands; without asking torch where it is plain: one floating
+    dtype, or a floating tensor and a Python int or float (the tensor's dtype)."""
+    if isinstance(a, torch.Tensor) and a.dtype in _NUMPY:
+        if isinstance(b, torch.Tensor):
+            if b.dtype is a.dtype:
+                return a.dtype
+        elif b.__class__ is float or b.__class__ is int:
+            return a.dtype
+    return torch.result_type(a, b)
 
 
 def _binary(name: str) -> Callable:
@@ -604,7 +613,7 @@ def _kind(func) -> str:
     return "device"
 
 
-_KINDS: dict[Any, tuple[str, str]] = {}  # each overload's name and route kind, as first met
+_KINDS: dict[Any, tuple[str, str, Any]] = {}  # each overload's name, route kind and packet, as first met
 
 
 def _check_backward(grad_outputs):
@@ -619,7 +628,17 @@ def _check_backward(grad_outputs):
 
 class DeviceMode(TorchDispatchMode):
     """Route every aten operation on float16 / bfloat16 tensors (float32 too with
-    ``float32=True``) to ``device``; see the module's docstring for the routes."""
+    ``float32=True``) to ``device``; see the module's docstring for the routes.
+
+    An eager mode: torch.compile is not meant to trace its ``__torch_dispatch__``, so it opts
+    out of the ``torch._disable_dynamo`` wrapper that torch puts around every dispatch-mode
+    subclass's ``__torch_dispatch__`` (torch/utils/_python_dispatch.py,
+    ``TorchDispatchMode.__init_subclass__`` and ``_should_skip_dynamo``), which costs each
+    operation an eval-frame switch. A torch without that hook ignores the classmethod."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __init__(self, device: Device, *, strict: bool = False, float32: bool = False,
                  fused: bool | dict[str, bool] | None = None) -> None:
@@ -631,6 +650,7 @@ class DeviceMode(TorchDispatchMode):
         if not isinstance(device, Device):
             raise TypeError(f"DeviceMode takes a sim.Device, got {type(device).__name__}")
         self.device, self.strict = device, strict
+        self._op = _Op(self)  # the routed calls' arguments' conversion (it keeps no call's state)
         self.dtypes = frozenset({torch.float16, torch.bfloat16} | ({torch.float32} if float32 else set()))
         self.routes: collections.Counter[tuple[str, str]] = collections.Counter()
         self.events: collections.Counter[str] = collections.Counter()
@@ -686,15 +706,16 @@ class DeviceMode(TorchDispatchMode):
     def _ours(self, args, kwargs) -> bool:
         """An operand of our dtypes (on the CPU), or a result asked for in one (a dtype argument)."""
         dtypes = self.dtypes
-        for x in (*args, *kwargs.values()):
-            if isinstance(x, torch.Tensor):
-                if x.dtype in dtypes and x.device.type == "cpu":
+        for xs in (args, kwargs.values()) if kwargs else (args,):
+            for x in xs:
+                if isinstance(x, torch.Tensor):
+                    if x.dtype in dtypes and x.is_cpu:
+                        return True
+                elif isinstance(x, (list, tuple)):
+                    if any(isinstance(t, torch.Tensor) and t.dtype in dtypes and t.is_cpu for t in x):
+                        return True
+                elif isinstance(x, torch.dtype) and x in dtypes:
                     return True
-            elif isinstance(x, (list, tuple)):
-                if any(isinstance(t, torch.Tensor) and t.dtype in dtypes and t.device.type == "cpu" for t in x):
-                    return True
-            elif isinstance(x, torch.dtype) and x in dtypes:
-                return True
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -705,18 +726,20 @@ class DeviceMode(TorchDispatchMode):
             return func(*args, **kwargs)
         known = _KINDS.get(func)
         if known is None:
-            known = _KINDS[func] = str(func), _kind(func)
-        name, kind = known
-        if func.overloadpacket in self._fused_packets:  # before the others: attention's kernels draw dropout
+            known = _KINDS[func] = str(func), _kind(func), func.overloadpacket
+        name, kind, packet = known
+        if packet in self._fused_packets:  # before the others: attention's kernels draw dropout
             kind = "fused"
         if kind == "exact":
             _busy.depth = 1  # (only reached at depth 0)
             try:
-                return self._count(name, "exact", func(*args, **kwargs))
+                result = func(*args, **kwargs)
             finally:
                 _busy.depth = 0
+            self.routes[name, "exact"] += 1
+            return result
         dev, label = self.device, self._label()
-        before = int(dev.get_float_status()[3])
+        before = dev.event_count
         _busy.depth = 1
         try:
             with dev.label(label):
@@ -727,12 +750,13 @@ class DeviceMode(TorchDispatchMode):
                 elif kind == "fused":  # a fused kernel: binary32 inside, each output rounded once
                     route, result = "fused", self._float32(func, args, kwargs)
                 else:
-                    route, result = self._route(func, func.overloadpacket, name, args, kwargs)
+                    route, result = self._route(func, packet, name, args, kwargs)
         finally:
             _busy.depth = 0
-            if int(dev.get_float_status()[3]) != before:
+            if dev.event_count != before:
                 self.events[label] += 1
-        return self._count(name, route, result)
+        self.routes[name, route] += 1
+        return result
 
     def _factory(self, func, args, kwargs):
         """A new tensor made by torch (its own checks, dtype and layout); values that its dtype
@@ -761,7 +785,7 @@ class DeviceMode(TorchDispatchMode):
         scale multiplies are device multiplies."""
         if func.overloadpacket is aten.native_dropout:
             try:
-                return _dropout(_Op(self), *args, **kwargs)
+                return _dropout(self._op, *args, **kwargs)
             except TypeError:
                 pass
         return self._float32(func, args, kwargs)
@@ -773,7 +797,7 @@ class DeviceMode(TorchDispatchMode):
         out = kwargs.get("out")
         if handler is not None and (out is None or isinstance(out, torch.Tensor)):
             rest = {k: v for k, v in kwargs.items() if k != "out"} if out is not None else kwargs
-            op = _Op(self)
+            op = self._op
             try:
                 result = handler(op, *args, **rest)
             except _Exact:
@@ -808,7 +832,7 @@ class DeviceMode(TorchDispatchMode):
         each of its results rounded once on the device into ``dtypes`` (one dtype: for each);
         counted as one ``fused`` route."""
         dev, label = self.device, self._label()
-        before = int(dev.get_float_status()[3])
+        before = dev.event_count
 
         def kernel():
             outs = fn()
@@ -819,7 +843,7 @@ class DeviceMode(TorchDispatchMode):
 
         with dev.label(label):
             rounded = self._passthrough(kernel, kernel=True)
-        if int(dev.get_float_status()[3]) != before:
+        if dev.event_count != before:
             self.events[label] += 1
         self._count(name, "fused", None)
         return rounded
@@ -850,7 +874,7 @@ class DeviceMode(TorchDispatchMode):
         result = narrowed[0] if isinstance(out, torch.Tensor) else type(out)(narrowed)
         name = _KINDS[func][0] if func in _KINDS else str(func)
         if isinstance(kwargs.get("out"), torch.Tensor) and isinstance(result, torch.Tensor):
-            return _write(_Op(self), kwargs["out"], result)  # out=: the result written into out
+            return _write(self._op, kwargs["out"], result)  # out=: the result written into out
         if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
             return args[0].copy_(result)
         return result

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from sim import SIX_MODES, Device, Flag, Fpu, LegacyModeWarning, OverflowMode, current_device, profiles
+from sim.formats import BFLOAT16
 
 H = np.float16
 SAT, IEEE = OverflowMode.SATURATION, OverflowMode.INF_NAN
@@ -468,3 +469,44 @@ def test_labels_nest_and_come_off_when_the_block_ends() -> None:
             raise ValueError
         assert dev.current_label == "encoder"
     assert dev.current_label is None
+
+
+def _scalar_state(dev: Device) -> tuple:
+    """All that a conversion leaves on a device: the register, both sticky statuses, the log."""
+    return (dev.get_float_status().tolist(), dev.status, dev.fpu.status, [tuple(e) for e in dev.events])
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])  # INF_NAN, SATURATION
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, "bfloat16"])
+def test_scalar_is_a_float64_cast_every_time_it_is_asked(profile: str, dtype) -> None:
+    """Device.scalar keeps each value's conversion, yet every call returns and records what the
+    cast of a float64 0-d array does: the same bits, the register, the statuses and the log."""
+    dtype = np.dtype(BFLOAT16.dtype if dtype == "bfloat16" else dtype)
+    values = [0.1, -0.0, 0.0, 1e6, -1e40, 1e-8, 3, float("inf"), float("nan"), 1 / 3, 65520.0]
+    kept = Device(profile, record_events=True)
+    cast = Device(profile, record_events=True)
+    for i, value in enumerate(values * 2):  # the second round: every value kept
+        for dev in (kept, cast):
+            dev.set_tags(value=value)
+            if i == len(values):  # the sticky statuses cleared, so the kept ones' flags show again
+                dev.clear_status()
+                dev.fpu.clear_status()
+        with kept.label("kept"), cast.label("kept"):
+            got, want = kept.scalar(value, dtype), cast.cast(np.asarray(value, np.float64), dtype)
+        assert got.shape == want.shape == () and got.dtype == want.dtype
+        assert got.tobytes() == want.tobytes(), value
+        assert _scalar_state(kept) == _scalar_state(cast), value
+    got = kept.scalar(1e6, dtype)
+    got[()] = 0  # a new array each time: the kept one is not changed
+    assert kept.scalar(1e6, dtype).tobytes() == cast.cast(np.asarray(1e6, np.float64), dtype).tobytes()
+
+
+def test_event_count_is_slot_3_of_the_register() -> None:
+    dev = Device("atlas-a2")
+    assert dev.event_count == 0
+    dev.mul(np.full(2, 300, H), np.full(2, 300, H))
+    dev.add(np.ones(2, H), np.ones(2, H))  # no event
+    dev.div(np.ones(1, H), np.zeros(1, H))
+    assert dev.event_count == 2 == dev.get_float_status()[3]
+    dev.clear_float_status()
+    assert dev.event_count == 0
