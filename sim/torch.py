@@ -354,7 +354,7 @@ def _result_dtypes(func, args, kwargs, ours: frozenset) -> tuple:
     if dtypes is None:
         to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
         try:
-            meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+            meta = func(*_map(to_meta, args), **_map(to_meta, kwargs))
             if isinstance(meta, list):  # Tensor[] (split...): as many as the values say, of one dtype
                 if not meta:
                     return ()
@@ -616,6 +616,32 @@ def _kind(func) -> str:
 _KINDS: dict[Any, tuple[str, str, Any]] = {}  # each overload's name, route kind and packet, as first met
 
 
+#: The class of the autograd nodes that accumulate a leaf's gradient (``torch::autograd::AccumulateGrad``).
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    """The tensors of a module's output: itself, those of a plain tuple or list, else every
+    tensor leaf of its pytree (a model's output classes)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if output.__class__ in (tuple, list) and all(o is None or isinstance(o, torch.Tensor) for o in output):
+        return [o for o in output if o is not None]
+    return [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+def _map(fn: Callable, args):
+    """``fn`` applied to each argument of an aten call and to each element of a list or tuple
+    argument (aten's schemas nest no deeper: ``Tensor[]``, ``int[]``...); args a tuple, list or
+    dict of keyword arguments, returned as the same kind. What pytree's ``tree_map`` gives for
+    these, without its generality."""
+    one = lambda x: [fn(y) for y in x] if x.__class__ is list else (  # noqa: E731
+        tuple(fn(y) for y in x) if x.__class__ is tuple else fn(x))
+    if args.__class__ is dict:
+        return {k: one(v) for k, v in args.items()}
+    return args.__class__(one(x) for x in args) if args.__class__ in (tuple, list) else tree_map(fn, args)
+
+
 def _check_backward(grad_outputs):
     """Refuse to let the backward pass of operations made under a DeviceMode run where no
     DeviceMode is active (natively, unseen by any device)."""
@@ -686,14 +712,16 @@ class DeviceMode(TorchDispatchMode):
         # The check is one function for every mode, so a node that outlives its mode (a parameter's
         # AccumulateGrad, kept by a graph still alive) serves later modes; the parameters' own
         # AccumulateGrad nodes are labelled but not checked, as they outlive every graph.
-        todo = [t.grad_fn for t in torch.utils._pytree.tree_leaves(output)
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
         while todo:
             node = todo.pop()
-            if node is None or _LABEL in node.metadata:
+            if node is None:
                 continue
-            node.metadata[_LABEL] = path
-            if node.name() != "torch::autograd::AccumulateGrad":
+            metadata = node.metadata
+            if _LABEL in metadata:
+                continue
+            metadata[_LABEL] = path
+            if node.__class__ is not _ACCUMULATE_GRAD:
                 node.register_prehook(_check_backward)
             todo.extend(next_node for next_node, _ in node.next_functions)
 
@@ -862,7 +890,7 @@ class DeviceMode(TorchDispatchMode):
                 return x.float()
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
-        out = func(*tree_map(wide, args), **tree_map(wide, kwargs))
+        out = func(*_map(wide, args), **_map(wide, kwargs))
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
             dtypes = [dtypes[1] if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
