@@ -1082,7 +1082,7 @@ def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int,
     base = base.reshape(n, groups, cg).transpose(1, 0, 2)  # (g, N, Cg)
     index = base[:, :, None, :, None] + spatial[None, None, :, None, :]  # (g, N, OS, Cg, K)
     index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
-    index = index.astype(np.int32) if n * c * math.prod(sizes) < 2**31 else index
+    index = index.astype(np.intp)  # take's own index type: no conversion of the index on every call
     index.flags.writeable = False
     return index, out_shape
 
