@@ -129,12 +129,13 @@ def as_array(t: torch.Tensor) -> np.ndarray:
 def as_tensor(a) -> torch.Tensor:
     """A numpy array (a device's result; ml_dtypes bfloat16 included) as a CPU tensor of its dtype."""
     a = np.ascontiguousarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
+    if a.dtype == _BFLOAT16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
 
 _NUMPY, _numpy, _tensor = NUMPY_DTYPES, as_array, as_tensor  # the short names used below
+_BFLOAT16 = NUMPY_DTYPES[torch.bfloat16]
 
 
 class _Op:

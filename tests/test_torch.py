@@ -275,3 +275,37 @@ def test_bmm_and_amin_are_the_device_ops() -> None:
     assert bits(got) == bits(ref.matmul(a, b)) and bits(low) == bits(ref.amin(x.T, axis=0))
     assert mode.routes["aten.bmm.default", "device"] == 1 and mode.routes["aten.amin.default", "device"] == 1
     assert dev.get_float_status().tolist() == ref.get_float_status().tolist()
+
+
+def test_the_dispatch_handler_runs_without_torchs_dynamo_wrapper() -> None:
+    """DeviceMode is an eager mode: its __torch_dispatch__ is its own function, not wrapped per
+    call in torch._disable_dynamo (torch wraps every dispatch mode's unless it opts out)."""
+    handler = DeviceMode.__dict__["__torch_dispatch__"]
+    assert handler.__qualname__ == "DeviceMode.__torch_dispatch__" and handler.__module__ == "sim.torch"
+
+
+def test_the_float32_routes_argument_map_is_pytrees_on_aten_arguments() -> None:
+    """The float32 route's one-level map gives what torch's tree_map gives for aten call arguments
+    (values, lists and tuples of them, keyword dicts), containers' kinds kept."""
+    from torch.utils._pytree import tree_map
+
+    from sim.torch import _map
+
+    x, y = torch.ones(2, dtype=torch.float16), torch.zeros(3, dtype=torch.bfloat16)
+    wide = lambda v: v.float() if isinstance(v, torch.Tensor) else (torch.float32 if v is torch.float16 else v)  # noqa: E731
+    for args in [(x, 1, 2.5), ([x, y], 0), (x, [None, torch.arange(2)]), (x, (1, 2), [3, 4], None, torch.float16),
+                 {"dtype": torch.float16, "out": x, "dims": [0, 1]}, ()]:
+        assert _same(_map(wide, args), tree_map(wide, args)), args
+
+
+def _same(a, b) -> bool:
+    """a and b of one type with equal contents, tensors by dtype and values, containers by kind."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
