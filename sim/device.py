@@ -570,7 +570,7 @@ class Device:
                     self._scalars.clear()
                 self._scalars[key] = kept
         else:
-            kept[1]._status |= kept[2]  # the unit's sticky status, as its conversion sets it
+            kept[1].raise_status(kept[2])  # the unit's sticky status, as its conversion sets it
         self._record(kept[2], "cast", 1)
         return kept[0].copy()
 

@@ -211,6 +211,11 @@ class Fpu:
     def clear_status(self) -> None:
         self._status = 0
 
+    def raise_status(self, flags: int) -> None:
+        """Add ``flags`` to the sticky status, as an operation that raised them would (a caller that
+        replays a kept result's flags)."""
+        self._status |= int(flags)
+
     # -- arithmetic -------------------------------------------------------------
     def rint(self, a, *, exact: bool = False, return_flags: bool = False) -> _Out:
         """Round to an integral value in the current rounding mode.
