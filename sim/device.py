@@ -165,18 +165,23 @@ class Observer(Protocol):
 
 
 class _Label:
-    """The context manager of :meth:`Device.label` (a class: it runs around every module call)."""
+    """The context manager of :meth:`Device.label` (a class: it runs around every module call and,
+    in sim.torch and sim.jax, every operation). After the block, ``raised`` says whether an
+    operation inside it raised an event (the register's operation count moved)."""
 
-    __slots__ = ("device", "name", "previous")
+    __slots__ = ("device", "name", "previous", "before", "raised")
 
     def __init__(self, device: Device, name: str | None) -> None:
-        self.device, self.name = device, name
+        self.device, self.name, self.raised = device, name, False
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> _Label:
         self.previous, self.device._label = self.device._label, self.name
+        self.before = self.device.event_count
+        return self
 
     def __exit__(self, *exc) -> None:
         self.device._label = self.previous
+        self.raised = self.device.event_count != self.before
 
 
 class LegacyModeWarning(UserWarning):
@@ -268,7 +273,8 @@ class Device:
     def label(self, name: str | None) -> _Label:
         """Label the operations run inside the ``with`` block (sim.torch labels them with the
         issuing module's path; hand-written code can name its parts), for the record of which
-        operation raised an event. Blocks nest; the innermost label holds."""
+        operation raised an event. Blocks nest; the innermost label holds. ``with dev.label(x) as
+        block:`` then ``block.raised``: whether an operation in the block raised an event."""
         return _Label(self, name)
 
     @property
@@ -377,8 +383,8 @@ class Device:
     @property
     def event_count(self) -> int:
         """Slot 3 of the register: how many device operations raised an event since the last
-        clear (``int(get_float_status()[3])`` without the copy, for drivers that read it around
-        every operation)."""
+        clear (``int(get_float_status()[3])`` without the copy: :meth:`label` blocks read it
+        around every operation of sim.torch and sim.jax)."""
         return int(self._register[3])
 
     def clear_float_status(self) -> None:

@@ -169,10 +169,9 @@ class _Evaluator:
                 outs = self.run(sub[0], sub[1], [read(v) for v in eqn.invars], label)
             else:
                 where = label or dev.current_label or ""
-                before = dev.event_count
-                with dev.label(where):
+                with dev.label(where) as block:
                     outs = self.eqn(eqn, [read(v) for v in eqn.invars])
-                if dev.event_count != before:
+                if block.raised:
                     self.events[where] += 1
             for var, val in zip(eqn.outvars, outs, strict=True):
                 env[var] = val

@@ -767,11 +767,11 @@ class DeviceMode(TorchDispatchMode):
                 _busy.depth = 0
             self.routes[name, "exact"] += 1
             return result
-        dev, label = self.device, self._label()
-        before = dev.event_count
+        label = self._label()
+        block = self.device.label(label)
         _busy.depth = 1
         try:
-            with dev.label(label):
+            with block:
                 if kind == "factory":
                     route, result = "factory", self._factory(func, args, kwargs)
                 elif kind == "random":
@@ -782,7 +782,7 @@ class DeviceMode(TorchDispatchMode):
                     route, result = self._route(func, packet, name, args, kwargs)
         finally:
             _busy.depth = 0
-            if dev.event_count != before:
+            if block.raised:
                 self.events[label] += 1
         self.routes[name, route] += 1
         return result
@@ -861,7 +861,6 @@ class DeviceMode(TorchDispatchMode):
         each of its results rounded once on the device into ``dtypes`` (one dtype: for each);
         counted as one ``fused`` route."""
         dev, label = self.device, self._label()
-        before = dev.event_count
 
         def kernel():
             outs = fn()
@@ -870,16 +869,12 @@ class DeviceMode(TorchDispatchMode):
             return [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
                     for o, d in zip(outs, each, strict=True)]
 
-        with dev.label(label):
+        with dev.label(label) as block:
             rounded = self._passthrough(kernel, kernel=True)
-        if dev.event_count != before:
+        if block.raised:
             self.events[label] += 1
-        self._count(name, "fused", None)
+        self.routes[name, "fused"] += 1
         return rounded
-
-    def _count(self, name: str, route: str, result):
-        self.routes[name, route] += 1
-        return result
 
     def _float32(self, func, args, kwargs):
         """func computed by torch in binary32, each floating result rounded once on the device

@@ -471,6 +471,23 @@ def test_labels_nest_and_come_off_when_the_block_ends() -> None:
     assert dev.current_label is None
 
 
+def test_a_label_block_says_whether_an_operation_in_it_raised_an_event() -> None:
+    dev = Device("atlas-a2")
+    with dev.label("clean") as clean:
+        dev.add(np.ones(2, H), np.ones(2, H))  # exact: no flag
+        dev.add(np.ones(1, H), np.full(1, 2.0**-12, H))  # INEXACT only: not an event
+    assert clean.raised is False
+    with dev.label("outer") as outer:
+        with dev.label("inner") as inner:
+            dev.mul(np.full(1, 300, H), np.full(1, 300, H))  # 90000: OVERFLOW
+        dev.add(np.ones(1, H), np.ones(1, H))
+    assert inner.raised and outer.raised
+    with pytest.raises(ValueError), dev.label("broken") as broken:
+        dev.div(np.ones(1, H), np.zeros(1, H))  # DIVBYZERO, then the block fails
+        raise ValueError
+    assert broken.raised and dev.current_label is None
+
+
 def _scalar_state(dev: Device) -> tuple:
     """All that a conversion leaves on a device: the register, both sticky statuses, the log."""
     return (dev.get_float_status().tolist(), dev.status, dev.fpu.status, [tuple(e) for e in dev.events])
