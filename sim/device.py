@@ -541,9 +541,7 @@ class Device:
             raise ValueError("cast returns flags for casts into the 8-bit formats "
                              "(Fpu.convert has them for every cast)")
         if getattr(x, "dtype", None) == np.float64 and dst is not BINARY64:
-            fpu = self._unit(dtype, "cast's dtype")
-            cfg = fpu.settings_for(fpu.format, None if rounding is None else Rounding.parse(rounding))
-            result, shape, scalar = fpu.run("convert", (x,), src=BINARY64, dst=fpu.format, cfg=cfg)
+            _, (result, shape, scalar) = self._from_float64(x, dtype, rounding, "cast's dtype")
             self._record(result.status, "cast", math.prod(shape))
             return finish(result, shape, scalar, False)
         src_fpu = self._on(x)
@@ -567,9 +565,8 @@ class Device:
         key = (dtype, value, math.copysign(1.0, value))  # +0 and -0 apart (they compare equal)
         kept = self._scalars.get(key)
         if kept is None:
-            fpu = self._unit(dtype, "scalar's dtype")
-            result, shape, scalar = fpu.run("convert", (np.asarray(value, np.float64),), src=BINARY64,
-                                            dst=fpu.format, cfg=fpu.settings)
+            fpu, (result, shape, scalar) = self._from_float64(np.asarray(value, np.float64), dtype, None,
+                                                              "scalar's dtype")
             kept = finish(result, shape, scalar, False), fpu, result.status
             if value == value:  # not NaN (its payload is not in the key)
                 if len(self._scalars) >= _SCALARS_KEPT:
@@ -579,6 +576,13 @@ class Device:
             kept[1].raise_status(kept[2])  # the unit's sticky status, as its conversion sets it
         self._record(kept[2], "cast", 1)
         return kept[0].copy()
+
+    def _from_float64(self, x: np.ndarray, dtype, rounding, what: str) -> tuple[Fpu, tuple]:
+        """binary64 values rounded into ``dtype`` by its unit, not yet recorded: the unit and its
+        ``run`` result (the one path of ``cast`` and ``scalar`` for a program's numbers)."""
+        fpu = self._unit(dtype, what)
+        cfg = fpu.settings_for(fpu.format, None if rounding is None else Rounding.parse(rounding))
+        return fpu, fpu.run("convert", (x,), src=BINARY64, dst=fpu.format, cfg=cfg)
 
     def _overflow_of(self, dst: Format) -> OverflowMode:
         """The overflow mode of results in ``dst``: the device's (binary32 follows ``saturate_float32``)."""
