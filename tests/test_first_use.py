@@ -166,8 +166,8 @@ def test_sweep_with_no_scheduler_listening(capsys, tmp_path) -> None:
 # -- interrupted runs ------------------------------------------------------------------
 def test_ctrl_c_keeps_the_finished_steps(monkeypatch) -> None:
     def progress(done, total):
-        if done == 5:
-            os.kill(os.getpid(), signal.SIGINT)
+        if done == 5:  # raised in this thread: its handler has run when raise_signal returns (os.kill's
+            signal.raise_signal(signal.SIGINT)  # may reach another thread first and be handled a step late)
     with pytest.raises(Interrupted) as info:
         simulate(steps=50, progress=progress)
     run = info.value.run
@@ -177,8 +177,8 @@ def test_ctrl_c_keeps_the_finished_steps(monkeypatch) -> None:
 
 def test_ctrl_c_in_the_cli_writes_the_partial_run(capsys, tmp_path, monkeypatch) -> None:
     import lossscale.app.cli as cli
-    monkeypatch.setattr(cli, "_progress", lambda quiet, name: lambda done, total: done == 7 and os.kill(
-        os.getpid(), signal.SIGINT))
+    monkeypatch.setattr(cli, "_progress", lambda quiet, name: lambda done, total: done == 7 and signal.raise_signal(
+        signal.SIGINT))
     code, out, err = run_cli(capsys, "run", "--steps", "40", "--out", tmp_path / "r")
     assert code == 130 and "interrupted: wrote the 7 finished steps" in err
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
