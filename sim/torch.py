@@ -82,9 +82,13 @@ Each routed operation is labelled with the module that issued it: its path
 in the outermost module called inside the mode (``encoder.layers.1.attn``;
 outside any module, the label of the enclosing ``device.label`` block, or
 ""), found by forward hooks in the forward pass and, in the backward pass,
-from the autograd node being run (each node created in a module's forward is
-tagged with its path; an untagged node, made outside modules, takes the
-enclosing ``device.label``). The operation runs inside
+from the autograd node being run: the module whose forward made it, told by
+the node's sequence number (torch numbers a thread's autograd nodes in the
+order made; the mode notes the number at each module's entry and exit, so a
+node's module is found without walking the graph). A node made outside
+modules, or in a forward whose graph is gone, takes the enclosing
+``device.label``; a parameter's gradient accumulation takes the module that
+owns the parameter. The operation runs inside
 ``device.label(path)``, and ``mode.events`` counts, per label, the device
 operations whose events reached the register.
 
@@ -94,8 +98,10 @@ operations below autograd, after torch's Python-level decompositions.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -113,7 +119,7 @@ __all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIO
            "as_tensor", "NUMPY_DTYPES"]
 
 aten = torch.ops.aten
-_LABEL = "sim.module"  # the autograd node metadata key of the module path
+_CHECKED = "sim.checked"  # the autograd node metadata key of a checked node (its forward's _Spans)
 #: The numpy dtype of each torch dtype the device computes in.
 NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
                 torch.float32: np.dtype(np.float32)}
@@ -620,10 +626,6 @@ def _kind(func) -> str:
 _KINDS: dict[Any, tuple[str, str, Any]] = {}  # each overload's name, route kind and packet, as first met
 
 
-#: The class of the autograd nodes that accumulate a leaf's gradient (``torch::autograd::AccumulateGrad``).
-_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
-
-
 def _tensors(output) -> list[torch.Tensor]:
     """The tensors of a module's output: itself, those of a plain tuple or list, else every
     tensor leaf of its pytree (a model's output classes)."""
@@ -644,6 +646,68 @@ def _map(fn: Callable, args):
     if args.__class__ is dict:
         return {k: one(v) for k, v in args.items()}
     return args.__class__(one(x) for x in args) if args.__class__ in (tuple, list) else tree_map(fn, args)
+
+
+#: The sequence number torch gives the next autograd node made in this thread; AccumulateGrad's.
+_next_sequence_nr, _NO_SEQUENCE_NR = torch._C._autograd._get_sequence_nr, 2**64 - 1
+_forwards = threading.local()  # this thread's _Spans, as weak references, oldest first
+
+
+class _Spans:
+    """One outermost forward's module paths by autograd sequence number: the nodes numbered from
+    ``starts[i]`` up to the next start were made by ``paths[i]`` (None: outside any module). Kept
+    alive by its graph (the module outputs' nodes hold it), so that a backward in a later mode
+    still finds it."""
+
+    __slots__ = ("starts", "paths", "root", "params", "__weakref__")
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self.starts: list[int] = []
+        self.paths: list[str | None] = []
+        self.root, self.params = root, None
+
+    def mark(self, path: str | None) -> None:
+        """From the next node on, nodes are made by ``path``."""
+        seq = _next_sequence_nr()
+        if self.starts and self.starts[-1] == seq:  # no node since the last mark
+            self.paths[-1] = path
+        else:
+            self.starts.append(seq)
+            self.paths.append(path)
+
+    def param_path(self, param: torch.Tensor) -> str | None:
+        """The path of the module owning ``param`` (a shared one: the first), if the root has it."""
+        if self.params is None:
+            self.params = {}
+            for name, m in self.root.named_modules():
+                for p in m.parameters(recurse=False):
+                    self.params.setdefault(id(p), name)
+        return self.params.get(id(param))
+
+    @classmethod
+    def begin(cls, root: torch.nn.Module) -> _Spans:
+        spans = cls(root)
+        live = [r for r in getattr(_forwards, "spans", ()) if r() is not None]
+        live.append(weakref.ref(spans))
+        _forwards.spans = live
+        return spans
+
+
+def _node_path(node) -> str | None:
+    """The module path of the forward that made autograd ``node``, if its forward's record is alive;
+    for a parameter's AccumulateGrad, the module owning it in the latest forward that has it."""
+    seq = node._sequence_nr()
+    for ref in reversed(getattr(_forwards, "spans", ())):
+        spans = ref()
+        if spans is None or not spans.starts:
+            continue
+        if seq == _NO_SEQUENCE_NR:
+            path = spans.param_path(node.variable)
+            if path is not None:
+                return path
+        elif spans.starts[0] <= seq:
+            return spans.paths[bisect.bisect_right(spans.starts, seq) - 1]
+    return None
 
 
 def _check_backward(grad_outputs):
@@ -686,6 +750,7 @@ class DeviceMode(TorchDispatchMode):
         self.events: collections.Counter[str] = collections.Counter()
         self._modules: list[str] = []  # the forward pass's module paths, innermost last
         self._names: dict[int, str] = {}
+        self._spans: _Spans | None = None
         self._hooks: list[Any] = []
 
     def __enter__(self):
@@ -708,32 +773,30 @@ class DeviceMode(TorchDispatchMode):
     def _enter_module(self, module, args) -> None:
         if not self._modules:  # the outermost module: it names the others
             self._names = {id(m): name for name, m in module.named_modules()}
-        self._modules.append(self._names.get(id(module), type(module).__name__))
+            self._spans = _Spans.begin(module)
+        path = self._names.get(id(module), type(module).__name__)
+        self._modules.append(path)
+        self._spans.mark(path)
 
     def _leave_module(self, module, args, output) -> None:
-        path = self._modules.pop()
-        # Tag the autograd nodes this module's forward created (inner modules tagged theirs first).
-        # The module's outputs' nodes are checked: a backward pass reaches one of them before any node
-        # of the module's forward (a native backward is refused before the module's first operation).
-        # The check is one function for every mode, so a node that outlives its mode serves later modes.
-        todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
-        for node in todo:
-            if _LABEL not in node.metadata:
-                node.register_prehook(_check_backward)
-        while todo:
-            node = todo.pop()
-            if node is None:
-                continue
-            metadata = node.metadata
-            if _LABEL in metadata:
-                continue
-            metadata[_LABEL] = path
-            todo.extend(next_node for next_node, _ in node.next_functions)
+        self._modules.pop()
+        spans = self._spans
+        spans.mark(self._modules[-1] if self._modules else None)
+        # The module's outputs' nodes are checked: a backward pass from outside the module reaches one
+        # of them before any node of its forward. The check is one function for every mode, so a node
+        # that outlives its mode serves later modes; the nodes keep their forward's spans alive.
+        for t in _tensors(output):
+            node = t.grad_fn
+            if node is not None:
+                metadata = node.metadata
+                if _CHECKED not in metadata:
+                    metadata[_CHECKED] = spans
+                    node.register_prehook(_check_backward)
 
     def _label(self) -> str:
         node = torch._C._current_autograd_node()
         if node is not None:  # backward: the module whose forward made this node
-            return node.metadata.get(_LABEL) or self.device.current_label or ""
+            return _node_path(node) or self.device.current_label or ""
         return self._modules[-1] if self._modules else (self.device.current_label or "")
 
     def _ours(self, args, kwargs) -> bool:

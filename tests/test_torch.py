@@ -7,6 +7,8 @@ register catching in saturation mode what the gradients do not show."""
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -193,6 +195,33 @@ def test_device_ops_are_labelled_with_the_module_that_issued_them() -> None:
     # The overflowing scale: the cast of the loss gradient (outside any module) and the
     # gradients of both linear layers overflow; only the register and mode.events say so.
     assert set(mode.events) == {"", "head", "encoder.0"} and dev.current_label is None
+
+
+def test_backward_labels_come_from_the_forward_in_a_later_mode_and_accumulation() -> None:
+    """The backward pass, run in a later mode, labels each operation with the module whose
+    forward made its node; a node made outside modules takes the enclosing label (here "step"),
+    not the module that consumed it; a parameter's gradient accumulation its module's."""
+    torch.manual_seed(0)
+    model, dev = Net().half(), Device("atlas-training")
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((8, 64)).astype(H)).requires_grad_()
+    seen = []
+    for _ in range(2):  # the second backward accumulates into the gradients of the first
+        with DeviceMode(dev):
+            out = (model(x * 2.0).float() ** 2).sum()
+        mode, labels = DeviceMode(dev), []
+        route = mode._route
+        mode._route = lambda func, *rest, labels=labels, route=route: (
+            labels.append((str(func), dev.current_label)), route(func, *rest))[1]
+        with mode, dev.label("step"):
+            out.backward()
+        seen.append(labels)
+    made = [("aten._to_copy.default", "step"), ("aten.mm.default", "head"), ("aten.mm.default", "head"),
+            ("aten.sum.dim_IntList", "head"), ("aten.mm.default", "encoder.0"), ("aten.mm.default", "encoder.0"),
+            ("aten.sum.dim_IntList", "encoder.0"), ("aten.mul.Tensor", "step")]
+    assert seen[0] == made
+    added = collections.Counter(label for op, label in seen[1] if op == "aten.add_.Tensor")
+    assert [x for x in seen[1] if x[0] != "aten.add_.Tensor"] == made
+    assert added == {"head": 2, "encoder.0": 2, "step": 1}  # weight and bias of each Linear; x (no module's)
 
 
 def test_backward_outside_the_mode_or_in_another_thread_is_refused() -> None:
