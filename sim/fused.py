@@ -12,7 +12,9 @@ chosen per family (``DeviceMode(dev, fused={"softmax": False})``):
   backward, made by autograd.
 
 ``default`` is what a torch_npu user gets; ``source`` says where that comes from (the sources
-are listed in docs/semantics.md).
+are listed in docs/semantics.md). The ``aclnn*`` names are operators of CANN's operator API (the
+hiascend.com "aolapi" reference, and the operator lists of gitcode.com/cann/ops-nn and ops-math,
+``docs/zh/menu_aclnn_api.md``), the kernels torch_npu calls for the aten operations of each family.
 """
 
 from __future__ import annotations
@@ -69,12 +71,73 @@ FAMILIES: tuple[Family, ...] = (
            "index/embedding_dense_grad/op_kernel/arch35/embedding_dense_grad_base.h, ProcessPerGradGroup; "
            "no unfused model: chosen unfused, it takes the float32 route",
            "the weight gradient of F.embedding / nn.Embedding: a gradient accumulation"),
-    Family("max_pool_backward", ("max_pool2d_with_indices_backward",), True,
+    Family("max_pool_backward", ("max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
+                                  "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"), True,
            "MaxPoolGradWithArgmaxV3 (each input's gradient summed in binary32 over the overlapping windows whose "
            "argmax it is, cast once to the output dtype), hicann/ops-nn pooling/max_pool_grad_with_argmax_v3/"
-           "op_kernel/arch35/max_pool_grad_with_argmax_v3_simt.h, MaxPoolGradWithArgmaxNchw; no unfused model: "
-           "chosen unfused, it takes the float32 route",
-           "the input gradient of F.max_pool2d / nn.MaxPool2d: overlapping windows' gradients accumulated"),
+           "op_kernel/arch35/max_pool_grad_with_argmax_v3_simt.h, MaxPoolGradWithArgmaxNchw; the 3-d and "
+           "adaptive kernels (aclnnMaxPool3dWithArgmaxBackward, aclnnAdaptiveMaxPool2dBackward) taken by the "
+           "same model; no unfused model: chosen unfused, it takes the float32 route",
+           "the input gradient of F.max_pool2d/3d and F.adaptive_max_pool2d/3d: overlapping windows' gradients "
+           "accumulated"),
+    Family("avg_pool", ("avg_pool2d", "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward",
+                        "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+                        "_adaptive_avg_pool3d_backward"), True,
+           "aclnnAvgPool2d, aclnnAvgPool3d, aclnnAdaptiveAvgPool2d, aclnnAdaptiveAvgPool3d and their backward: "
+           "the fused model (a window's sum and its division in binary32, one rounding), the kernels' own order "
+           "inside not modelled; no unfused model: chosen unfused, it takes the float32 route",
+           "F.avg_pool1d/2d/3d, F.adaptive_avg_pool2d/3d to more than one output (one output is a mean, on the "
+           "device) and their input gradients"),
+    Family("upsample", tuple(f"{kind}{suffix}" for kind in (
+        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+        "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+        "_upsample_bilinear2d_aa", "upsample_bicubic2d", "upsample_trilinear3d") for suffix in ("", "_backward")),
+           True, "aclnnUpsampleNearest1d/2d/3d, aclnnUpsampleLinear1d, aclnnUpsampleBilinear2d, "
+           "aclnnUpsampleBicubic2d, aclnnUpsampleTrilinear3d and their backward: the fused model (interpolation "
+           "weights and sums in binary32, one rounding), the kernels' own order inside not modelled; no unfused "
+           "model: chosen unfused, it takes the float32 route",
+           "F.interpolate / nn.Upsample (nearest: a copy, exact either way) and their input gradients, where "
+           "overlapping contributions are summed"),
+    Family("activation", ("hardtanh", "hardtanh_", "hardtanh_backward", "leaky_relu", "leaky_relu_",
+                          "leaky_relu_backward", "elu", "elu_", "elu_backward", "celu", "celu_", "softplus",
+                          "softplus_backward", "mish", "mish_", "mish_backward", "log_sigmoid_forward",
+                          "log_sigmoid_backward", "glu", "glu_backward", "_prelu_kernel", "_prelu_kernel_backward",
+                          "hardshrink", "hardshrink_backward", "softshrink", "softshrink_backward"), True,
+           "aclnnHardtanh, aclnnLeakyRelu, aclnnElu, aclnnCelu, aclnnSoftplus, aclnnMish, aclnnLogSigmoid, aclnnGlu, "
+           "aclnnPrelu, aclnnHardshrink, aclnnSoftshrink and their backward: the fused model (binary32 inside, one "
+           "rounding per output); no unfused model: chosen unfused, it takes the float32 route",
+           "the other activations: F.hardtanh / F.relu6 / nn.ReLU6, leaky_relu, elu / selu / celu, softplus, "
+           "mish, logsigmoid, glu, prelu, hardshrink, softshrink (clamps and selections are exact either way)"),
+    Family("reduction", ("var", "std", "var_mean", "std_mean", "linalg_vector_norm", "norm", "logsumexp", "prod",
+                         "cumsum", "cumsum_", "cumprod"), True,
+           "aclnnVar, aclnnStd, aclnnVarMean, aclnnStdMeanCorrection, aclnnLinalgVectorNorm, aclnnNorm, "
+           "aclnnLogSumExp, aclnnProd, aclnnCumsum, aclnnCumprod: the fused model (binary32 accumulation, one "
+           "rounding per output), the kernels' own order inside not modelled; no unfused model: chosen unfused, "
+           "it takes the float32 route",
+           "the reductions beyond sum, mean, amax and amin (those are the device's own): var and std, vector "
+           "norms (F.normalize, gradient clipping's norm), logsumexp, prod, cumsum and cumprod"),
+    Family("math", tuple(f"{name}{suffix}" for name in (
+        "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "expm1", "log1p", "log2", "log10", "exp2",
+        "erfinv") for suffix in ("", "_")) + ("atan2", "atan2_"), True,
+           "aclnnSin, aclnnCos, aclnnTan, aclnnSinh, aclnnCosh, aclnnAsin, aclnnAcos, aclnnAtan, aclnnAtan2, "
+           "aclnnExpm1, aclnnLog1p, aclnnLog2, aclnnLog10, aclnnExp2, aclnnErfinv: the fused model (binary32 inside, "
+           "one rounding); the device's own exp, log, sqrt, rsqrt, erf, tanh and sigmoid are correctly rounded "
+           "operations instead; no unfused model: chosen unfused, it takes the float32 route",
+           "the elementary functions the device table does not have (their backward: device operations)"),
+    Family("accumulate", ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_", "scatter_add",
+                          "scatter_add_"), True,
+           "aclnnIndexPutImpl, aclnnIndexAdd, aclnnScatterAdd: the fused model (the values, and the destination's "
+           "where they accumulate onto it, summed in binary32 in index order, one rounding per element written), "
+           "the kernels' own order inside not modelled; a put without accumulation is exact either way; no "
+           "unfused model: chosen unfused, it takes the float32 route",
+           "tensor[index] = values, index_put_/index_add_/scatter_add_ (indexing's gradient among them)"),
+    Family("loss", ("mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
+                    "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
+                    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward"), True,
+           "aclnnMseLoss, aclnnSmoothL1Loss, aclnnHuberLoss, aclnnBinaryCrossEntropy, "
+           "aclnnBinaryCrossEntropyWithLogits, aclnnSoftMarginLoss and their backward: the fused model (binary32 "
+           "inside, one rounding per output); no unfused model: chosen unfused, it takes the float32 route",
+           "losses computed in float16 or bfloat16 (a mixed-precision loop usually computes them in float32)"),
 )
 
 #: The families by name.

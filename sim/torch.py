@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -115,8 +116,8 @@ from . import fused as _fused
 from . import ops
 from .device import Device
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS", "ABOVE_AUTOGRAD", "as_array",
-           "as_tensor", "NUMPY_DTYPES"]
+__all__ = ["DeviceMode", "ROUTES", "EXACT", "EXACT_OVERLOADS", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS",
+           "ABOVE_AUTOGRAD", "as_array", "as_tensor", "NUMPY_DTYPES"]
 
 aten = torch.ops.aten
 _CHECKED = "sim.checked"  # the autograd node metadata key of a checked node (its forward's _Spans)
@@ -244,6 +245,20 @@ def _addmm(op: _Op, bias, a, b, beta=1, alpha=1):
     return _tensor(op.dev.matmul(_numpy(a), _numpy(b), bias=_numpy(bias)))
 
 
+def _baddbmm(op: _Op, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b) (baddbmm; Bloom's attention scores with ALiBi): the device's
+    stacked matmul, its products exact and summed in order in binary32, then alpha and beta applied
+    and the two terms added in binary32 (numpy float32, in that order), and the result rounded once
+    into the dtype on the device, as the cube unit's binary32 result is before its one cast."""
+    dtype = _conv_dtype(bias, a, b)
+    wide = op.dev.matmul(_numpy(a), _numpy(b), out_dtype=np.float32)
+    with np.errstate(all="ignore"):  # a binary32 overflow is Inf, as the unit's: the cast reports it
+        r = np.float32(alpha) * wide if alpha != 1 else wide
+        if beta != 0:
+            r = r + np.float32(beta) * _numpy(bias).astype(np.float32)
+    return _tensor(op.dev.cast(np.asarray(r, np.float32), _NUMPY[dtype]))
+
+
 def _to_copy(op: _Op, x, dtype=None, **kw):
     if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.dtype not in _NUMPY:
         raise _Exact
@@ -255,6 +270,25 @@ def _copy_(op: _Op, dst, src, non_blocking=False):
     if not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY:
         raise _Exact
     return dst.copy_(_tensor(op.dev.cast(_numpy(src), _NUMPY[dst.dtype])))
+
+
+def _held(value: float, dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds the Python number ``value`` exactly (Inf and NaN: as they are)."""
+    return not math.isfinite(value) or float(np.asarray(value).astype(_NUMPY[dtype])) == value
+
+
+def _masked_fill(op: _Op, x, mask, value):
+    """x with ``value`` where ``mask`` (a selection, exact), torch's own checks first (it refuses a
+    value the dtype overflows); a value the dtype cannot hold exactly is rounded into it on the
+    device, as ``full`` is (-inf and ``finfo.min``, the usual masks, are held)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
+                                                                     and value.dim() != 0):
+        raise _Unmapped
+    result = torch.masked_fill(x, mask, value)
+    v = float(value.item() if isinstance(value, torch.Tensor) else value)
+    if (isinstance(value, torch.Tensor) and value.dtype == x.dtype) or _held(v, x.dtype):
+        return result
+    return torch.masked_fill(x, mask, float(op.operand(v, x.dtype)))
 
 
 def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
@@ -391,6 +425,7 @@ class _Exact(Exception):
 #: The packets whose calls need more than the device method of the same name (sim.ops says which
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
+                                  "masked_fill": _masked_fill, "baddbmm": _baddbmm,
                                   "convolution": _convolution, "convolution_backward": _convolution_backward}
 
 
@@ -427,10 +462,13 @@ def _pow(op: _Op, x, exponent):
 
     The model takes the Pows kernel on every profile; on the Atlas training series (Ascend910)
     aclnn sends these exponents to its general Pow kernel, whose binary32 algorithm is not
-    modelled. Any other exponent, a tensor one, or a Python-number base takes the float32 route."""
+    modelled. The exponents 0 and 1 are exact (1 and x). Any other exponent, a tensor one, or a
+    Python-number base takes the float32 route."""
     if (not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or isinstance(exponent, (torch.Tensor, bool))
-            or not isinstance(exponent, (int, float)) or exponent not in _POWS):
+            or not isinstance(exponent, (int, float)) or exponent not in (*_POWS, 0, 1)):
         raise _Unmapped
+    if exponent in (0, 1):  # x ** 0 is 1 and x ** 1 is x (NaN included), exactly: x ** 2's backward makes x ** 1
+        raise _Exact
     a = _numpy(x)
     if exponent == 2:
         return _tensor(op.dev.mul(a, a))
@@ -575,8 +613,11 @@ ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packe
 #: view (``func.is_view``) and in-place view (``transpose_``, ``t_``, ``unsqueeze_``, ``as_strided_``...,
 #: torch's ``inplace_view`` tag) is exact too, applied to the tensor itself. Among them: the
 #: non-view splits (``unsafe_split``...), the gradients of a selection (``select_backward``,
-#: ``slice_backward``: +0 everywhere, the gradient copied into its place), and the quiet IEEE
-#: classifications (``isinf``, ``isnan``...: predicates on the stored bits, raising no flags).
+#: ``slice_backward``, ``diagonal_backward``: +0 everywhere, the gradient copied into its place),
+#: the quiet IEEE classifications (``isinf``, ``isnan``...: predicates on the stored bits, raising no
+#: flags), selections by value (``sort``, ``topk``, ``max``/``min`` over a dimension or all, their
+#: arg-forms, max pooling's 3-d and adaptive forms, ``tril``/``triu``) and ``sgn``/``sign`` (-1, 0
+#: or 1, exact in every format).
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
@@ -584,7 +625,19 @@ EXACT = frozenset({
     aten.unsafe_split, aten.unsafe_split_with_sizes, aten.select_backward, aten.slice_backward,
     aten.isinf, aten.isnan, aten.isposinf, aten.isneginf, aten.threshold_backward, aten.embedding,
     aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh,
-    aten._reshape_alias, aten.flip, aten.roll, aten.repeat,
+    aten._reshape_alias, aten.flip, aten.roll, aten.repeat, aten.max_pool3d_with_indices, aten.adaptive_max_pool2d,
+    aten.adaptive_max_pool3d, aten.tril, aten.triu, aten.sgn, aten.sign, aten.sort, aten.topk, aten.max, aten.min,
+    aten.argmax, aten.argmin, aten.pixel_shuffle, aten.pixel_unshuffle, aten.diagonal_backward, aten.masked_scatter,
+})
+
+#: Overloads exact where others of their packet are not: a scatter that places values (not one
+#: that reduces), and rounding to an integral value in a fixed direction (an integral binary16 or
+#: bfloat16 value is held exactly; ``round`` to some decimals is not among them), and ``frac``
+#: (x - trunc(x), exact by Sterbenz's lemma).
+EXACT_OVERLOADS = frozenset({
+    aten.scatter.src, aten.scatter.value, aten.scatter_.src, aten.scatter_.value, aten.floor.default,
+    aten.ceil.default, aten.trunc.default, aten.round.default, aten.frac.default, aten.floor_.default,
+    aten.ceil_.default, aten.trunc_.default, aten.round_.default, aten.frac_.default,
 })
 
 #: Factory operations, by the position of their fill value: torch makes the tensor, and a fill
@@ -614,7 +667,7 @@ def _kind(func) -> str:
     """The route kind of an aten overload: exact, factory, random, or "device" (a device handler
     is tried, else float32)."""
     packet = func.overloadpacket
-    if packet in EXACT or func.is_view or torch.Tag.inplace_view in func.tags:
+    if packet in EXACT or func in EXACT_OVERLOADS or func.is_view or torch.Tag.inplace_view in func.tags:
         return "exact"
     if packet in FACTORIES:
         return "factory"

@@ -220,3 +220,97 @@ def test_max_pool_backward_sums_overlapping_windows_in_binary32_once() -> None:
             want[i + r, j + c] += float(g[0, 0, i, j])
     assert x.grad.numpy()[0, 0].tolist() == want.astype(H).astype(np.float64).tolist()
     assert not dev.get_float_status()[0]
+
+
+def test_selections_by_value_and_integral_rounding_are_exact() -> None:
+    """sort, topk, max/min (over a dimension and all), argmax, tril/triu, sgn/sign, pixel_shuffle, 3-d and
+    adaptive max pooling, diagonal's gradient, masked_scatter, scatter's placement, floor/ceil/round/trunc and
+    frac: exact, bit for bit against numpy (NaN, -0 and the extremes included), the register untouched."""
+    x = np.array([[1.5, -0.0, np.inf, 3.25], [np.nan, -np.inf, 65504.0, -2.5], [0.0, 2.0**-24, -1.0, 6.5]], H)
+    dev = Device("atlas-a2")
+    mask = np.array([[True, False, True, False]] * 3)
+    with DeviceMode(dev, strict=True) as mode:
+        srt, top = torch.sort(t(x[2]), descending=True).values, torch.topk(t(x[2]), 2).values
+        mx, mn, amx = t(x[[0, 2]]).max(1).values, t(x[2]).min(), t(x[2]).argmax()
+        lower, sign, sgn = t(x).tril(), t(x).sign(), t(x).sgn()
+        shuffled = F.pixel_shuffle(t(np.arange(16, dtype=H).reshape(1, 4, 2, 2)), 2)
+        pooled3 = F.max_pool3d(t(np.arange(8, dtype=H).reshape(1, 1, 2, 2, 2)), 2)
+        adaptive = F.adaptive_max_pool2d(t(x[None, None, :, :]), (1, 2))
+        diag = aten.diagonal_backward(t(x[0, :3]), [3, 3], 0, 0, 1)
+        scattered = t(np.zeros((3, 4), H)).masked_scatter(t(mask), t(x))
+        placed = t(np.zeros(4, H)).scatter(0, torch.tensor([3, 0]), t(x[0, :2]))
+        rounded = [f(t(np.array([2.5, -2.5, 0.5, -0.0, 1023.5], H))) for f in (torch.floor, torch.ceil, torch.round,
+                                                                               torch.trunc, torch.frac)]
+    assert {route for _, route in mode.routes} == {"exact"} and not dev.get_float_status().any()
+    assert bits(srt) == bits(np.array([6.5, 2.0**-24, 0.0, -1.0], H)) and bits(top) == bits(srt[:2])
+    assert bits(mx) == bits(np.array([np.inf, 6.5], H)) and float(mn) == -1.0 and int(amx) == 3
+    numbers = ~np.isnan(x)  # torch's sign of NaN is 0 (its own convention; no arithmetic either way)
+    assert bits(lower) == bits(np.tril(x)) and bits(sign.numpy()[numbers]) == bits(np.sign(x[numbers]) + H(0))
+    assert torch.equal(sgn, sign) and sign.numpy()[~numbers].tolist() == [0.0]
+    assert shuffled.reshape(-1).tolist() == [0, 4, 1, 5, 8, 12, 9, 13, 2, 6, 3, 7, 10, 14, 11, 15]
+    assert pooled3.item() == 7.0 and adaptive.isnan().reshape(-1).tolist() == [True, False]
+    assert bits(diag) == bits(np.diag(x[0, :3])) and not np.signbit(diag.numpy()[~np.eye(3, dtype=bool)]).any()
+    want = np.zeros((3, 4), H)
+    want[mask] = x.ravel()[:mask.sum()]
+    assert bits(scattered) == bits(want) and bits(placed) == bits(np.array([-0.0, 0, 0, 1.5], H))
+    v = np.array([2.5, -2.5, 0.5, -0.0, 1023.5])
+    for got, want in zip(rounded, (np.floor(v), np.ceil(v), np.round(v), np.trunc(v), v - np.trunc(v)), strict=True):
+        assert bits(got) == bits(want.astype(H))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_masked_fill_rounds_only_a_value_the_dtype_cannot_hold(dtype) -> None:
+    """masked_fill selects exactly; its value is rounded into the dtype on the device (0.1 as the
+    device's cast rounds it), the masks' -inf and finfo.min are held as they are, and a value the
+    dtype overflows is refused by torch, as natively."""
+    x = torch.arange(6, dtype=torch.float32).to(dtype)
+    mask = torch.tensor([True, False, True, False, False, True])
+    dev = Device("atlas-training")
+    with DeviceMode(dev, strict=True) as mode:
+        tenth = x.masked_fill(mask, 0.1)
+        low = x.masked_fill(mask, torch.finfo(dtype).min)
+        inf = x.masked_fill(mask, torch.tensor(float("-inf")))
+    assert {route for _, route in mode.routes} <= {"device", "exact"}
+    assert mode.routes["aten.masked_fill.Scalar", "device"] == 2
+    assert tenth[mask].tolist() == [float(torch.tensor(0.1).to(dtype))] * 3 and torch.equal(tenth[~mask], x[~mask])
+    assert low[mask].tolist() == [torch.finfo(dtype).min] * 3 and inf[mask].isneginf().all()
+    assert not dev.get_float_status().any()
+    if dtype == torch.float16:
+        with DeviceMode(Device("atlas-training")), pytest.raises(RuntimeError, match="overflow"):
+            x.masked_fill(mask, 1e9)
+
+
+def test_baddbmm_is_the_cube_binary32_sum_then_alpha_and_beta_then_one_rounding() -> None:
+    """baddbmm against a loop: products exact, summed in order in binary32, times alpha, plus beta
+    times the bias (binary32), rounded once to binary16; an overflow of that rounding reaches the
+    register (saturating on atlas-training, Inf on atlas-a2)."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((2, 3, 5)).astype(H), rng.standard_normal((2, 5, 4)).astype(H)
+    bias = rng.standard_normal((2, 3, 4)).astype(H)
+    alpha, beta = 0.3535, 0.5
+    want = np.empty((2, 3, 4), H)
+    for n in range(2):
+        for i in range(3):
+            for j in range(4):
+                s = F32(0)
+                for k in range(5):
+                    s = F32(s + F32(a[n, i, k]) * F32(b[n, k, j]))
+                want[n, i, j] = H(F32(F32(alpha) * s) + F32(F32(beta) * F32(bias[n, i, j])))
+    out, routes, register = routed(lambda: torch.baddbmm(t(bias), t(a), t(b), beta=beta, alpha=alpha))
+    assert routes == {"device"} and bits(out) == bits(want) and not register.any()
+    big = lambda: torch.baddbmm(t(bias), t(a), t(b), alpha=40000.0)  # noqa: E731
+    out, _, register = routed(big, "atlas-training")
+    assert register[0] == 1 and torch.isfinite(out).all() and out.abs().max().item() == MAX
+    out, _, register = routed(big, "atlas-a2")
+    assert register[0] == 1 and torch.isinf(out).any()
+
+
+def test_pow_0_and_1_are_exact_so_a_square_trains_under_strict() -> None:
+    """x ** 2's backward makes x ** 1 (grad * 2 * x ** 1): exact, as is x ** 0."""
+    x = t(np.array([1.5, -0.0, np.nan, 65504.0], H))
+    with DeviceMode(Device("atlas-a2"), strict=True) as mode:
+        one, zero = x ** 1, x ** 0
+        y = t(np.array([3.0, -2.0], H)).requires_grad_(True)
+        (y ** 2).sum().backward()
+    assert bits(one) == bits(x) and zero.tolist() == [1.0] * 4 and y.grad.tolist() == [6.0, -4.0]
+    assert mode.routes["aten.pow.Tensor_Scalar", "exact"] == 3
