@@ -129,6 +129,30 @@ class Recurrent(torch.nn.Module):
         return self.head(self.rnn(self.embed(input_ids))[0])
 
 
+class ConvZoo(torch.nn.Module):
+    """The convolution and normalisation kinds the other models lack: strided Conv2d, GroupNorm,
+    ConvTranspose2d, InstanceNorm (affine), PReLU, a grouped Conv1d, Conv3d after average pooling,
+    bilinear upsampling, ReLU6 and leaky ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.gn = torch.nn.GroupNorm(2, 8)
+        self.up = torch.nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+        self.inorm = torch.nn.InstanceNorm2d(4, affine=True)
+        self.prelu = torch.nn.PReLU()
+        self.conv1d = torch.nn.Conv1d(4, 4, 5, padding=2, groups=2)
+        self.conv3d = torch.nn.Conv3d(1, 2, 3, padding=1)
+        self.head = torch.nn.Linear(4 * 32 + 2 * 4 * 16 * 16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.prelu(self.inorm(self.up(F.relu6(self.gn(self.conv(x))))))  # (N, 4, 32, 32)
+        a = F.leaky_relu(self.conv1d(y.mean(-1)), 0.1)  # (N, 4, 32)
+        b = self.conv3d(F.avg_pool2d(y, 2).unsqueeze(1))  # (N, 2, 4, 16, 16)
+        z = F.interpolate(x, scale_factor=2, mode="bilinear").mean((1, 2, 3))[:, None]
+        return self.head(torch.cat([a.flatten(1), b.flatten(1)], 1)) + z
+
+
 class SDPABlock(torch.nn.Module):
     """A causal pre-norm transformer layer whose attention is ``F.scaled_dot_product_attention``
     (with dropout), on token embeddings, and a linear head."""
@@ -238,6 +262,20 @@ ZOO: dict[str, Entry] = {
     "hf_vit": Entry("transformers", "ViTForImageClassification, 32x32 images, patch 8, 2 layers, width 32",
                     _hf("ViTConfig", "ViTForImageClassification", image_size=32, patch_size=8, num_labels=CLASSES, **{
                             k: v for k, v in _TINY.items() if k != "vocab_size"})),
+    "mobilenet_v2": Entry("torchvision", "mobilenet_v2(width_mult=0.5): ReLU6", lambda: torchvision().mobilenet_v2(
+        width_mult=0.5, num_classes=CLASSES)),
+    "densenet": Entry("torchvision", "DenseNet(growth_rate=8, block_config=(2, 2)): average pooling",
+                      lambda: torchvision().DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16,
+                                                     num_classes=CLASSES)),
+    "swin": Entry("torchvision", "SwinTransformer(embed_dim 16, depths (2, 2), window 4): shifted-window masks, "
+                  "stochastic depth", lambda: torchvision().SwinTransformer(
+                      patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
+                      stochastic_depth_prob=0.1, num_classes=CLASSES)),
+    "bloom": Entry("transformers", "BloomForCausalLM, 2 layers, width 32, 4 heads: ALiBi through baddbmm",
+                   _hf("BloomConfig", "BloomForCausalLM", vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4),
+                   "tokens"),
+    "convs": Entry("torch", "ConvZoo: GroupNorm, ConvTranspose2d, InstanceNorm, PReLU, Conv1d, Conv3d, upsampling",
+                   ConvZoo),
     "lstm": Entry("torch", "nn.LSTM 32-32, 2 layers, batch first, embedding and head", lambda: Recurrent(
         torch.nn.LSTM), "tokens"),
     "gru": Entry("torch", "nn.GRU 32-32, 2 layers, batch first, embedding and head", lambda: Recurrent(torch.nn.GRU),
