@@ -131,6 +131,11 @@ FAMILIES: tuple[Family, ...] = (
            "the kernels' own order inside not modelled; a put without accumulation is exact either way; no "
            "unfused model: chosen unfused, it takes the float32 route",
            "tensor[index] = values, index_put_/index_add_/scatter_add_ (indexing's gradient among them)"),
+    Family("pointwise", ("addcmul", "addcmul_", "addcdiv", "addcdiv_", "lerp", "lerp_"), True,
+           "aclnnAddcmul, aclnnAddcdiv, aclnnLerp (and their in-place forms): the fused model (binary32 inside, one "
+           "rounding); no unfused model: chosen unfused, it takes the float32 route",
+           "the optimizers' fused pointwise updates (Adam's addcmul_, addcdiv_ and lerp_ on float16 or bfloat16 "
+           "state) and the same functions in models"),
     Family("loss", ("mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
                     "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
                     "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward"), True,

@@ -138,6 +138,9 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
     ("index_add", lambda x, v: x.index_add(0, torch.tensor([0, 2, 2, 5]), v), (X, X[:4] * 8)),
     ("scatter_add", lambda x, v: x.scatter_add(1, torch.tensor([[0, 1, 1, 0]] * 6), v), (X, X[:, :4] * 8)),
     ("index", lambda x: x[torch.tensor([0, 2, 2, 5])], (X,)),  # its gradient: a put that accumulates
+    ("addcmul_addcdiv", lambda x, y: torch.addcdiv(torch.addcmul(x, x, y, value=0.5), y, x.abs() + 1, value=-2),
+     (X, X.flip(0))),
+    ("lerp", lambda x, y: torch.lerp(x, y, 0.1), (X, X.flip(1))),
 ])
 def test_fused_within_one_rounding_of_float64(name, fn, xs, monkeypatch):
     _check_fused(fn, *xs, monkeypatch=monkeypatch)
