@@ -107,13 +107,12 @@ ROUTE_TABLES = {
         "exact": {"detach.default": 6, "max_pool2d_with_indices.default": 1, "t.default": 5,
                   "threshold_backward.default": 1, "view.default": 3}},
     "torch-transformer": {
-        "float32": {"masked_fill.Scalar": 2},
         "fused": {"embedding_dense_backward.default": 2, "_softmax.default": 1, "_softmax_backward_data.default": 1,
                   "gelu.default": 1,
                   "gelu_backward.default": 1, "native_layer_norm.default": 3,
                   "native_layer_norm_backward.default": 3},
         "device": {"_to_copy.default": 2, "add.Tensor": 5, "addmm.default": 5, "bmm.default": 6, "mm.default": 10,
-                   "mul.Tensor": 6, "sum.dim_IntList": 6, "div_.Scalar": 2},
+                   "mul.Tensor": 6, "sum.dim_IntList": 6, "div_.Scalar": 2, "masked_fill.Scalar": 2},
         "factory": {"empty_like.default": 2},  # dropout's mask: empty_like().bernoulli_().div_(), then mul
         "random": {"bernoulli_.float": 2},
         "exact": {"_unsafe_view.default": 8, "clone.default": 6, "detach.default": 20, "embedding.default": 2,
