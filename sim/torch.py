@@ -291,6 +291,18 @@ def _masked_fill(op: _Op, x, mask, value):
     return torch.masked_fill(x, mask, float(op.operand(v, x.dtype)))
 
 
+def _nan_to_num(op: _Op, x, nan=None, posinf=None, neginf=None):
+    """NaN, +Inf and -Inf replaced (a selection, exact) in x's own dtype: by default with 0 and the
+    dtype's largest finite values, which it holds; a value given that the dtype cannot hold is
+    rounded into it on the device, as ``full``'s is. (In binary32 the defaults would be binary32's
+    largest values, whose rounding back would report an overflow that never happened.)"""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY:
+        raise _Unmapped
+    values = [v if v is None or _held(float(v), x.dtype) else float(op.operand(float(v), x.dtype))
+              for v in (nan, posinf, neginf)]
+    return torch.nan_to_num(x, *values)
+
+
 def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     """An in-place or ``out=`` result written into its destination: rounded on the device
     where the destination's float dtype differs, else copied exactly."""
@@ -425,7 +437,7 @@ class _Exact(Exception):
 #: The packets whose calls need more than the device method of the same name (sim.ops says which
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
-                                  "masked_fill": _masked_fill, "baddbmm": _baddbmm,
+                                  "masked_fill": _masked_fill, "nan_to_num": _nan_to_num, "baddbmm": _baddbmm,
                                   "convolution": _convolution, "convolution_backward": _convolution_backward}
 
 

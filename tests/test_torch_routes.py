@@ -314,3 +314,18 @@ def test_pow_0_and_1_are_exact_so_a_square_trains_under_strict() -> None:
         (y ** 2).sum().backward()
     assert bits(one) == bits(x) and zero.tolist() == [1.0] * 4 and y.grad.tolist() == [6.0, -4.0]
     assert mode.routes["aten.pow.Tensor_Scalar", "exact"] == 3
+
+
+@pytest.mark.parametrize("profile", ["atlas-training", "atlas-a2"])
+def test_nan_to_num_replaces_in_the_dtype_and_reports_no_overflow(profile: str) -> None:
+    """nan_to_num's defaults are the dtype's own largest values: no event (binary32's largest values,
+    rounded back, would report an overflow that never happened); a replacement the dtype cannot hold
+    is rounded on the device, and one it overflows is an overflow of that conversion."""
+    x = t(np.array([np.nan, np.inf, -np.inf, 1.0, -0.0], H))
+    out, routes, register = routed(lambda: torch.nan_to_num(x), profile)
+    assert routes == {"device"} and not register.any()
+    assert bits(out) == bits(np.array([0.0, MAX, -MAX, 1.0, -0.0], H))
+    out, _, register = routed(lambda: torch.nan_to_num(x, nan=0.1, posinf=1000.3), profile)
+    assert bits(out) == bits(np.array([0.1, 1000.3, -MAX, 1.0, -0.0], H)) and not register.any()
+    out, _, register = routed(lambda: torch.nan_to_num(x, posinf=1e6), profile)
+    assert register[0] == 1 and out[1].item() == (MAX if profile == "atlas-training" else np.inf)
