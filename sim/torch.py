@@ -857,6 +857,8 @@ class DeviceMode(TorchDispatchMode):
                 if _CHECKED not in metadata:
                     metadata[_CHECKED] = spans
                     node.register_prehook(_check_backward)
+        if not self._modules:  # the outermost module's exit: the spans now live as long as the graph does
+            self._spans = None
 
     def _label(self) -> str:
         node = torch._C._current_autograd_node()
