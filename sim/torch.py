@@ -303,6 +303,18 @@ def _nan_to_num(op: _Op, x, nan=None, posinf=None, neginf=None):
     return torch.nan_to_num(x, *values)
 
 
+def _where(op: _Op, condition, a, b):
+    """where(condition, a, b): a selection, exact, in the result's dtype; an operand of another dtype
+    (a binary32 0-d mask value, a Python number) is converted into it on the device first, as the
+    NPU casts it, so that an overflowing mask value (binary32's lowest) saturates in saturation mode
+    and reaches the register. Operands already of the result's dtype: the exact route."""
+    dtype = torch.result_type(a, b)
+    if dtype not in _NUMPY or all(isinstance(v, torch.Tensor) and v.dtype == dtype for v in (a, b)):
+        raise _Exact
+    return torch.where(condition, *(v if isinstance(v, torch.Tensor) and v.dtype == dtype else
+                                    _tensor(op.operand(v, dtype)) for v in (a, b)))
+
+
 def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     """An in-place or ``out=`` result written into its destination: rounded on the device
     where the destination's float dtype differs, else copied exactly."""
@@ -437,7 +449,8 @@ class _Exact(Exception):
 #: The packets whose calls need more than the device method of the same name (sim.ops says which
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
-                                  "masked_fill": _masked_fill, "nan_to_num": _nan_to_num, "baddbmm": _baddbmm,
+                                  "masked_fill": _masked_fill, "nan_to_num": _nan_to_num, "where": _where,
+                                  "baddbmm": _baddbmm,
                                   "convolution": _convolution, "convolution_backward": _convolution_backward}
 
 
@@ -633,7 +646,7 @@ ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packe
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
-    aten.where, aten.clone, aten.detach, aten.alias, aten.split, aten.split_with_sizes, aten.unbind,
+    aten.clone, aten.detach, aten.alias, aten.split, aten.split_with_sizes, aten.unbind,
     aten.unsafe_split, aten.unsafe_split_with_sizes, aten.select_backward, aten.slice_backward,
     aten.isinf, aten.isnan, aten.isposinf, aten.isneginf, aten.threshold_backward, aten.embedding,
     aten.max_pool2d_with_indices, aten.constant_pad_nd, aten.as_strided, aten.lift_fresh,

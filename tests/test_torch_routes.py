@@ -329,3 +329,23 @@ def test_nan_to_num_replaces_in_the_dtype_and_reports_no_overflow(profile: str) 
     assert bits(out) == bits(np.array([0.1, 1000.3, -MAX, 1.0, -0.0], H)) and not register.any()
     out, _, register = routed(lambda: torch.nan_to_num(x, posinf=1e6), profile)
     assert register[0] == 1 and out[1].item() == (MAX if profile == "atlas-training" else np.inf)
+
+
+@pytest.mark.parametrize("profile", ["atlas-training", "atlas-a2"])
+def test_where_converts_an_operand_of_another_dtype_on_the_device(profile: str) -> None:
+    """A binary32 mask value (its lowest, as mixed-precision code writes it) selected into binary16:
+    converted on the device first, so it saturates to -65504 in saturation mode (-Inf otherwise) and its
+    overflow reaches the register; a value binary16 holds raises nothing; same-dtype operands are exact."""
+    x = t(np.array([1.0, -2.5, 3.0, 0.25], H))
+    mask = torch.tensor([True, False, True, False])
+    lowest = torch.tensor(torch.finfo(torch.float32).min)
+    out, routes, register = routed(lambda: torch.where(mask, x, lowest), profile)
+    low = -MAX if profile == "atlas-training" else -np.inf
+    assert routes == {"device"} and register[0] == 1
+    assert bits(out) == bits(np.array([1.0, low, 3.0, low], H))
+    out, _, register = routed(lambda: torch.where(mask, torch.tensor(0.5), x), profile)
+    assert bits(out) == bits(np.array([0.5, -2.5, 0.5, 0.25], H)) and not register.any()
+    dev = Device(profile)
+    with DeviceMode(dev, strict=True) as mode:
+        torch.where(mask, x, x.flip(0))
+    assert mode.routes["aten.where.self", "exact"] == 1 and {r for _, r in mode.routes} == {"exact"}
