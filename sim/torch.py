@@ -260,9 +260,14 @@ def _baddbmm(op: _Op, bias, a, b, beta=1, alpha=1):
 
 
 def _to_copy(op: _Op, x, dtype=None, **kw):
-    if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.dtype not in _NUMPY:
+    """A conversion into one of the device's dtypes, rounded on the device: from another of them, or
+    from float64, integers and bools (their values in binary64, exact up to 2**53), so that an integer
+    or a binary64 value beyond binary16's range saturates and reaches the register as the NPU's cast
+    does (torch converts it to Inf without a word). Anything else (into other dtypes) is exact."""
+    if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.is_complex():
         raise _Exact
-    return _tensor(op.dev.cast(_numpy(x), _NUMPY[dtype]))
+    a = _numpy(x) if x.dtype in _NUMPY else x.detach().numpy().astype(np.float64)
+    return _tensor(op.dev.cast(a, _NUMPY[dtype]))
 
 
 def _copy_(op: _Op, dst, src, non_blocking=False):

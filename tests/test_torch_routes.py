@@ -349,3 +349,18 @@ def test_where_converts_an_operand_of_another_dtype_on_the_device(profile: str) 
     with DeviceMode(dev, strict=True) as mode:
         torch.where(mask, x, x.flip(0))
     assert mode.routes["aten.where.self", "exact"] == 1 and {r for _, r in mode.routes} == {"exact"}
+
+
+@pytest.mark.parametrize("profile", ["atlas-training", "atlas-a2"])
+def test_integers_and_float64_convert_into_binary16_on_the_device(profile: str) -> None:
+    """.to(float16) of an integer or float64 tensor is the device's cast from binary64: values beyond
+    binary16's range saturate (or are Inf) and set the register; a bool mask's 0 and 1 raise nothing."""
+    big = 65504.0 if profile == "atlas-training" else np.inf
+    for source in (torch.tensor([1, 70000, -100000, 3]), torch.tensor([1.0, 70000.0, -1e5, 3.0], dtype=torch.float64)):
+        out, routes, register = routed(lambda s=source: s.to(torch.float16), profile)
+        assert routes == {"device"} and register[0] == 1
+        assert bits(out) == bits(np.array([1.0, big, -big, 3.0], H))
+    out, routes, register = routed(lambda: torch.tensor([True, False]).to(torch.float16), profile)
+    assert out.tolist() == [1.0, 0.0] and not register.any()
+    out, _, register = routed(lambda: torch.tensor([0.1], dtype=torch.float64).to(torch.float16), profile)
+    assert bits(out) == bits(np.array([0.1], H)) and not register.any()
