@@ -271,10 +271,12 @@ def _to_copy(op: _Op, x, dtype=None, **kw):
 
 
 def _copy_(op: _Op, dst, src, non_blocking=False):
-    """copy_ between float dtypes is a cast (rounded on the device); within one, exact."""
-    if not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY:
+    """copy_ into one of the device's dtypes from another dtype is a cast (rounded on the device, from
+    integers and float64 too, as ``_to_copy``); within one, exact."""
+    if not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY or src.is_complex():
         raise _Exact
-    return dst.copy_(_tensor(op.dev.cast(_numpy(src), _NUMPY[dst.dtype])))
+    a = _numpy(src) if src.dtype in _NUMPY else src.detach().numpy().astype(np.float64)  # as _to_copy
+    return dst.copy_(_tensor(op.dev.cast(a, _NUMPY[dst.dtype])))
 
 
 def _held(value: float, dtype: torch.dtype) -> bool:
