@@ -259,12 +259,17 @@ def _baddbmm(op: _Op, bias, a, b, beta=1, alpha=1):
     return _tensor(op.dev.cast(np.asarray(r, np.float32), _NUMPY[dtype]))
 
 
+def _plain_cpu(x: torch.Tensor) -> bool:
+    """A dense CPU tensor, whose values numpy can read (not meta, not sparse)."""
+    return x.is_cpu and x.layout == torch.strided
+
+
 def _to_copy(op: _Op, x, dtype=None, **kw):
     """A conversion into one of the device's dtypes, rounded on the device: from another of them, or
     from float64, integers and bools (their values in binary64, exact up to 2**53), so that an integer
     or a binary64 value beyond binary16's range saturates and reaches the register as the NPU's cast
     does (torch converts it to Inf without a word). Anything else (into other dtypes) is exact."""
-    if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.is_complex():
+    if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.is_complex() or not _plain_cpu(x):
         raise _Exact
     a = _numpy(x) if x.dtype in _NUMPY else x.detach().numpy().astype(np.float64)
     return _tensor(op.dev.cast(a, _NUMPY[dtype]))
@@ -273,7 +278,8 @@ def _to_copy(op: _Op, x, dtype=None, **kw):
 def _copy_(op: _Op, dst, src, non_blocking=False):
     """copy_ into one of the device's dtypes from another dtype is a cast (rounded on the device, from
     integers and float64 too, as ``_to_copy``); within one, exact."""
-    if not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY or src.is_complex():
+    if (not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY or src.is_complex()
+            or not _plain_cpu(src) or not _plain_cpu(dst)):
         raise _Exact
     a = _numpy(src) if src.dtype in _NUMPY else src.detach().numpy().astype(np.float64)  # as _to_copy
     return dst.copy_(_tensor(op.dev.cast(a, _NUMPY[dst.dtype])))

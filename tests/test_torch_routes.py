@@ -367,3 +367,6 @@ def test_integers_and_float64_convert_into_binary16_on_the_device(profile: str) 
     assert out.tolist() == [1.0, 0.0] and not register.any()
     out, _, register = routed(lambda: torch.tensor([0.1], dtype=torch.float64).to(torch.float16), profile)
     assert bits(out) == bits(np.array([0.1], H)) and not register.any()
+    for meta in (torch.zeros(3, dtype=torch.int64, device="meta"), torch.zeros(3, device="meta")):  # no values
+        out, routes, _ = routed(lambda m=meta: m.to(torch.float16), profile)
+        assert out.is_meta and out.dtype == torch.float16 and routes == set()
