@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,9 +36,16 @@ def test_stored_without_outputs(path: Path) -> None:
 def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     if "import torch" in path.read_text() and importlib.util.find_spec("torch") is None:
         pytest.skip("needs torch (the optional extra; .ci/run installs it)")
+    from jupyter_client.manager import KernelManager
     book = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    # The kernel talks over Unix sockets in a folder of its own: over TCP, two workers' kernels
+    # starting at once can pick the same free port, and one dies ("Address already in use").
+    sockets = tempfile.mkdtemp(prefix="nb")  # short: a Unix socket's path is limited to ~100 bytes
+    try:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
+        client = nbclient.NotebookClient(book, km=km, timeout=600, resources={"metadata": {"path": str(tmp_path)}})
+        client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
