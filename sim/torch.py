@@ -271,8 +271,7 @@ def _to_copy(op: _Op, x, dtype=None, **kw):
     does (torch converts it to Inf without a word). Anything else (into other dtypes) is exact."""
     if dtype is None or dtype == x.dtype or dtype not in _NUMPY or x.is_complex() or not _plain_cpu(x):
         raise _Exact
-    a = _numpy(x) if x.dtype in _NUMPY else x.detach().numpy().astype(np.float64)
-    return _tensor(op.dev.cast(a, _NUMPY[dtype]))
+    return _tensor(op.operand(x, dtype))
 
 
 def _copy_(op: _Op, dst, src, non_blocking=False):
@@ -281,8 +280,7 @@ def _copy_(op: _Op, dst, src, non_blocking=False):
     if (not isinstance(src, torch.Tensor) or src.dtype == dst.dtype or dst.dtype not in _NUMPY or src.is_complex()
             or not _plain_cpu(src) or not _plain_cpu(dst)):
         raise _Exact
-    a = _numpy(src) if src.dtype in _NUMPY else src.detach().numpy().astype(np.float64)  # as _to_copy
-    return dst.copy_(_tensor(op.dev.cast(a, _NUMPY[dst.dtype])))
+    return dst.copy_(_tensor(op.operand(src, dst.dtype)))
 
 
 def _held(value: float, dtype: torch.dtype) -> bool:
@@ -959,7 +957,7 @@ class DeviceMode(TorchDispatchMode):
             value = args[_FILLS[packet]]
             value = value.item() if isinstance(value, torch.Tensor) else value
             value = float(value)
-            if np.asarray(value).astype(target).astype(np.float64) == value or not np.isfinite(value):
+            if _held(value, result.dtype):
                 return result  # a value the dtype holds (Inf and NaN too): written as it is, no rounding
             result.fill_(float(self.device.cast(np.asarray(value, np.float64), target)))
         elif packet in _SEQUENCES:
