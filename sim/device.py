@@ -78,7 +78,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from . import formats, mx, ops, profiles
+from . import conv, formats, mx, ops, profiles
 from . import kernels as K
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import Fpu, filled, finish, plain
@@ -556,6 +556,32 @@ class Device:
         self._record(result.status, "cast", math.prod(shape))
         return finish(result, shape, scalar, False)
 
+    def round_results(self, values, dtypes, flags: int = 0, op: str = "fused") -> list[np.ndarray]:
+        """Results an operation computed inside in binary32 or binary64 (``values``, numpy arrays)
+        rounded into their ``dtypes`` (float16, bfloat16 or float32) as one device operation:
+        each rounding's flags and ``flags`` (the events the computation raised inside: an
+        overflow to infinity, a pole, an invalid operation, which the rounding of an Inf or NaN
+        cannot see) reach the register once, as the operation ``op``."""
+        out, status, elements = [], int(flags), 0
+        for v, dtype in zip(values, dtypes, strict=True):
+            v = plain(v)
+            dst = self._unit(dtype, "a result's dtype")
+            src = self._on(v) if v.dtype != np.float64 else None
+            n = v.size
+            bits = np.empty(n, dst.format.uint)
+            fl = np.empty(n, np.uint8)
+            if src is None:  # binary64 values: the unit's cast from binary64
+                result, _, _ = dst.run("convert", (np.ascontiguousarray(v).reshape(-1),), src=BINARY64,
+                                       dst=dst.format, cfg=dst.settings)
+                bits, s = result.value.view(dst.format.uint), result.status
+            else:
+                s = K.convert(np.ascontiguousarray(v).reshape(-1).view(src.uint), bits, fl, src.settings, dst.settings)
+            status |= s
+            elements += n
+            out.append(bits.view(dst.format.dtype).reshape(v.shape))
+        self._record(status, op, elements)
+        return out
+
     def scalar(self, value: float, dtype) -> np.ndarray:
         """A Python number rounded into ``dtype`` (float16, bfloat16 or float32) on the device:
         what ``cast(np.asarray(value, np.float64), dtype)`` returns (a new 0-d array), its flags
@@ -831,27 +857,23 @@ class Device:
     def _conv(self, name: str, x, w, stride, padding, dilation, groups, bias, accumulate, out_dtype,
               fuse_bias) -> np.ndarray:
         x, w = np.asarray(x), np.asarray(w)
-        d = self._conv_shapes(name, x, w, groups)
-        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
-                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
         if out_dtype is None:
             out_dtype = x.dtype if x.dtype == BFLOAT16.dtype else np.float16
         fused = self._fused(bias, fuse_bias)
-        o, n = w.shape[0], x.shape[0]
-        cols, out_shape = _im2col(x, w.shape[2:], stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
-        kernel = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (g, Cg*K, Og)
-        init = None
-        if fused:
-            init = np.asarray(bias).reshape(groups, 1, o // groups)
-        if groups == 1:
-            y = self._product(name, cols[0], np.ascontiguousarray(kernel[0]), accumulate, out_dtype,
-                              init=None if init is None else init[0])[None]
-        else:
-            y = self._product(name, cols, np.ascontiguousarray(kernel), accumulate, out_dtype, init=init)
-        y = _from_groups(y, n, o, out_shape)
+        y = conv.forward(x, w, stride, padding, dilation, groups, self._grouped(name, accumulate, out_dtype),
+                         np.asarray(bias) if fused else None, name)
         if bias is not None and not fused:
-            y = self.add(y, self._bias_operand(bias, y.dtype).reshape(1, o, *[1] * d))
+            y = self.add(y, self._bias_operand(bias, y.dtype).reshape(1, w.shape[0], *[1] * (x.ndim - 2)))
         return y
+
+    def _grouped(self, name: str, accumulate, out_dtype) -> conv.Product:
+        """The cube's product of stacks of matrices, one per group, for :mod:`sim.conv`."""
+        def product(a: np.ndarray, b: np.ndarray, init: np.ndarray | None) -> np.ndarray:
+            if a.shape[0] == 1:
+                return self._product(name, a[0], b[0], accumulate, out_dtype,
+                                     init=None if init is None else init[0])[None]
+            return self._product(name, a, b, accumulate, out_dtype, init=init)
+        return product
 
     def conv2d(self, x, w, stride: int = 1, padding: int = 0, dilation: int = 1, accumulate=None,
                out_dtype=np.float16) -> np.ndarray:
@@ -886,27 +908,7 @@ class Device:
         as :meth:`conv` places it (a transposed convolution's bias).
         """
         dy, w = np.asarray(dy), np.asarray(w)
-        d = dy.ndim - 2
-        if d < 1 or w.ndim != d + 2 or dy.shape[1] != w.shape[0] or w.shape[0] % groups:
-            raise ValueError(f"conv_grad_input needs dy (N, O, *OS) and w (O, C/groups, *K) with O divisible by "
-                             f"groups, got {dy.shape}, {w.shape}, groups={groups}")
-        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
-                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
-        size = tuple(int(s) for s in input_size)[-d:]
-        k = w.shape[2:]
-        spread = [(o - 1) * s + 1 for o, s in zip(dy.shape[2:], stride, strict=True)]
-        stuffed = np.zeros((*dy.shape[:2], *spread), dy.dtype)
-        stuffed[(slice(None), slice(None), *(slice(None, None, s) for s in stride))] = dy
-        lo = [di * (ki - 1) - p for di, ki, p in zip(dilation, k, padding, strict=True)]
-        rest = [si + 2 * p - di * (ki - 1) - 1 - (o - 1) * s
-                for si, p, di, ki, o, s in zip(size, padding, dilation, k, dy.shape[2:], stride, strict=True)]
-        if any(r < 0 or r >= max(s, di) for r, s, di in zip(rest, stride, dilation, strict=True)):
-            raise ValueError(f"conv_grad_input: dy's spatial shape {dy.shape[2:]} does not come from an input of "
-                             f"{size} with stride {stride}, padding {padding}, dilation {dilation}, kernel {k}")
-        z = _pad(stuffed, lo, [a + r for a, r in zip(lo, rest, strict=True)])
-        o, cg = w.shape[:2]
-        flipped = w.reshape(groups, o // groups, cg, *k).swapaxes(1, 2)[(Ellipsis, *(slice(None, None, -1),) * d)]
-        flipped = np.ascontiguousarray(flipped.reshape(groups * cg, o // groups, *k))
+        z, flipped, dilation = conv.grad_input_operands(dy, w, input_size, stride, padding, dilation, groups)
         return self._conv("conv_grad_input", z, flipped, 1, 0, dilation, groups, bias, accumulate, out_dtype,
                           fuse_bias)
 
@@ -921,26 +923,10 @@ class Device:
         positions being +0 operands, rounded once.
         """
         x, dy = np.asarray(x), np.asarray(dy)
-        d = x.ndim - 2
-        k = tuple(int(v) for v in kernel_size)[-d:]
-        if d < 1 or dy.ndim != x.ndim or dy.shape[0] != x.shape[0] or x.shape[1] % groups or dy.shape[1] % groups:
-            raise ValueError(f"conv_grad_weight needs x (N, C, *S) and dy (N, O, *OS) with C and O divisible by "
-                             f"groups, got {x.shape}, {dy.shape}, groups={groups}")
-        stride, padding, dilation = (_per_dim(name, v, d, low) for name, v, low in
-                                     (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
         if out_dtype is None:
             out_dtype = x.dtype if x.dtype == BFLOAT16.dtype else np.float16
-        n, o = dy.shape[:2]
-        cols, out_shape = _im2col(x, k, stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
-        if tuple(out_shape) != dy.shape[2:]:
-            raise ValueError(f"conv_grad_weight: dy's spatial shape {dy.shape[2:]} is not the convolution's "
-                             f"output shape {tuple(out_shape)}")
-        grad = np.moveaxis(dy.reshape(n, groups, o // groups, -1), 0, 2).reshape(groups, o // groups, -1)
-        if groups == 1:
-            out = self._product("conv_grad_weight", np.ascontiguousarray(grad[0]), cols[0], accumulate, out_dtype)
-        else:
-            out = self._product("conv_grad_weight", np.ascontiguousarray(grad), cols, accumulate, out_dtype)
-        return out.reshape(o, x.shape[1] // groups, *k)
+        return conv.grad_weight(x, dy, kernel_size, stride, padding, dilation, groups,
+                                self._grouped("conv_grad_weight", accumulate, out_dtype))
 
     def conv_transpose(self, x, w, stride=1, padding=0, output_padding=0, dilation=1, groups: int = 1,
                        bias=None, accumulate=None, out_dtype=None, fuse_bias: bool | None = None) -> np.ndarray:
@@ -949,26 +935,9 @@ class Device:
         (S - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1, in its order;
         ``bias`` (Cout,) as :meth:`conv` places it."""
         x, w = np.asarray(x), np.asarray(w)
-        d = x.ndim - 2
-        stride, padding, output_padding, dilation = (
-            _per_dim(name, v, d, low) for name, v, low in (("stride", stride, 1), ("padding", padding, 0),
-                                                            ("output_padding", output_padding, 0),
-                                                            ("dilation", dilation, 1)))
-        size = [(s - 1) * st - 2 * p + di * (k - 1) + op + 1
-                for s, st, p, di, k, op in zip(x.shape[2:], stride, padding, dilation, w.shape[2:], output_padding,
-                                               strict=True)]
+        size = conv.transpose_size(x.shape, w.shape, stride, padding, output_padding, dilation)
         return self.conv_grad_input(x, w, size, stride, padding, dilation, groups, accumulate, out_dtype, bias,
                                     fuse_bias)
-
-    @staticmethod
-    def _conv_shapes(name: str, x: np.ndarray, w: np.ndarray, groups: int) -> int:
-        d = x.ndim - 2
-        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-            raise ValueError(f"{name}: groups must be a positive integer, got {groups!r}")
-        if (d < 1 or w.ndim != x.ndim or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups):
-            raise ValueError(f"{name} needs x (N, C, *S) and w (O, C/groups, *K) with O divisible by groups, "
-                             f"got {x.shape}, {w.shape}, groups={groups}")
-        return d
 
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
@@ -1035,74 +1004,6 @@ class Device:
 
 
 # -- the methods of the table's operations ---------------------------------------------------
-
-def _per_dim(name: str, v, d: int, low: int) -> tuple[int, ...]:
-    """A convolution parameter as one integer per spatial dimension."""
-    vs = tuple(v) if isinstance(v, (tuple, list)) else (v,) * d
-    if len(vs) == 1:
-        vs = vs * d
-    if len(vs) != d or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < low for e in vs):
-        raise ValueError(f"conv: {name} must be an integer of at least {low}, or {d} of them, got {v!r}")
-    return tuple(int(e) for e in vs)
-
-
-def _pad(x: np.ndarray, lo, hi) -> np.ndarray:
-    """x with lo[i] / hi[i] +0s before / after spatial axis i (cropped where negative)."""
-    if not any(lo) and not any(hi):
-        return x
-    inner = x[(slice(None), slice(None), *(slice(max(-a, 0), x.shape[i + 2] - max(-b, 0))
-                                           for i, (a, b) in enumerate(zip(lo, hi, strict=True))))]
-    shape = [s + max(a, 0) + max(b, 0) for s, a, b in zip(inner.shape[2:], lo, hi, strict=True)]
-    out = np.zeros((*x.shape[:2], *shape), x.dtype)
-    out[(slice(None), slice(None), *(slice(max(a, 0), max(a, 0) + s) for a, s in zip(lo, inner.shape[2:],
-                                                                                     strict=True)))] = inner
-    return out
-
-
-def _im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
-    """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
-    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS."""
-    xp = _pad(x, padding, padding)
-    spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
-    if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
-        raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
-                         f"{xp.shape[2:]}")
-    index, out_shape = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
-    return np.take(np.ascontiguousarray(xp).reshape(-1), index), list(out_shape)
-
-
-@functools.lru_cache(maxsize=256)
-def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-                  groups: int) -> tuple[np.ndarray, tuple[int, ...]]:
-    """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`_im2col`),
-    one gather per convolution of that geometry (kept: a model's convolutions repeat)."""
-    n, c, sizes = shape[0], shape[1], shape[2:]
-    d = len(sizes)
-    out_shape = tuple((s - di * (ki - 1) - 1) // st + 1
-                      for s, ki, st, di in zip(sizes, k, stride, dilation, strict=True))
-    strides = [math.prod(sizes[i + 1:]) for i in range(d)]  # element strides of the spatial axes
-    spatial = np.zeros(out_shape + k, np.int64)  # (*OS, *K): the offset of each output's taps
-    for i in range(d):
-        pos = np.arange(out_shape[i])[:, None] * stride[i] + np.arange(k[i])[None, :] * dilation[i]
-        spatial += (pos * strides[i]).reshape([out_shape[i] if a == i else 1 for a in range(d)]
-                                              + [k[i] if a == i else 1 for a in range(d)])
-    spatial = spatial.reshape(math.prod(out_shape), math.prod(k))
-    cg = c // groups
-    base = (np.arange(n)[:, None] * c + np.arange(c)[None, :]) * math.prod(sizes)  # (N, C)
-    base = base.reshape(n, groups, cg).transpose(1, 0, 2)  # (g, N, Cg)
-    index = base[:, :, None, :, None] + spatial[None, None, :, None, :]  # (g, N, OS, Cg, K)
-    index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
-    index = index.astype(np.intp)  # take's own index type: no conversion of the index on every call
-    index.flags.writeable = False
-    return index, out_shape
-
-
-def _from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
-    """Per-group matmul results (g, N * prod(OS), O/g) as (N, O, *OS)."""
-    d = len(out_shape)
-    y = y.reshape(y.shape[0], n, *out_shape, y.shape[-1])  # (g, N, *OS, Og)
-    y = y.transpose(1, 0, d + 2, *range(2, d + 2))  # (N, g, Og, *OS)
-    return np.ascontiguousarray(y.reshape(n, o, *out_shape))
 
 def _method(op: ops.Op) -> Callable:
     """The Device method of ``op``: one call into the device's path for its kind, its signature

@@ -1,0 +1,196 @@
+"""Convolutions as the cube unit computes them: im2col, then one matrix product per group.
+
+One formulation, shared by the device (:meth:`sim.Device.conv` and its gradients, binary16 or
+bfloat16 products into binary32 sums) and the binary32 kernels of :mod:`sim.torch_binary32`
+(binary32 products, in the same order); each caller gives the product, ``product(a, b, init)``
+for stacks of matrices (g, R, C) @ (g, C, O) with optional initial sums (g, 1, O).
+
+- **Forward** (:func:`forward`, N-d, grouped, strided, padded, dilated): each output's reduction
+  index is (c, kernel taps row-major), c slowest; padded positions are +0 operands.
+- **Input gradient and transposed convolution** (:func:`grad_input`): the direct convolution,
+  stride 1, of the output gradient with stride - 1 zeros stuffed between its elements and
+  dilation * (K - 1) - padding zeros around it, the kernel reversed and its two channel axes
+  swapped per group: per input element, (o, taps in ascending dy position), o slowest.
+- **Weight gradient** (:func:`grad_weight`): dy^T times x's im2col per group: per weight, (n,
+  output position row-major), n slowest.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["per_dim", "forward", "grad_input", "grad_weight", "transpose", "transpose_size"]
+
+Product = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray]
+
+
+def per_dim(name: str, v, d: int, low: int) -> tuple[int, ...]:
+    """A convolution parameter as one integer per spatial dimension."""
+    vs = tuple(v) if isinstance(v, (tuple, list)) else (v,) * d
+    if len(vs) == 1:
+        vs = vs * d
+    if len(vs) != d or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < low for e in vs):
+        raise ValueError(f"conv: {name} must be an integer of at least {low}, or {d} of them, got {v!r}")
+    return tuple(int(e) for e in vs)
+
+
+def check_shapes(name: str, x: np.ndarray, w: np.ndarray, groups: int) -> int:
+    """The number of spatial dimensions of x (N, C, *S) and w (O, C / groups, *K), checked."""
+    d = x.ndim - 2
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"{name}: groups must be a positive integer, got {groups!r}")
+    if (d < 1 or w.ndim != x.ndim or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups):
+        raise ValueError(f"{name} needs x (N, C, *S) and w (O, C/groups, *K) with O divisible by groups, "
+                         f"got {x.shape}, {w.shape}, groups={groups}")
+    return d
+
+
+def pad(x: np.ndarray, lo, hi) -> np.ndarray:
+    """x with lo[i] / hi[i] +0s before / after spatial axis i (cropped where negative)."""
+    if not any(lo) and not any(hi):
+        return x
+    inner = x[(slice(None), slice(None), *(slice(max(-a, 0), x.shape[i + 2] - max(-b, 0))
+                                           for i, (a, b) in enumerate(zip(lo, hi, strict=True))))]
+    shape = [s + max(a, 0) + max(b, 0) for s, a, b in zip(inner.shape[2:], lo, hi, strict=True)]
+    out = np.zeros((*x.shape[:2], *shape), x.dtype)
+    out[(slice(None), slice(None), *(slice(max(a, 0), max(a, 0) + s) for a, s in zip(lo, inner.shape[2:],
+                                                                                     strict=True)))] = inner
+    return out
+
+
+def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
+    """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
+    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS."""
+    xp = pad(x, padding, padding)
+    spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
+    if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
+        raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
+                         f"{xp.shape[2:]}")
+    index, out_shape = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
+    return np.take(np.ascontiguousarray(xp).reshape(-1), index), list(out_shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+                  groups: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`im2col`),
+    one gather per convolution of that geometry (kept: a model's convolutions repeat)."""
+    n, c, sizes = shape[0], shape[1], shape[2:]
+    d = len(sizes)
+    out_shape = tuple((s - di * (ki - 1) - 1) // st + 1
+                      for s, ki, st, di in zip(sizes, k, stride, dilation, strict=True))
+    strides = [math.prod(sizes[i + 1:]) for i in range(d)]  # element strides of the spatial axes
+    spatial = np.zeros(out_shape + k, np.int64)  # (*OS, *K): the offset of each output's taps
+    for i in range(d):
+        pos = np.arange(out_shape[i])[:, None] * stride[i] + np.arange(k[i])[None, :] * dilation[i]
+        spatial += (pos * strides[i]).reshape([out_shape[i] if a == i else 1 for a in range(d)]
+                                              + [k[i] if a == i else 1 for a in range(d)])
+    spatial = spatial.reshape(math.prod(out_shape), math.prod(k))
+    cg = c // groups
+    base = (np.arange(n)[:, None] * c + np.arange(c)[None, :]) * math.prod(sizes)  # (N, C)
+    base = base.reshape(n, groups, cg).transpose(1, 0, 2)  # (g, N, Cg)
+    index = base[:, :, None, :, None] + spatial[None, None, :, None, :]  # (g, N, OS, Cg, K)
+    index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
+    index = index.astype(np.intp)  # take's own index type: no conversion of the index on every call
+    index.flags.writeable = False
+    return index, out_shape
+
+
+def from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
+    """Per-group matmul results (g, N * prod(OS), O/g) as (N, O, *OS)."""
+    d = len(out_shape)
+    y = y.reshape(y.shape[0], n, *out_shape, y.shape[-1])  # (g, N, *OS, Og)
+    y = y.transpose(1, 0, d + 2, *range(2, d + 2))  # (N, g, Og, *OS)
+    return np.ascontiguousarray(y.reshape(n, o, *out_shape))
+
+
+def forward(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int, product: Product,
+            init: np.ndarray | None = None, name: str = "conv") -> np.ndarray:
+    """The convolution of x (N, C, *S) with w (O, C / groups, *K): (N, O, *OS); ``init`` (O,),
+    where given, each output's initial sum (a fused bias)."""
+    d = check_shapes(name, x, w, groups)
+    stride, padding, dilation = (per_dim(n_, v, d, low) for n_, v, low in
+                                 (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    o, n = w.shape[0], x.shape[0]
+    cols, out_shape = im2col(x, w.shape[2:], stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
+    kernel = np.ascontiguousarray(w.reshape(groups, o // groups, -1).transpose(0, 2, 1))  # (g, Cg*K, Og)
+    start = None if init is None else np.asarray(init).reshape(groups, 1, o // groups)
+    return from_groups(product(cols, kernel, start), n, o, out_shape)
+
+
+def grad_input_operands(dy: np.ndarray, w: np.ndarray, input_size, stride, padding, dilation,
+                        groups: int) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The stuffed and padded output gradient and the reversed, channel-swapped kernel whose
+    stride-1 convolution (dilated as the forward) is the input gradient; and the dilation."""
+    d = dy.ndim - 2
+    if d < 1 or w.ndim != d + 2 or dy.shape[1] != w.shape[0] or w.shape[0] % groups:
+        raise ValueError(f"conv_grad_input needs dy (N, O, *OS) and w (O, C/groups, *K) with O divisible by "
+                         f"groups, got {dy.shape}, {w.shape}, groups={groups}")
+    stride, padding, dilation = (per_dim(n_, v, d, low) for n_, v, low in
+                                 (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    size = tuple(int(s) for s in input_size)[-d:]
+    k = w.shape[2:]
+    spread = [(o - 1) * s + 1 for o, s in zip(dy.shape[2:], stride, strict=True)]
+    stuffed = np.zeros((*dy.shape[:2], *spread), dy.dtype)
+    stuffed[(slice(None), slice(None), *(slice(None, None, s) for s in stride))] = dy
+    lo = [di * (ki - 1) - p for di, ki, p in zip(dilation, k, padding, strict=True)]
+    rest = [si + 2 * p - di * (ki - 1) - 1 - (o - 1) * s
+            for si, p, di, ki, o, s in zip(size, padding, dilation, k, dy.shape[2:], stride, strict=True)]
+    if any(r < 0 or r >= max(s, di) for r, s, di in zip(rest, stride, dilation, strict=True)):
+        raise ValueError(f"conv_grad_input: dy's spatial shape {dy.shape[2:]} does not come from an input of "
+                         f"{size} with stride {stride}, padding {padding}, dilation {dilation}, kernel {k}")
+    z = pad(stuffed, lo, [a + r for a, r in zip(lo, rest, strict=True)])
+    o, cg = w.shape[:2]
+    flipped = w.reshape(groups, o // groups, cg, *k).swapaxes(1, 2)[(Ellipsis, *(slice(None, None, -1),) * d)]
+    return z, np.ascontiguousarray(flipped.reshape(groups * cg, o // groups, *k)), dilation
+
+
+def grad_input(dy: np.ndarray, w: np.ndarray, input_size, stride, padding, dilation, groups: int,
+               product: Product, init: np.ndarray | None = None) -> np.ndarray:
+    """The gradient of :func:`forward` with respect to its input (N, C, *input_size)."""
+    z, flipped, dilation = grad_input_operands(dy, w, input_size, stride, padding, dilation, groups)
+    return forward(z, flipped, 1, 0, dilation, groups, product, init, "conv_grad_input")
+
+
+def grad_weight(x: np.ndarray, dy: np.ndarray, kernel_size, stride, padding, dilation, groups: int,
+                product: Product) -> np.ndarray:
+    """The gradient of :func:`forward` with respect to its weight (O, C / groups, *kernel_size)."""
+    d = x.ndim - 2
+    k = tuple(int(v) for v in kernel_size)[-d:]
+    if d < 1 or dy.ndim != x.ndim or dy.shape[0] != x.shape[0] or x.shape[1] % groups or dy.shape[1] % groups:
+        raise ValueError(f"conv_grad_weight needs x (N, C, *S) and dy (N, O, *OS) with C and O divisible by "
+                         f"groups, got {x.shape}, {dy.shape}, groups={groups}")
+    stride, padding, dilation = (per_dim(n_, v, d, low) for n_, v, low in
+                                 (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    n, o = dy.shape[:2]
+    cols, out_shape = im2col(x, k, stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
+    if tuple(out_shape) != dy.shape[2:]:
+        raise ValueError(f"conv_grad_weight: dy's spatial shape {dy.shape[2:]} is not the convolution's "
+                         f"output shape {tuple(out_shape)}")
+    grad = np.ascontiguousarray(np.moveaxis(dy.reshape(n, groups, o // groups, -1), 0, 2).reshape(groups, o // groups,
+                                                                                                   -1))
+    return product(grad, cols, None).reshape(o, x.shape[1] // groups, *k)
+
+
+def transpose_size(x_shape, w_shape, stride, padding, output_padding, dilation) -> list[int]:
+    """The output size of a transposed convolution: (S - 1) * stride - 2 * padding + dilation *
+    (K - 1) + output_padding + 1."""
+    d = len(x_shape) - 2
+    stride, padding, output_padding, dilation = (
+        per_dim(n_, v, d, low) for n_, v, low in (("stride", stride, 1), ("padding", padding, 0),
+                                                  ("output_padding", output_padding, 0), ("dilation", dilation, 1)))
+    return [(s - 1) * st - 2 * p + di * (k - 1) + op + 1
+            for s, st, p, di, k, op in zip(x_shape[2:], stride, padding, dilation, w_shape[2:], output_padding,
+                                           strict=True)]
+
+
+def transpose(x: np.ndarray, w: np.ndarray, stride, padding, output_padding, dilation, groups: int,
+              product: Product, init: np.ndarray | None = None) -> np.ndarray:
+    """The transposed convolution of x (N, Cin, *S) with w (Cin, Cout / groups, *K): :func:`grad_input`
+    of x for the input size :func:`transpose_size` gives."""
+    size = transpose_size(x.shape, w.shape, stride, padding, output_padding, dilation)
+    return grad_input(x, w, size, stride, padding, dilation, groups, product, init)
