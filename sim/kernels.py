@@ -126,6 +126,7 @@ def _fused(t):
 
 
 _fma, _fma64 = _fused(types.float32), _fused(types.float64)
+fma64 = _fma64  #: the IEEE fused multiply-add in binary64, for the kernels of other modules
 
 
 @intrinsic
@@ -613,6 +614,9 @@ def _rsqrt(x, man):
     return b if side == 0 else np.nextafter(b, 0.0 if side > 0 else np.inf)
 
 
+rsqrt_value = _rsqrt  #: 1/sqrt(x) meeting the contract, for the kernels of other modules
+
+
 @inline
 def _unary_value(op, x, man):
     """(r, flags) for the transcendental and elementwise unary operations on a binary64 operand,
@@ -936,6 +940,15 @@ def matmul32(a, b, acc):
             bk = b[k]
             for j in range(n):
                 row[j] = _fma32(aik, bk[j], row[j])
+
+
+@jit
+def accumulate32(dst, index, values):
+    """dst[index[i]] += values[i] for i in order (flat binary32 arrays): each addition rounded once
+    to binary32 to nearest even, so repeated indices accumulate in the order given."""
+    for i in range(index.size):
+        j = index[i]
+        dst[j] = np.float32(dst[j] + values[i])
 
 
 @jit

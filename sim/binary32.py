@@ -1,0 +1,99 @@
+"""Binary32 arithmetic whose every bit is a function of the operands: for references and the
+binary32 kernels of the bridges.
+
+numpy's matmul goes through the BLAS, whose kernel (chosen by the CPU, ``OPENBLAS_CORETYPE``,
+the thread count) fixes the order of the additions; numpy's and torch's float32 transcendentals
+differ by vector width and by a tensor's length. Here the order and the roundings are fixed:
+
+- :func:`matmul`: each output's products added along k in ascending order from +0 (or from an
+  initial value), each step ``acc + a * b`` rounded once to binary32 to nearest even (the IEEE
+  fused multiply-add, as the cube unit's binary32 accumulation); stacks broadcast as numpy's.
+- :func:`sum`, :func:`mean`: the device's pairwise tree (adjacent pairs, then pairs of pairs),
+  each addition rounded to binary32 to nearest even, IEEE inside (an infinity or NaN stays one);
+  the mean is the sum divided by the count with one rounding.
+- :func:`apply`: the functions of :mod:`sim.elementary`, each its exact value rounded once.
+
+Elementwise ``+ - * /`` and ``sqrt`` are IEEE operations, the same everywhere: numpy's serve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import elementary
+from . import kernels as K
+from .formats import BINARY32
+from .rounding import config
+
+__all__ = ["matmul", "sum", "mean", "apply"]
+
+_F32 = np.dtype(np.float32)
+_CFG = config(BINARY32)
+
+
+def _wide(x) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype == _F32:
+        return x
+    if x.dtype.itemsize > 4 or (x.dtype.kind != "f" and x.dtype.name != "bfloat16"):
+        raise TypeError(f"binary32 arithmetic takes float16, bfloat16 or float32 operands, got {x.dtype}")
+    return x.astype(np.float32)  # exact
+
+
+def matmul(a, b, init=None) -> np.ndarray:
+    """``init + a @ b`` in binary32, in order along k (see the module); ``a`` (..., M, K), ``b``
+    (..., K, N) of float16, bfloat16 or float32, their leading dimensions broadcast; ``init``
+    (broadcasting to the result) the sums' initial values, +0 without it. 1-d operands as numpy's
+    matmul takes them."""
+    a, b = _wide(a), _wide(b)
+    va, vb = a.ndim == 1, b.ndim == 1
+    a2 = a[None, :] if va else a
+    b2 = b[:, None] if vb else b
+    if a2.ndim < 2 or b2.ndim < 2 or a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"matmul needs shapes (..., M, K) and (..., K, N), got {a.shape} and {b.shape}")
+    lead = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    m, n = a2.shape[-2], b2.shape[-1]
+    sa = np.broadcast_to(a2, lead + a2.shape[-2:]).reshape(-1, *a2.shape[-2:])
+    sb = np.broadcast_to(b2, lead + b2.shape[-2:]).reshape(-1, *b2.shape[-2:])
+    out = np.zeros((len(sa), m, n), np.float32)
+    if init is not None:
+        out[...] = np.broadcast_to(_wide(init), lead + (m, n)).reshape(-1, m, n)
+    for i in range(len(sa)):
+        K.matmul32(np.ascontiguousarray(sa[i]), np.ascontiguousarray(sb[i]), out[i])
+    out = out.reshape(lead + (m, n))
+    if va:
+        out = out[..., 0, :]
+    if vb:
+        out = out[..., 0]
+    return out
+
+
+def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
+    x = _wide(x)
+    axes = tuple(range(x.ndim)) if axis is None else tuple(a % max(x.ndim, 1) for a in np.atleast_1d(axis))
+    rest = [d for d in range(x.ndim) if d not in axes]
+    n = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    cols = int(np.prod([x.shape[d] for d in rest], dtype=np.int64))
+    v = np.ascontiguousarray(np.transpose(x, axes + tuple(rest)).reshape(n, cols)).view(np.uint32)
+    out = np.empty(cols, np.uint32)
+    K.tree_sum(v, out, _CFG, _CFG, _CFG, mean)
+    r = out.view(np.float32).reshape([x.shape[d] for d in rest])
+    if keepdims:
+        r = r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
+    return r
+
+
+def sum(x, axis=None, keepdims: bool = False) -> np.ndarray:  # noqa: A001 (numpy's name)
+    """The sum over ``axis`` (an int, a tuple, or None for all) in the pairwise tree, binary32."""
+    return _reduce(x, axis, keepdims, mean=False)
+
+
+def mean(x, axis=None, keepdims: bool = False) -> np.ndarray:
+    """:func:`sum` divided by the count, one rounding (the mean of nothing is NaN)."""
+    return _reduce(x, axis, keepdims, mean=True)
+
+
+def apply(name: str, *operands, params: tuple[float, ...] = ()) -> np.ndarray:
+    """The function ``name`` of :data:`sim.elementary.FUNCTIONS`, its exact value rounded once to
+    binary32 (``elementary.evaluate`` without the flags)."""
+    return elementary.evaluate(name, *operands, params=params)[0]
