@@ -114,6 +114,7 @@ from torch.utils._pytree import tree_map
 
 from . import fused as _fused
 from . import ops
+from . import torch_binary32 as _binary32
 from .device import Device
 
 __all__ = ["DeviceMode", "ROUTES", "EXACT", "EXACT_OVERLOADS", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS",
@@ -137,8 +138,11 @@ def as_array(t: torch.Tensor) -> np.ndarray:
 
 
 def as_tensor(a) -> torch.Tensor:
-    """A numpy array (a device's result; ml_dtypes bfloat16 included) as a CPU tensor of its dtype."""
-    a = np.ascontiguousarray(a)
+    """A numpy array or scalar (a device's result; ml_dtypes bfloat16 included) as a CPU tensor of
+    its dtype and shape (a 0-d array or a scalar as a 0-d tensor)."""
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        a = a.copy()  # not np.ascontiguousarray: it makes a 0-d array 1-d
     if a.dtype == _BFLOAT16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -337,17 +341,18 @@ def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
 
 
 def _dropout(op: _Op, x, p, train=None):
-    """native_dropout: an exact Bernoulli mask (a binary32 draw from torch's generator, 0 or 1,
-    exact in any format), then the device multiplies by the mask and by 1/(1-p) rounded into
-    the tensor's dtype, as torch's kernel does (input * mask * scale)."""
+    """native_dropout: an exact Bernoulli mask (``sim.torch_binary32.bernoulli_mask``: binary64
+    uniform draws from torch's generator below 1 - p, the same on every host), then the device
+    multiplies by the mask and by 1/(1-p) rounded into the tensor's dtype, as torch's kernel does
+    (input * mask * scale)."""
     if train is False or p == 0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
-    keep = torch.empty(x.shape, dtype=torch.float32).bernoulli_(1 - p)
+    keep = _binary32.bernoulli_mask(x.shape, 1 - p)
     if p == 1:
-        return torch.zeros_like(x), keep.bool()
+        return torch.zeros_like(x), keep
     dtype = x.dtype
     masked = op.dev.mul(_numpy(x), _numpy(keep.to(dtype)))
-    return _tensor(op.dev.mul(masked, op.operand(1 / (1 - p), dtype))), keep.bool()
+    return _tensor(op.dev.mul(masked, op.operand(1 / (1 - p), dtype))), keep
 
 
 def _dropout_backward(op: _Op, grad, mask, scale):
@@ -432,8 +437,12 @@ def _result_dtypes(func, args, kwargs, ours: frozenset) -> tuple:
     dtypes = _DTYPES.get(key)
     if dtypes is None:
         to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        meta_kwargs = _map(to_meta, kwargs)
+        if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves((args, kwargs))) and \
+                any(a.name == "device" for a in func._schema.arguments):
+            meta_kwargs["device"] = torch.device("meta")  # a factory (rand, randn...): made on meta, no draw
         try:
-            meta = func(*_map(to_meta, args), **_map(to_meta, kwargs))
+            meta = func(*_map(to_meta, args), **meta_kwargs)
             if isinstance(meta, list):  # Tensor[] (split...): as many as the values say, of one dtype
                 if not meta:
                     return ()
@@ -1014,18 +1023,25 @@ class DeviceMode(TorchDispatchMode):
         finally:
             _busy.depth = depth
 
-    def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype]) -> list[Any]:
-        """A fused kernel above autograd: fn() (a tensor or a list) computed by torch in binary32,
-        each of its results rounded once on the device into ``dtypes`` (one dtype: for each);
-        counted as one ``fused`` route."""
+    def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype],
+                    operands: list[torch.Tensor]) -> list[Any]:
+        """A fused kernel above autograd: fn() (a tensor or a list) computed in binary32 by
+        ``sim.torch_binary32`` from the binary32 ``operands``, each of its results rounded once on
+        the device into ``dtypes`` (one dtype: for each), with the events that reached its
+        outputs; counted as one ``fused`` route."""
         dev, label = self.device, self._label()
 
         def kernel():
-            outs = fn()
+            outs, events = _binary32.run(fn, operands)
             outs = outs if isinstance(outs, list) else [outs]
             each = dtypes if isinstance(dtypes, list) else [dtypes] * len(outs)
-            return [None if o is None else _tensor(dev.cast(_numpy(o.detach()), _NUMPY[d]))
-                    for o, d in zip(outs, each, strict=True)]
+            kept = [(i, o, d) for i, (o, d) in enumerate(zip(outs, each, strict=True)) if o is not None]
+            rounded = dev.round_results([_numpy(o.detach()) for _, o, _ in kept], [_NUMPY[d] for _, _, d in kept],
+                                        events, name)
+            result: list[Any] = [None] * len(outs)
+            for (i, _, _), r in zip(kept, rounded, strict=True):
+                result[i] = _tensor(r)
+            return result
 
         with dev.label(label) as block:
             rounded = self._passthrough(kernel, kernel=True)
@@ -1035,31 +1051,70 @@ class DeviceMode(TorchDispatchMode):
         return rounded
 
     def _float32(self, func, args, kwargs):
-        """func computed by torch in binary32, each floating result rounded once on the device
-        into the dtype torch gives it (see ``_result_dtypes``)."""
+        """func computed in binary32 from the exact values of its operands (``sim.torch_binary32``:
+        the same bits on every host), each floating result rounded once on the device into the
+        dtype torch gives it (see ``_result_dtypes``), with the events the computation raised
+        inside (an infinity or NaN reaching an output). Every argument the operation writes (its
+        schema says which: ``self`` in place, ``out=``, a batch norm's running statistics, rrelu's
+        noise) is written back, rounded on the device, as torch's kernel writes it."""
         dtypes = _result_dtypes(func, args, kwargs, self.dtypes)
+        copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def wide(x):  # our tensors as float32, and dtype arguments naming ours (input_dtype=...) too
             if isinstance(x, torch.Tensor) and x.dtype in self.dtypes:
-                return x.float()
+                pair = copies.get(id(x))
+                if pair is None:
+                    pair = copies[id(x)] = (x, x.float())
+                return pair[1]
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
-        out = func(*_map(wide, args), **_map(wide, kwargs))
+        out, events = _binary32.evaluate(func, _map(wide, args), _map(wide, kwargs))
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
             dtypes = [dtypes[1] if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
         elif dtypes and dtypes[0] is _EACH:
             dtypes = [dtypes[1]] * len(outs)
-        narrowed = [_tensor(self.device.cast(_numpy(o), _NUMPY[d]))
-                    if isinstance(o, torch.Tensor) and d in self.dtypes and o.dtype != d else o
-                    for o, d in zip(outs, dtypes, strict=True)]
-        result = narrowed[0] if isinstance(out, torch.Tensor) else type(out)(narrowed)
-        name = _KINDS[func][0] if func in _KINDS else str(func)
-        if isinstance(kwargs.get("out"), torch.Tensor) and isinstance(result, torch.Tensor):
-            return _write(self._op, kwargs["out"], result)  # out=: the result written into out
-        if "." in name and name.split(".")[1].endswith("_") and isinstance(args[0], torch.Tensor):
-            return args[0].copy_(result)
-        return result
+        written = [copies[id(t)] for t in _written(func, args, kwargs) if id(t) in copies]
+        written = [(orig, w) for orig, w in written if w is not orig]
+        alias = {id(w): orig for orig, w in written}
+        values, places = [], []
+        for i, (o, d) in enumerate(zip(outs, dtypes, strict=True)):
+            if isinstance(o, torch.Tensor) and id(o) not in alias and d in self.dtypes and o.dtype != d:
+                values.append(o)
+                places.append((i, d))
+        values += [w for _, w in written]
+        places += [(orig, orig.dtype) for orig, _ in written]
+        name = func.overloadpacket.__name__
+        rounded = self.device.round_results([_numpy(v) for v in values], [_NUMPY[d] for _, d in places], events,
+                                            name)
+        for (place, _), r in zip(places, rounded, strict=True):
+            if isinstance(place, int):
+                outs[place] = _tensor(r)
+            else:  # a written argument: its new values, rounded, written into it
+                if place.shape != r.shape:
+                    place.resize_(r.shape)
+                place.copy_(_tensor(r))
+        outs = [alias.get(id(o), o) if isinstance(o, torch.Tensor) else o for o in outs]
+        return outs[0] if isinstance(out, torch.Tensor) else type(out)(outs)
+
+
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _written(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors a call writes, as its schema marks them (``Tensor(a!)``)."""
+    places = _WRITTEN.get(func)
+    if places is None:
+        places = _WRITTEN[func] = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                                        if a.alias_info is not None and a.alias_info.is_write)
+    found = []
+    for i, name in places:
+        v = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(t for t in v if isinstance(t, torch.Tensor))
+    return found
 
 
 # --- Fused families above autograd: the unfused decompositions, and fused kernels torch's CPU
@@ -1086,12 +1141,14 @@ class _FusedFunction(torch.autograd.Function):
         dtype = next(x.dtype for x in xs if isinstance(x, torch.Tensor) and x.dtype in mode.dtypes)
         ctx.tuple = False
 
+        wide = [_wide(x) for x in xs]
+
         def kernel():
-            out = fn(*[_wide(x) for x in xs])
+            out = fn(*wide)
             ctx.tuple = isinstance(out, tuple)
             return list(out) if ctx.tuple else out
 
-        rounded = mode._fused_call(name, kernel, dtype)
+        rounded = mode._fused_call(name, kernel, dtype, _floating(wide))
         return tuple(rounded) if ctx.tuple else rounded[0]
 
     @staticmethod
@@ -1101,21 +1158,30 @@ class _FusedFunction(torch.autograd.Function):
         differentiable = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.is_floating_point()
                           and ctx.needs_input_grad[i + 3]]
 
+        wide32 = [_wide(x).detach() if isinstance(x, torch.Tensor) else x for x in xs]
+        grads32 = [None if g is None else g.float() for g in grads]
+
         def kernel():
             with torch.enable_grad():
-                wide = [_wide(x).detach().requires_grad_(i in differentiable) if isinstance(x, torch.Tensor) else x
-                        for i, x in enumerate(xs)]
+                wide = [x.requires_grad_(i in differentiable) if isinstance(x, torch.Tensor) else x
+                        for i, x in enumerate(wide32)]
                 out = ctx.fn(*wide)
                 outs = list(out) if ctx.tuple else [out]
-                pairs = [(o, g.float()) for o, g in zip(outs, grads, strict=True) if g is not None]
+                pairs = [(o, g) for o, g in zip(outs, grads32, strict=True) if g is not None]
                 return list(torch.autograd.grad([o for o, _ in pairs], [wide[i] for i in differentiable],
                                                 [g for _, g in pairs], allow_unused=True))
 
-        rounded = ctx.mode._fused_call(ctx.kernel + "_backward", kernel, [xs[i].dtype for i in differentiable])
+        rounded = ctx.mode._fused_call(ctx.kernel + "_backward", kernel, [xs[i].dtype for i in differentiable],
+                                       _floating(wide32 + grads32))
         result: list[Any] = [None] * (3 + len(xs))
         for i, g in zip(differentiable, rounded, strict=True):
             result[i + 3] = g
         return tuple(result)
+
+
+def _floating(xs) -> list[torch.Tensor]:
+    """The floating tensors among xs (the operands a kernel's events are judged against)."""
+    return [x for x in xs if isinstance(x, torch.Tensor) and x.is_floating_point()]
 
 
 def _wide(x):

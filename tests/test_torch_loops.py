@@ -285,16 +285,28 @@ def test_no_operation_on_our_dtypes_runs_uncounted(dtype: torch.dtype) -> None:
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_continuous_draws_are_binary32_draws_rounded_once_on_the_device() -> None:
+def test_continuous_draws_are_the_documented_transforms_of_binary64_uniforms() -> None:
+    """uniform_ is lo + (hi - lo) u in binary64 rounded to binary32, normal_ is Box and Muller with
+    correctly rounded log and cos (checked here with mpmath), each then rounded by the device."""
+    mpmath = pytest.importorskip("mpmath")
     dev = Device("atlas-training")
     with DeviceMode(dev, strict=True) as mode:
         torch.manual_seed(5)
         u = torch.empty(1000, dtype=F16).uniform_(-2, 2)
-        n = torch.empty(1000, dtype=torch.bfloat16).normal_(0, 3)
+        n = torch.empty(200, dtype=torch.bfloat16).normal_(0, 3)
         r = torch.rand(10, dtype=F16)
     torch.manual_seed(5)
-    want = torch.empty(1000).uniform_(-2, 2)  # the same draw in binary32, from the same generator
+    u64 = torch.empty(1000, dtype=torch.float64).uniform_(0, 1)
+    want = (-2 + 4 * u64).float()
     assert bits(u) == bits(torch.from_numpy(Device("atlas-training").cast(want.numpy(), H)))
+    pair = torch.empty(2, 200, dtype=torch.float64).uniform_(0, 1).tolist()
+    mpmath.mp.prec = 200
+    f32 = np.float32
+    radius = [f32(np.sqrt(np.float64(-2) * np.float64(f32(mpmath.log(1 - mpmath.mpf(a))))))
+              for a in pair[0]]
+    angle = [f32(mpmath.cos(mpmath.mpf(float(2 * np.pi * b)))) for b in pair[1]]
+    z = np.array([f32(ra * an * f32(3)) for ra, an in zip(radius, angle)], np.float32)
+    assert bits(n) == bits(torch.from_numpy(z).to(torch.bfloat16))
     assert n.dtype == torch.bfloat16 and torch.isfinite(n).all() and ((r >= 0) & (r <= 1)).all()
     assert not dev.get_float_status().any()
     assert {route for (name, route) in mode.routes if "empty" not in name} == {"random"}

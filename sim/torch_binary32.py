@@ -1,0 +1,1062 @@
+"""torch's binary32 arithmetic made a function of the operands alone: the fused and float32 routes
+of :mod:`sim.torch` compute in it, and :class:`Binary32Mode` gives it to any float32 code.
+
+torch's CPU kernels differ by CPU capability (``ATEN_CPU_CAPABILITY``: vectorised Sleef functions,
+fused multiply-adds, reduction orders by vector width), by a tensor's length (the vector body
+and the scalar tail), by the BLAS, and, for Bernoulli draws, by the CPU's vendor (MKL's
+generator on Intel). Inside :class:`Binary32Mode` every operation on binary32 tensors is
+computed by one of these means instead, each giving the same bits on every host:
+
+- the elementwise functions of :mod:`sim.elementary` (exp, log, tanh, sigmoid, erf, the
+  trigonometric and hyperbolic functions, pow, GELU, SiLU, Mish, softplus, ELU and the other
+  activations, their backward formulas, addcmul, addcdiv, lerp, add with a scale): each output
+  the exact value rounded once to binary32;
+- reductions in fixed orders (:mod:`sim.binary32`): sum and mean in the device's pairwise tree;
+  var and std in two passes (the mean, then the sum of the squared deviations, each a tree,
+  divided by the count less the correction); prod, cumsum and cumprod in index order; norms as
+  the tree sum of |x|**p (p = 2: x * x, then the square root); logsumexp as max + log(sum of
+  exp(x - max));
+- matrix products (mm, bmm, addmm, baddbmm, mv, dot, and the convolutions as im2col and a
+  matmul, in the device's orders) with the products added in order along k, each addition one
+  binary32 rounding (a bias or a beta term added after, alpha scaling last);
+- accumulations into a tensor (index_put with accumulate, index_add, scatter_add, the gradients
+  of embeddings, of max and average pooling and of upsampling) adding each source element in
+  order, one binary32 rounding each;
+- attention as torch's math path written with the above (scores, mask, softmax, @ v), its
+  backward by autograd of that path;
+- random draws from torch's generator through binary64 uniform draws (torch's ``uniform_``, which
+  computes no floating-point function), transformed here: Bernoulli as u < p, normal by Box and
+  Muller from two uniforms with the functions above, exponential, log-normal, Cauchy and
+  geometric by inversion;
+- IEEE operations (``+ - * /`` of two operands, sqrt, comparisons, selections, data movement,
+  conversions), which torch computes identically on every host, by torch itself;
+- anything else by torch's own decomposition (``torch._decomp``) into the above, evaluated in
+  the same mode; an operation with none is computed by torch's kernel and counted in
+  ``Binary32Mode.host`` (its bits may depend on the host).
+
+Each fused or float32 route of DeviceMode computes its operation this way (in binary32 from the
+exact values of the operands) and hands the results to the device, which rounds them into
+their dtypes; :func:`evaluate` also returns the events the register records (see its docstring).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch._decomp import decomposition_table
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import binary32, conv, elementary
+from . import kernels as K
+
+__all__ = ["Binary32Mode", "evaluate", "run", "bernoulli_mask", "IMPLEMENTED", "NATIVE"]
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_F32, _F64 = torch.float32, torch.float64
+_INVALID, _DIVBYZERO, _OVERFLOW = K.INVALID, K.DIVBYZERO, K.OVERFLOW
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A binary32 tensor's values as numpy (shared where torch can)."""
+    return t.detach().numpy()
+
+
+def _t(a) -> torch.Tensor:
+    """numpy values as a tensor, 0-d kept 0-d."""
+    a = np.asarray(a)
+    return torch.from_numpy(a if a.flags.c_contiguous and a.flags.writeable else a.copy())
+
+
+def _scalar32(v) -> float:
+    """A Python number (or 0-d tensor) as its binary32 value, as torch's kernels take scalars."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    return float(np.float32(v))
+
+
+# -- elementwise: sim.elementary -----------------------------------------------------------------
+def _cr(mode: Binary32Mode | None, name: str, *xs, params=()) -> torch.Tensor:
+    """The elementwise function ``name`` of tensors (and Python numbers) xs: a binary32 tensor of
+    the broadcast shape; its flags are ORed into the mode's record."""
+    arrays = [np.float32(x) if not isinstance(x, torch.Tensor) else _np(x) for x in xs]
+    values, flags = elementary.evaluate(name, *arrays, params=params)
+    if mode is not None:
+        mode.flags_seen |= int(np.bitwise_or.reduce(flags.reshape(-1), initial=0))
+    return _t(values)
+
+
+def _unary(name: str) -> Callable:
+    return lambda mode, x: _cr(mode, name, x)
+
+
+_UNARY = {"exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2", "log10": "log10",
+          "log1p": "log1p", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
+          "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+          "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc", "erfinv": "erfinv", "rsqrt": "rsqrt",
+          "lgamma": "lgamma", "i0": "i0", "special_i0": "i0", "silu": "silu", "mish": "mish"}
+
+
+def _gelu(mode, x, approximate="none"):
+    return _cr(mode, "gelu_tanh" if approximate == "tanh" else "gelu", x)
+
+
+def _gelu_backward(mode, grad, x, approximate="none"):
+    return _cr(mode, "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward", grad, x)
+
+
+def _elu(mode, x, alpha=1, scale=1, input_scale=1):
+    return _cr(mode, "elu", x, params=(_scalar32(alpha), _scalar32(scale), _scalar32(input_scale)))
+
+
+def _elu_backward(mode, grad, alpha, scale, input_scale, is_result, y):
+    return _cr(mode, "elu_backward", grad, y,
+               params=(_scalar32(alpha), _scalar32(scale), _scalar32(input_scale), float(bool(is_result))))
+
+
+def _softplus(mode, x, beta=1, threshold=20):
+    return _cr(mode, "softplus", x, params=(_scalar32(beta), _scalar32(threshold)))
+
+
+def _softplus_backward(mode, grad, x, beta, threshold):
+    return _cr(mode, "softplus_backward", grad, x, params=(_scalar32(beta), _scalar32(threshold)))
+
+
+def _log_sigmoid_forward(mode, x):
+    """(logsigmoid x, the buffer exp(-|x|)): the backward here does not read the buffer."""
+    return _cr(mode, "logsigmoid", x), _cr(None, "exp", -x.abs())
+
+
+def _glu(mode, x, dim=-1):
+    a, b = x.chunk(2, dim)
+    return _cr(mode, "glu", a, b)
+
+
+def _glu_backward(mode, grad, x, dim):
+    a, b = x.chunk(2, dim)
+    s = _cr(mode, "sigmoid", b)
+    ga = _cr(mode, "glu", grad, b)  # grad * sigmoid(b)
+    gb = _cr(mode, "sigmoid_backward", grad * a, s)  # grad * a * s (1 - s), two roundings
+    return torch.cat([ga, gb], dim)
+
+
+def _pow(mode, x, e):
+    if isinstance(x, torch.Tensor) and not isinstance(e, torch.Tensor):
+        if e == 2:
+            return x * x  # IEEE: one rounding of the exact square
+        if e == 1:
+            return x.clone()
+        if e == 0.5:
+            return torch.sqrt(x)
+    return _cr(mode, "pow", x, e)
+
+
+def _add(mode, x, y, alpha=1):
+    """x + alpha * y: one rounding of the exact value (as a fused multiply-add gives it)."""
+    if alpha == 1 or alpha == -1 or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return NotImplemented
+    one = np.float32(1)
+    return _cr(mode, "addcmul", x, y, one, params=(_scalar32(alpha),))
+
+
+def _sub(mode, x, y, alpha=1):
+    return NotImplemented if alpha in (1, -1) else _add(mode, x, y, -alpha)
+
+
+def _addcmul(mode, x, a, b, value=1):
+    return _cr(mode, "addcmul", x, a, b, params=(_scalar32(value),))
+
+
+def _addcdiv(mode, x, a, b, value=1):
+    return _cr(mode, "addcdiv", x, a, b, params=(_scalar32(value),))
+
+
+def _lerp(mode, x, end, weight):
+    return _cr(mode, "lerp", x, end, weight)
+
+
+def _binary_cr(name: str) -> Callable:
+    return lambda mode, x, y: _cr(mode, name, x, y)
+
+
+# -- reductions ------------------------------------------------------------------------------------
+def _axes(x: torch.Tensor, dim) -> tuple[int, ...] | None:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(d % max(x.dim(), 1) for d in dims)
+
+
+def _want(x: torch.Tensor, dtype) -> bool:
+    """A reduction computed here: binary32 in and out (another dtype: torch's decomposition)."""
+    return x.dtype == _F32 and dtype in (None, _F32)
+
+
+def _sum(mode, x, dim=None, keepdim=False, *, dtype=None):
+    if not _want(x, dtype):
+        return NotImplemented
+    return _t(binary32.sum(_np(x), _axes(x, dim), keepdim))
+
+
+def _mean(mode, x, dim=None, keepdim=False, *, dtype=None):
+    if not _want(x, dtype):
+        return NotImplemented
+    return _t(binary32.mean(_np(x), _axes(x, dim), keepdim))
+
+
+def _correction(unbiased=None, correction=None) -> float:
+    if correction is not None:
+        return float(correction)
+    return 1.0 if unbiased is None or unbiased else 0.0
+
+
+def _moments(x: torch.Tensor, dim, keepdim, correction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(variance, mean) in two passes: the mean, then the sum of squared deviations / (n - c)."""
+    a = _np(x)
+    axes = _axes(x, dim)
+    mean = binary32.mean(a, axes, keepdims=True)
+    d = a - mean
+    n = a.size if axes is None else int(np.prod([a.shape[i] for i in axes]))
+    with np.errstate(all="ignore"):
+        ss = binary32.sum(d * d, axes, keepdims=keepdim)
+        var = (ss / np.float32(max(n - correction, 0))).astype(np.float32)
+    if not keepdim:
+        mean = mean.reshape(ss.shape)
+    return _t(var), _t(mean)
+
+
+def _var(mode, x, *rest, **kw):
+    dim, unbiased, keepdim, correction = _var_args(rest, kw)
+    return _moments(x, dim, keepdim, _correction(unbiased, correction))[0]
+
+
+def _std(mode, x, *rest, **kw):
+    return torch.sqrt(_var(mode, x, *rest, **kw))
+
+
+def _var_mean(mode, x, *rest, **kw):
+    dim, unbiased, keepdim, correction = _var_args(rest, kw)
+    return _moments(x, dim, keepdim, _correction(unbiased, correction))
+
+
+def _std_mean(mode, x, *rest, **kw):
+    var, mean = _var_mean(mode, x, *rest, **kw)
+    return torch.sqrt(var), mean
+
+
+def _var_args(rest, kw):
+    """var's overloads' arguments: (dim, unbiased, keepdim, correction)."""
+    dim, unbiased, keepdim = None, kw.get("unbiased"), kw.get("keepdim", False)
+    if rest and isinstance(rest[0], bool):  # var(self, unbiased)
+        unbiased = rest[0]
+    elif rest:
+        dim = rest[0]
+        if len(rest) > 1:
+            unbiased = rest[1]
+        if len(rest) > 2:
+            keepdim = rest[2]
+    return kw.get("dim", dim), unbiased, keepdim, kw.get("correction")
+
+
+def _in_order(op: str, x: torch.Tensor, dim: int, keep: bool) -> torch.Tensor:
+    """cumsum, cumprod (keep) or prod along ``dim``, in index order, one rounding a step."""
+    a = np.moveaxis(_np(x), dim, 0) if x.dim() else _np(x).reshape(1)
+    out = np.empty_like(a)
+    acc = np.full(a.shape[1:], 0 if op == "sum" else 1, np.float32)
+    with np.errstate(all="ignore"):
+        for i in range(a.shape[0]):
+            acc = (acc + a[i] if op == "sum" else acc * a[i]).astype(np.float32)
+            out[i] = acc
+    if keep:
+        return _t(np.moveaxis(out, 0, dim) if x.dim() else out.reshape(()))
+    return _t(acc)
+
+
+def _cumsum(mode, x, dim, *, dtype=None):
+    return _in_order("sum", x, dim, True) if _want(x, dtype) else NotImplemented
+
+
+def _cumprod(mode, x, dim, *, dtype=None):
+    return _in_order("prod", x, dim, True) if _want(x, dtype) else NotImplemented
+
+
+def _prod(mode, x, dim=None, keepdim=False, *, dtype=None):
+    if not _want(x, dtype):
+        return NotImplemented
+    if dim is None:
+        return _in_order("prod", x.reshape(-1), 0, False)
+    r = _in_order("prod", x, dim, False)
+    return r.unsqueeze(dim) if keepdim else r
+
+
+def _logsumexp(mode, x, dim, keepdim=False):
+    if x.dtype != _F32:
+        return NotImplemented
+    m = x.amax(dim, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf (or an inf): exp of the rest is exact
+    s = _sum(mode, _cr(mode, "exp", x - m), dim, True)
+    r = _cr(mode, "log", s) + m
+    return r if keepdim else r.squeeze(_axes(x, dim) if dim is not None else tuple(range(x.dim())))
+
+
+def _vector_norm(mode, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if not _want(x, dtype):
+        return NotImplemented
+    p = float(ord)
+    a = x.abs()
+    if p == math.inf:
+        return a.amax(dim, keepdim) if x.numel() else _sum(mode, a, dim, keepdim)
+    if p == -math.inf:
+        return a.amin(dim, keepdim)
+    if p == 0:
+        return _sum(mode, (x != 0).float(), dim, keepdim)
+    if p == 1:
+        return _sum(mode, a, dim, keepdim)
+    if p == 2:
+        return torch.sqrt(_sum(mode, a * a, dim, keepdim))
+    s = _sum(mode, _cr(mode, "pow", a, np.float32(p)), dim, keepdim)
+    return _cr(mode, "pow", s, np.float32(1 / p))
+
+
+def _norm(mode, x, p=2, dim=None, keepdim=False, *, dtype=None):
+    return _vector_norm(mode, x, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+# -- matrix products ---------------------------------------------------------------------------------
+def _both32(*ts) -> bool:
+    return all(t.dtype == _F32 for t in ts)
+
+
+def _mm(mode, a, b):
+    return _t(binary32.matmul(_np(a), _np(b))) if _both32(a, b) else NotImplemented
+
+
+def _dot(mode, a, b):
+    return _t(binary32.matmul(_np(a), _np(b))) if _both32(a, b) else NotImplemented
+
+
+def _scaled(mode, product, bias, beta, alpha):
+    """alpha * product + beta * bias, each step one binary32 rounding (alpha 1, beta 1: product + bias)."""
+    if alpha != 1:
+        product = product * _scalar32(alpha)
+    if beta == 0:
+        return product
+    term = bias if beta == 1 else bias * _scalar32(beta)
+    return product + term
+
+
+def _addmm(mode, bias, a, b, *, beta=1, alpha=1):
+    if not _both32(bias, a, b):
+        return NotImplemented
+    return _scaled(mode, _mm(mode, a, b), bias, beta, alpha)
+
+
+def _addmv(mode, bias, a, v, *, beta=1, alpha=1):
+    return _addmm(mode, bias, a, v, beta=beta, alpha=alpha)
+
+
+def _baddbmm(mode, bias, a, b, *, beta=1, alpha=1):
+    return _addmm(mode, bias, a, b, beta=beta, alpha=alpha)
+
+
+def _addbmm(mode, bias, a, b, *, beta=1, alpha=1):
+    if not _both32(bias, a, b):
+        return NotImplemented
+    batched = _t(binary32.matmul(_np(a), _np(b)))
+    total = _in_order("sum", batched, 0, False)  # the batches' products added in order
+    return _scaled(mode, total, bias, beta, alpha)
+
+
+def _convolution(mode, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if not _both32(x, w) or (bias is not None and bias.dtype != _F32):
+        return NotImplemented
+    batched = x.dim() == w.dim()
+    a = _np(x) if batched else _np(x)[None]
+    if transposed:
+        y = conv.transpose(a, _np(w), stride, padding, output_padding, dilation, groups, binary32.matmul)
+    else:
+        y = conv.forward(a, _np(w), stride, padding, dilation, groups, binary32.matmul)
+    if bias is not None:
+        y = y + _np(bias).reshape(1, -1, *[1] * (y.ndim - 2))
+    return _t(y if batched else y[0])
+
+
+def _convolution_backward(mode, grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    if not _both32(grad, x, w):
+        return NotImplemented
+    batched = x.dim() == w.dim()
+    g, a, k = _np(grad), _np(x), _np(w)
+    if not batched:
+        g, a = g[None], a[None]
+    gi = gw = gb = None
+    mm = binary32.matmul
+    if output_mask[0]:
+        if transposed:
+            gi = conv.forward(g, k, stride, padding, dilation, groups, mm)
+        else:
+            gi = conv.grad_input(g, k, a.shape[2:], stride, padding, dilation, groups, mm)
+        gi = _t(gi if batched else gi[0])
+    if output_mask[1]:
+        if transposed:
+            gw = conv.grad_weight(g, a, k.shape[2:], stride, padding, dilation, groups, mm)
+        else:
+            gw = conv.grad_weight(a, g, k.shape[2:], stride, padding, dilation, groups, mm)
+        gw = _t(gw)
+    if output_mask[2]:
+        gb = _t(binary32.sum(np.moveaxis(g, 1, -1).reshape(-1, g.shape[1]), 0))
+    return gi, gw, gb
+
+
+# -- accumulations -------------------------------------------------------------------------------------
+def _accumulate_into(dst: np.ndarray, flat_index: np.ndarray, values: np.ndarray) -> None:
+    """dst.flat[flat_index[i]] += values[i] for i in order, one binary32 rounding each."""
+    K.accumulate32(dst.reshape(-1), flat_index.reshape(-1).astype(np.int64),
+                   np.ascontiguousarray(values, np.float32).reshape(-1))
+
+
+def _index_put(mode, x, indices, values, accumulate=False, unsafe=False, *, inplace=False):
+    if not accumulate or x.dtype != _F32 or values.dtype != _F32:
+        return NotImplemented
+    out = x if inplace else x.clone()
+    # Every position the indexing selects, in the order torch's indexing lists them.
+    key = tuple(slice(None) if i is None else i for i in indices)  # None: the whole dimension
+    positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)[key]
+    vals = torch.broadcast_to(values, positions.shape)
+    _accumulate_into(_np(out), _np(positions), _np(vals.contiguous()))
+    return out
+
+
+def _index_put_(mode, x, indices, values, accumulate=False, unsafe=False):
+    return _index_put(mode, x, indices, values, accumulate, unsafe, inplace=True)
+
+
+def _index_add(mode, x, dim, index, source, *, alpha=1, inplace=False):
+    if x.dtype != _F32 or source.dtype != _F32:
+        return NotImplemented
+    out = x if inplace else x.clone()
+    if alpha != 1:
+        source = source * _scalar32(alpha)
+    positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape).index_select(dim, index)
+    order = positions.movedim(dim, 0).contiguous()
+    _accumulate_into(_np(out), _np(order), _np(source.movedim(dim, 0).contiguous()))
+    return out
+
+
+def _scatter_add(mode, x, dim, index, src, *, inplace=False):
+    if x.dtype != _F32 or src.dtype != _F32:
+        return NotImplemented
+    out = x if inplace else x.clone()
+    positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)
+    target = positions.gather(dim, index) if index.dim() else positions
+    lead = [slice(0, s) for s in index.shape]
+    _accumulate_into(_np(out), _np(target.contiguous()), _np(src[tuple(lead)].contiguous()))
+    return out
+
+
+def _max_pool_backward(mode, grad, x, *rest, d: int):
+    """The gradient of a max pooling over d dimensions: each output's gradient added, in output
+    order, to the input its index names (one binary32 rounding each)."""
+    indices = rest[-1]
+    if grad.dtype != _F32:
+        return NotImplemented
+    lead = x.dim() - d  # (N, C) or (C,)
+    size = math.prod(x.shape[lead:])
+    offsets = (torch.arange(math.prod(x.shape[:lead]), dtype=torch.int64) * size).reshape(*x.shape[:lead], *[1] * d)
+    out = torch.zeros_like(x)
+    _accumulate_into(_np(out), _np((indices + offsets).contiguous()), _np(grad.contiguous()))
+    return out
+
+
+# -- pooling -----------------------------------------------------------------------------------------
+def _windows(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    """torch's pooling output size (aten/src/ATen/native/Pool.h, pooling_output_shape)."""
+    out = (size + 2 * p - k + ((s - 1) if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_geometry(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, d: int):
+    kernel = list(kernel) * (d if len(kernel) == 1 else 1)
+    stride = (list(stride) * (d if len(stride) == 1 else 1)) if len(stride) else kernel
+    padding = list(padding) * (d if len(padding) == 1 else 1)
+    spatial = x.shape[-d:]
+    outs = [_windows(n, k, s, p, ceil_mode) for n, k, s, p in zip(spatial, kernel, stride, padding, strict=True)]
+    starts, ends, divisors = [], [], []
+    for n, k, s, p, o in zip(spatial, kernel, stride, padding, outs, strict=True):
+        st = np.arange(o) * s - p
+        en = np.minimum(st + k, n + p)
+        pool = en - st  # count_include_pad's divisor (padding counted, not past it)
+        st2, en2 = np.maximum(st, 0), np.minimum(en, n)
+        starts.append(st2)
+        ends.append(en2)
+        divisors.append(pool if count_include_pad else en2 - st2)
+    return outs, starts, ends, divisors, divisor_override
+
+
+def _avg_pool(mode, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+              divisor_override=None, *, d: int = 2):
+    if x.dtype != _F32:
+        return NotImplemented
+    outs, starts, ends, divisors, override = _pool_geometry(x, kernel, stride, padding, ceil_mode, count_include_pad,
+                                                            divisor_override, d)
+    return _t(_pool_apply(_np(x), d, outs, starts, ends, divisors, override))
+
+
+def _pool_apply(a: np.ndarray, d: int, outs, starts, ends, divisors, override) -> np.ndarray:
+    """Each window's sum in row-major order, then one division by its divisor (binary32)."""
+    lead = a.shape[:-d]
+    planes = a.reshape(-1, *a.shape[-d:])
+    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
+    out = np.empty((planes.shape[0], len(grid)), np.float32)
+    for j, pos in enumerate(grid):
+        window = planes[(slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])]
+        w = window.reshape(planes.shape[0], -1)
+        acc = np.zeros(planes.shape[0], np.float32)
+        for c in range(w.shape[1]):
+            acc = (acc + w[:, c]).astype(np.float32)
+        if override:
+            div = np.float32(override)
+        else:
+            div = np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
+        with np.errstate(all="ignore"):
+            out[:, j] = acc / div
+    return out.reshape(*lead, *outs)
+
+
+def _adaptive_geometry(spatial, outs):
+    starts = [np.array([(o * n) // m for o in range(m)]) for n, m in zip(spatial, outs, strict=True)]
+    ends = [np.array([-((-(o + 1) * n) // m) for o in range(m)]) for n, m in zip(spatial, outs, strict=True)]
+    return starts, ends, [e - s for s, e in zip(starts, ends, strict=True)]
+
+
+def _adaptive_avg_pool(mode, x, output_size, *, d: int = 2):
+    if x.dtype != _F32:
+        return NotImplemented
+    outs = [int(o) for o in output_size]
+    starts, ends, divisors = _adaptive_geometry(x.shape[-d:], outs)
+    return _t(_pool_apply(_np(x), d, outs, starts, ends, divisors, None))
+
+
+_AUTOGRAD_KEYS = tuple(getattr(torch._C.DispatchKey, k) for k in ("AutogradFunctionality", "ADInplaceOrView",
+                                                                   "AutogradCPU"))
+
+
+@contextlib.contextmanager
+def _autograd():
+    """Autograd recording inside a dispatch mode's handler, where torch's dispatcher has it turned
+    off for the operation being handled (the thread's excluded dispatch keys, restored after)."""
+    excluded = [torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in _AUTOGRAD_KEYS]
+    for k in _AUTOGRAD_KEYS:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(k, False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for k, was in zip(_AUTOGRAD_KEYS, excluded, strict=True):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, was)
+
+
+def _vjp(forward: Callable, x: torch.Tensor, grad: torch.Tensor, mode: Binary32Mode) -> torch.Tensor:
+    """The gradient of a linear map ``forward`` at x (any point), by autograd of its evaluation here."""
+    with _autograd():
+        xr = torch.zeros_like(x).requires_grad_(True)
+        with mode:
+            y = forward(xr)
+            (gi,) = torch.autograd.grad(y, xr, grad)
+    return gi
+
+
+def _avg_pool_backward(mode, grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, *,
+                       d: int = 2):
+    if grad.dtype != _F32:
+        return NotImplemented
+    outs, starts, ends, divisors, override = _pool_geometry(x, kernel, stride, padding, ceil_mode, count_include_pad,
+                                                            divisor_override, d)
+    return _t(_pool_scatter(_np(grad), x.shape, d, outs, starts, ends, divisors, override))
+
+
+def _pool_scatter(g: np.ndarray, shape, d, outs, starts, ends, divisors, override) -> np.ndarray:
+    """The gradient of :func:`_pool_apply`: each output's gradient divided by its divisor (one
+    rounding), then added, in output order, to every input of its window (one rounding each)."""
+    planes = g.reshape(-1, len(np.zeros(outs).reshape(-1)))
+    out = np.zeros((planes.shape[0], *shape[-d:]), np.float32)
+    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
+    for j, pos in enumerate(grid):
+        div = np.float32(override) if override else np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
+        with np.errstate(all="ignore"):
+            share = (planes[:, j] / div).astype(np.float32)
+        region = (slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])
+        window = out[region]
+        window += share.reshape(-1, *[1] * d)  # elementwise: one rounding each
+        out[region] = window
+    return out.reshape(shape)
+
+
+def _adaptive_avg_pool_backward(mode, grad, x, *, d: int = 2):
+    if grad.dtype != _F32:
+        return NotImplemented
+    outs = list(grad.shape[-d:])
+    starts, ends, divisors = _adaptive_geometry(x.shape[-d:], outs)
+    return _t(_pool_scatter(_np(grad), x.shape, d, outs, starts, ends, divisors, None))
+
+
+def _upsample_backward(forward_packet) -> Callable:
+    """An upsampling's gradient: autograd of its forward as torch decomposes it (gathers and
+    weighted sums, evaluated here), whose gathers' gradient accumulates in order (index_put)."""
+    default = getattr(forward_packet, "default", None)
+    decomposed = decomposition_table.get(default)
+
+    def run(mode, grad, output_size, input_size, *rest):
+        if grad.dtype != _F32:
+            return NotImplemented
+        if decomposed is not None:
+            forward = lambda t: decomposed(t, output_size, *rest)  # noqa: E731
+        else:  # only the .vec form decomposes (the anti-aliased bilinear): the sizes given, no scales
+            vec = decomposition_table[forward_packet.vec]
+            forward = lambda t: vec(t, output_size, *rest[:1], None)  # noqa: E731
+        return _vjp(forward, torch.zeros(list(input_size), dtype=_F32), grad, mode)
+    return run
+
+
+# -- attention ---------------------------------------------------------------------------------------
+def _attention_math(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """torch's math path: softmax(q k^T * scale + mask) @ v; also the log-sum-exp of each row."""
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    L, S = q.shape[-2], k.shape[-2]
+    if is_causal:
+        mask = torch.ones(L, S, dtype=torch.bool).tril()
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    lse = torch.logsumexp(scores, -1)
+    return torch.softmax(scores, -1) @ v, lse
+
+
+def _flash(mode, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if not _both32(q, k, v) or dropout_p:
+        return NotImplemented
+    with mode:
+        out, lse = _attention_math(q, k, v, attn_mask, is_causal, scale)
+    return out, lse
+
+
+def _attention_backward(mode, grad, q, k, v, out, lse, mask, is_causal, scale, enable_gqa=False):
+    """Flash attention's backward from what the forward saved (its output and row log-sum-exp), as
+    torch's CPU kernel and the NPU's FlashAttentionScoreGrad take them: P = exp(S - lse) with the
+    scores S recomputed, dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)), dQ = dS K scale,
+    dK = dS^T Q scale (heads summed back where they were repeated); also dS, the scores' gradient
+    (a bias's)."""
+    with mode:
+        heads = q.shape[-3] // k.shape[-3] if enable_gqa and q.shape[-3] != k.shape[-3] else 1
+        kk = k.repeat_interleave(heads, -3) if heads > 1 else k
+        vv = v.repeat_interleave(heads, -3) if heads > 1 else v
+        s_ = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ kk.transpose(-2, -1)) * s_
+        if is_causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        p = torch.exp(scores - lse.unsqueeze(-1).to(scores.dtype))
+        dv = p.transpose(-2, -1) @ grad
+        dp = grad @ vv.transpose(-2, -1)
+        rows = (grad * out.to(grad.dtype)).sum(-1, keepdim=True)
+        ds = p * (dp - rows)
+        dq = (ds @ kk) * s_
+        dk = (ds.transpose(-2, -1) @ q) * s_
+        if heads > 1:
+            dk = dk.unflatten(-3, (k.shape[-3], heads)).sum(-3)
+            dv = dv.unflatten(-3, (v.shape[-3], heads)).sum(-3)
+    return dq, dk, dv, ds
+
+
+def _flash_backward(mode, grad, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    if not _both32(grad, q, k, v) or dropout_p:
+        return NotImplemented
+    return _attention_backward(mode, grad, q, k, v, out, lse, attn_mask, is_causal, scale)[:3]
+
+
+def _efficient(mode, q, k, v, bias, compute_lse, dropout_p=0.0, is_causal=False, *, scale=None):
+    if not _both32(q, k, v) or dropout_p:
+        return NotImplemented
+    with mode:
+        out, lse = _attention_math(q, k, v, bias, is_causal, scale)
+    empty = torch.empty(0, dtype=torch.int64)
+    return out, lse if compute_lse else torch.empty(0), empty, empty
+
+
+def _efficient_backward(mode, grad, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal=False,
+                        *, scale=None):
+    if not _both32(grad, q, k, v) or dropout_p:
+        return NotImplemented
+    dq, dk, dv, ds = _attention_backward(mode, grad, q, k, v, out, lse, bias, is_causal, scale)
+    db = None
+    if grad_input_mask[3] and bias is not None:
+        with mode:
+            db = ds.sum([i for i in range(ds.dim()) if i < ds.dim() - bias.dim() or bias.shape[i - ds.dim()] == 1
+                         and ds.shape[i] != 1], keepdim=True).reshape(bias.shape) if ds.shape != bias.shape else ds
+    return dq, dk, dv, db
+
+
+def _attention_math_op(mode, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *,
+                       scale=None, enable_gqa=False):
+    if not _both32(q, k, v) or dropout_p:
+        return NotImplemented
+    with mode:
+        scale_ = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        kk, vv = k, v
+        if enable_gqa and q.shape[-3] != k.shape[-3]:
+            kk = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+            vv = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+        scores = (q @ kk.transpose(-2, -1)) * scale_
+        if is_causal:
+            attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+                else scores + attn_mask
+        attn = torch.softmax(scores, -1)
+        return attn @ vv, attn
+
+
+# -- random draws --------------------------------------------------------------------------------------
+def _uniform64(shape, generator=None) -> torch.Tensor:
+    """Binary64 draws in [0, 1) from torch's generator (its uniform_ kernel: no floating-point
+    functions, so the same bits on every host)."""
+    return torch.empty(tuple(shape), dtype=_F64).uniform_(0.0, 1.0, generator=generator)
+
+
+def _normal32(mode, shape, generator=None) -> torch.Tensor:
+    """Standard normal draws by Box and Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2), each function
+    rounded once to binary32 (u1, u2 binary64 uniform draws, the products in binary64)."""
+    u = _uniform64((2, *shape), generator)
+    radius = torch.sqrt(-2 * _cr(None, "log", (1 - u[0]).numpy()).double()).float()
+    angle = _cr(None, "cos", (2 * math.pi) * u[1].numpy())
+    return radius * angle
+
+
+def bernoulli_mask(shape, p, generator=None) -> torch.Tensor:
+    """0/1 (bool) draws with probability p (a number or a tensor broadcasting to shape): u < p,
+    u binary64 uniform draws."""
+    u = _uniform64(shape, generator)
+    return u < (p.double() if isinstance(p, torch.Tensor) else float(p))
+
+
+def _draw(mode, func, args, kwargs):
+    """A random operation on binary32 tensors (or making one): its values from :func:`_uniform64`."""
+    packet = func.overloadpacket
+    gen = kwargs.get("generator")
+    target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    inplace = func._schema.name.endswith("_")
+    if packet in (aten.rand, aten.randn):
+        shape = args[0]
+        values = _uniform64(shape, gen).float() if packet is aten.rand else _normal32(mode, shape, gen)
+        return values
+    if packet in (aten.rand_like, aten.randn_like):
+        shape = target.shape
+        return _uniform64(shape, gen).float() if packet is aten.rand_like else _normal32(mode, shape, gen)
+    if packet in (aten.bernoulli, aten.bernoulli_):
+        p = args[1] if len(args) > 1 else kwargs.get("p", target if not inplace else 0.5)
+        if packet is aten.bernoulli and len(args) == 1 and "p" not in kwargs:
+            p = target  # bernoulli(self): probabilities self
+        values = bernoulli_mask(target.shape, p, gen).float()
+    elif packet in (aten.uniform, aten.uniform_):
+        lo, hi = (list(args[1:3]) + [kwargs.get("from", 0.0), kwargs.get("to", 1.0)])[:2] if len(args) > 1 else \
+            (kwargs.get("from", 0.0), kwargs.get("to", 1.0))
+        values = (lo + (hi - lo) * _uniform64(target.shape, gen)).float()
+    elif packet in (aten.normal, aten.normal_):
+        values = _normal_op(mode, func, args, kwargs, gen)
+        if not inplace:
+            return values
+    elif packet is aten.exponential_:
+        rate = args[1] if len(args) > 1 else kwargs.get("lambd", 1.0)
+        values = -_cr(None, "log1p", (-_uniform64(target.shape, gen)).numpy()) / _scalar32(rate)
+    elif packet is aten.log_normal_:
+        m = args[1] if len(args) > 1 else kwargs.get("mean", 1.0)
+        s = args[2] if len(args) > 2 else kwargs.get("std", 2.0)
+        values = _cr(None, "exp", m + s * _normal32(mode, target.shape, gen))
+    elif packet is aten.cauchy_:
+        m = args[1] if len(args) > 1 else kwargs.get("median", 0.0)
+        s = args[2] if len(args) > 2 else kwargs.get("sigma", 1.0)
+        values = m + s * _cr(None, "tan", (math.pi * (_uniform64(target.shape, gen) - 0.5)).numpy())
+    elif packet is aten.geometric_:
+        p = args[1] if len(args) > 1 else kwargs["p"]
+        u = _uniform64(target.shape, gen)
+        values = torch.ceil(_cr(None, "log1p", (-u).numpy()).double() / math.log1p(-p)).float()
+    elif packet is aten.rrelu_with_noise:
+        return NotImplemented
+    else:
+        return NotImplemented
+    if inplace:
+        return target.copy_(values)
+    return values
+
+
+def _normal_op(mode, func, args, kwargs, gen):
+    name = func._overloadname
+    z = None
+    if name == "float_float":
+        mean, std, size = args[0], args[1], args[2]
+        z = _normal32(mode, size, gen)
+        return z * _scalar32(std) + _scalar32(mean)
+    if name in ("Tensor_float", "Tensor_Tensor", "float_Tensor"):
+        mean, std = args[0], args[1] if len(args) > 1 else kwargs.get("std", 1.0)
+        shape = torch.broadcast_shapes(*(t.shape for t in (mean, std) if isinstance(t, torch.Tensor)))
+        z = _normal32(mode, shape, gen)
+        return z * std + mean
+    target = args[0]  # normal_(self, mean, std)
+    mean = args[1] if len(args) > 1 else kwargs.get("mean", 0.0)
+    std = args[2] if len(args) > 2 else kwargs.get("std", 1.0)
+    z = _normal32(mode, target.shape, gen)
+    return z * _scalar32(std) + _scalar32(mean)
+
+
+def _dropout(mode, x, p, train=None):
+    """native_dropout: the mask from :func:`bernoulli_mask` (keep probability 1 - p), then x * mask
+    * (1 / (1 - p)) in binary32 (two roundings, as torch's kernel)."""
+    if x.dtype != _F32:
+        return NotImplemented
+    if train is False or p == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    keep = bernoulli_mask(x.shape, 1 - p)
+    if p == 1:
+        return torch.zeros_like(x), keep
+    return x * keep.float() * _scalar32(1 / (1 - p)), keep
+
+
+def _rrelu_with_noise(mode, x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """Training: each non-positive element times a slope drawn uniformly from [lower, upper]
+    (written into noise; 1 elsewhere); evaluation: the mean slope."""
+    if x.dtype != _F32:
+        return NotImplemented
+    if not training:
+        return torch.where(x > 0, x, x * _scalar32((lower + upper) / 2))
+    u = _uniform64(x.shape, generator)
+    slope = (lower + (upper - lower) * u).float()
+    noise.copy_(torch.where(x > 0, torch.ones_like(x), slope))
+    return x * noise
+
+
+# -- the table -------------------------------------------------------------------------------------------
+#: The implementations, by aten overload packet: called as impl(mode, *args, **kwargs); NotImplemented
+#: hands the call on (to torch's decomposition, or its kernel).
+IMPLEMENTED: dict[Any, Callable] = {getattr(aten, name): _unary(fn) for name, fn in _UNARY.items()
+                                     if hasattr(aten, name)}
+IMPLEMENTED.update({
+    aten.gelu: _gelu, aten.gelu_backward: _gelu_backward, aten.elu: _elu, aten.elu_backward: _elu_backward,
+    aten.softplus: _softplus, aten.softplus_backward: _softplus_backward,
+    aten.log_sigmoid_forward: _log_sigmoid_forward,
+    aten.log_sigmoid_backward: lambda mode, g, x, buffer: _cr(mode, "logsigmoid_backward", g, x),
+    aten.silu_backward: _binary_cr("silu_backward"), aten.mish_backward: _binary_cr("mish_backward"),
+    aten.sigmoid_backward: _binary_cr("sigmoid_backward"), aten.tanh_backward: _binary_cr("tanh_backward"),
+    aten.glu: _glu, aten.glu_backward: _glu_backward, aten.atan2: _binary_cr("atan2"),
+    aten.hypot: _binary_cr("hypot"), aten.logaddexp: _binary_cr("logaddexp"), aten.pow: _pow,
+    aten.add: _add, aten.sub: _sub, aten.addcmul: _addcmul, aten.addcdiv: _addcdiv, aten.lerp: _lerp,
+    aten.sum: _sum, aten.mean: _mean, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
+    aten.std_mean: _std_mean, aten.prod: _prod, aten.cumsum: _cumsum, aten.cumprod: _cumprod,
+    aten.logsumexp: _logsumexp, aten.linalg_vector_norm: _vector_norm, aten.norm: _norm,
+    aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
+    aten.addbmm: _addbmm, aten.addmv: _addmv,
+    aten.convolution: _convolution, aten.convolution_backward: _convolution_backward,
+    aten.index_put: _index_put, aten.index_put_: _index_put_, aten._index_put_impl_: _index_put_,
+    aten.index_add: _index_add, aten.index_add_: lambda mode, *a, **kw: _index_add(mode, *a, **kw, inplace=True),
+    aten.scatter_add: _scatter_add,
+    aten.scatter_add_: lambda mode, *a, **kw: _scatter_add(mode, *a, **kw, inplace=True),
+    aten.max_pool2d_with_indices_backward: lambda mode, *a: _max_pool_backward(mode, *a, d=2),
+    aten.max_pool3d_with_indices_backward: lambda mode, *a: _max_pool_backward(mode, *a, d=3),
+    aten.adaptive_max_pool2d_backward: lambda mode, *a: _max_pool_backward(mode, *a, d=2),
+    aten.adaptive_max_pool3d_backward: lambda mode, *a: _max_pool_backward(mode, *a, d=3),
+    aten.avg_pool2d: lambda mode, *a, **kw: _avg_pool(mode, *a, **kw, d=2),
+    aten.avg_pool3d: lambda mode, *a, **kw: _avg_pool(mode, *a, **kw, d=3),
+    aten.avg_pool2d_backward: lambda mode, *a, **kw: _avg_pool_backward(mode, *a, **kw, d=2),
+    aten.avg_pool3d_backward: lambda mode, *a, **kw: _avg_pool_backward(mode, *a, **kw, d=3),
+    aten._adaptive_avg_pool2d: lambda mode, *a, **kw: _adaptive_avg_pool(mode, *a, **kw, d=2),
+    aten._adaptive_avg_pool3d: lambda mode, *a, **kw: _adaptive_avg_pool(mode, *a, **kw, d=3),
+    aten._adaptive_avg_pool2d_backward: lambda mode, *a, **kw: _adaptive_avg_pool_backward(mode, *a, **kw, d=2),
+    aten._adaptive_avg_pool3d_backward: lambda mode, *a, **kw: _adaptive_avg_pool_backward(mode, *a, **kw, d=3),
+    aten._scaled_dot_product_flash_attention_for_cpu: _flash,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _flash_backward,
+    aten._scaled_dot_product_efficient_attention: _efficient,
+    aten._scaled_dot_product_efficient_attention_backward: _efficient_backward,
+    aten._scaled_dot_product_attention_math: _attention_math_op,
+    aten.native_dropout: _dropout, aten.rrelu_with_noise: _rrelu_with_noise,
+})
+for _kind in ("nearest1d", "nearest2d", "nearest3d", "linear1d", "bilinear2d", "bicubic2d", "trilinear3d"):
+    _fwd = getattr(aten, f"upsample_{_kind}")
+    IMPLEMENTED[getattr(aten, f"upsample_{_kind}_backward")] = _upsample_backward(_fwd)
+for _kind in ("nearest_exact1d", "nearest_exact2d", "nearest_exact3d", "bilinear2d_aa"):
+    _fwd = getattr(aten, f"_upsample_{_kind}")
+    IMPLEMENTED[getattr(aten, f"_upsample_{_kind}_backward")] = _upsample_backward(_fwd)
+_RANDOM = frozenset({aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli, aten.bernoulli_,
+                     aten.uniform, aten.uniform_, aten.normal, aten.normal_, aten.exponential_, aten.log_normal_,
+                     aten.cauchy_, aten.geometric_})
+#: prims (which torch's decompositions emit) with an aten twin here.
+_PRIMS = {getattr(prims, name): IMPLEMENTED[getattr(aten, name)] for name in
+          ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+           "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "rsqrt", "lgamma", "atan2", "hypot",
+           "pow", "sum", "prod")
+          if hasattr(prims, name)}
+
+#: What torch computes the same way on every host (IEEE operations of one rounding, exact
+#: selections, data movement, conversions, factories): run by torch itself.
+NATIVE = frozenset({
+    aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.abs, aten.reciprocal, aten.sqrt, aten.rsub, aten.square,
+    aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.logical_and, aten.logical_or, aten.logical_not,
+    aten.logical_xor, aten.isnan, aten.isinf, aten.isfinite, aten.isposinf, aten.isneginf, aten.signbit,
+    aten.where, aten.masked_fill, aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum, aten.minimum, aten.fmax,
+    aten.fmin, aten.relu, aten.threshold, aten.threshold_backward, aten.hardtanh, aten.hardtanh_backward,
+    aten.leaky_relu, aten.leaky_relu_backward, aten.hardshrink, aten.hardshrink_backward, aten.softshrink,
+    aten.softshrink_backward, aten._prelu_kernel, aten._prelu_kernel_backward, aten.sign, aten.sgn, aten.floor,
+    aten.ceil, aten.round, aten.trunc, aten.frac, aten.fmod, aten.remainder, aten.copysign, aten.nextafter,
+    aten.max, aten.min, aten.amax, aten.amin, aten.argmax, aten.argmin, aten.sort, aten.topk, aten.cat, aten.stack,
+    aten.index, aten.index_select, aten.gather, aten.scatter, aten.index_fill, aten.masked_select,
+    aten.masked_scatter, aten.take, aten.embedding, aten.constant_pad_nd, aten.reflection_pad1d,
+    aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad2d,
+    aten.replication_pad3d, aten.expand, aten.repeat, aten.flip, aten.roll, aten.tril, aten.triu, aten.diag_embed,
+    aten.nonzero, aten.unique_dim, aten._unique2, aten.zero_, aten.fill_, aten.fill, aten.clone, aten.detach,
+    aten.alias, aten.copy_, aten._to_copy, aten.to, aten.lift_fresh, aten.lift_fresh_copy, aten._local_scalar_dense,
+    aten.is_nonzero, aten.equal, aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+    aten.new_empty_strided, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.new_zeros, aten.new_ones,
+    aten.full, aten.full_like, aten.new_full, aten.scalar_tensor, aten.arange, aten.eye, aten.max_pool2d_with_indices,
+    aten.max_pool3d_with_indices, aten.adaptive_max_pool2d, aten.adaptive_max_pool3d, aten.upsample_nearest1d,
+    aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact1d,
+    aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d, aten.im2col, aten.col2im, aten.pixel_shuffle,
+    aten.pixel_unshuffle, aten.split, aten.split_with_sizes, aten.unbind, aten.unsafe_split,
+    aten.unsafe_split_with_sizes, aten.select_backward, aten.slice_backward, aten.diagonal_backward, aten.one_hot,
+    aten.resize_, aten.set_, aten.view, aten._unsafe_view, aten.reshape, aten.contiguous, aten.t, aten.transpose,
+    aten.permute, aten.squeeze, aten.unsqueeze, aten.slice, aten.select, aten.as_strided, aten.diagonal,
+    aten.unfold, aten._reshape_alias, aten.logical_not, aten.bitwise_and, aten.bitwise_or, aten.bitwise_not,
+    aten.bitwise_xor, aten.count_nonzero, aten.any, aten.all, aten.isin, aten.bucketize, aten.searchsorted,
+    aten.histc, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset, aten.masked_fill_,
+    prims.convert_element_type, prims.broadcast_in_dim, prims.squeeze, prims.view_of, prims.where, prims.div,
+    prims.mul, prims.add, prims.sub, prims.neg, prims.abs, prims.sqrt, prims.eq, prims.ne, prims.lt, prims.le,
+    prims.gt, prims.ge, prims.maximum, prims.minimum, prims.reshape, prims.transpose, prims.collapse_view,
+    prims.split_dim, prims.amax, prims.amin, prims.full, prims.iota, prims.clone, prims.copy_to,
+    prims.empty_strided, prims.reciprocal,
+})
+
+
+class Binary32Mode(TorchDispatchMode):
+    """Inside ``with Binary32Mode():`` torch's operations on binary32 tensors give the same bits on
+    every host (see the module's docstring for how each is computed). ``host`` counts, by
+    operation, the calls computed by torch's own kernel for want of a model (their bits may
+    depend on the host); ``strict=True`` raises NotImplementedError for them instead.
+    ``flags_seen`` is the OR of the events (INVALID, DIVBYZERO, OVERFLOW) the elementwise
+    functions raised."""
+
+    def __init__(self, *, strict: bool = False) -> None:
+        super().__init__()
+        self.strict = strict
+        self.host: collections.Counter[str] = collections.Counter()
+        self.flags_seen = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _touches32(args, kwargs):
+            return func(*args, **kwargs)
+        packet = func.overloadpacket
+        impl = IMPLEMENTED.get(packet) or _PRIMS.get(packet)
+        if packet in _RANDOM:
+            result = _draw(self, func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        elif impl is not None:
+            out = kwargs.get("out")
+            rest = {k: v for k, v in kwargs.items() if k != "out"} if out is not None else kwargs
+            result = impl(self, *args, **rest)
+            if result is not NotImplemented:
+                if isinstance(out, torch.Tensor):
+                    return out.resize_(result.shape).copy_(result)
+                if func._schema.name.endswith("_") and not _returns_own(result, args):
+                    return args[0].copy_(result)
+                return result
+        if packet in NATIVE or func.is_view or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)
+        decomposition = decomposition_table.get(func)
+        if decomposition is not None:
+            with self:
+                return decomposition(*args, **kwargs)
+        if self.strict:
+            raise NotImplementedError(f"{func} has no host-independent binary32 model (Binary32Mode(strict=True))")
+        self.host[str(func)] += 1
+        return func(*args, **kwargs)
+
+
+def _returns_own(result, args) -> bool:
+    return isinstance(result, torch.Tensor) and bool(args) and result is args[0]
+
+
+def _touches32(args, kwargs) -> bool:
+    """A binary32 tensor among the arguments, or a binary32 result asked for."""
+    for xs in (args, kwargs.values()):
+        for x in xs:
+            if isinstance(x, torch.Tensor):
+                if x.dtype == _F32:
+                    return True
+            elif isinstance(x, (list, tuple)):
+                if any(isinstance(t, torch.Tensor) and t.dtype == _F32 for t in x):
+                    return True
+            elif x is _F32:
+                return True
+    return False
+
+
+def _operands(args, kwargs) -> list[torch.Tensor]:
+    found = []
+    for xs in (args, kwargs.values()):
+        for x in xs:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                found.append(x)
+            elif isinstance(x, (list, tuple)):
+                found.extend(t for t in x if isinstance(t, torch.Tensor) and t.is_floating_point())
+    return found
+
+
+def evaluate(func, args, kwargs) -> tuple[Any, int]:
+    """``func`` on binary32 operands as :class:`Binary32Mode` computes it: its result and the
+    events it raises (see :func:`run`)."""
+    return run(lambda: func(*args, **kwargs), _operands(args, kwargs), func.overloadpacket in _ELEMENTWISE)
+
+
+def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False) -> tuple[Any, int]:
+    """``fn()`` computed in :class:`Binary32Mode`: its result and the events the float-status
+    register records, judged at the outputs. An elementwise function's are its own, element by
+    element (sim.elementary's). For any other computation: OVERFLOW where an output is infinite
+    while every floating operand is finite (DIVBYZERO instead where only poles were met: log(0),
+    a division by zero), and INVALID where an output is NaN while no operand is. An overflow
+    inside a kernel whose outputs stay finite raises nothing: the register sees what reaches
+    them."""
+    mode = Binary32Mode()
+    with mode:
+        out = fn()
+    if elementwise:
+        return out, mode.flags_seen
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    finite = all(bool(torch.isfinite(t).all()) for t in operands)
+    nan_free = not any(bool(torch.isnan(t).any()) for t in operands)
+    events = 0
+    for o in outs:
+        if finite and bool(torch.isinf(o).any()):
+            pole = mode.flags_seen & _DIVBYZERO and not mode.flags_seen & _OVERFLOW
+            events |= _DIVBYZERO if pole else _OVERFLOW
+        if nan_free and bool(torch.isnan(o).any()):
+            events |= _INVALID
+    return out, events
+
+
+_ELEMENTWISE = frozenset({getattr(aten, name) for name in _UNARY if hasattr(aten, name)} | {
+    aten.gelu, aten.gelu_backward, aten.elu, aten.elu_backward, aten.softplus, aten.softplus_backward,
+    aten.silu_backward, aten.mish_backward, aten.sigmoid_backward, aten.tanh_backward, aten.atan2, aten.hypot,
+    aten.logaddexp, aten.pow, aten.addcmul, aten.addcdiv, aten.lerp, aten.log_sigmoid_backward})
