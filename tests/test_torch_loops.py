@@ -305,7 +305,7 @@ def test_continuous_draws_are_the_documented_transforms_of_binary64_uniforms() -
     radius = [f32(np.sqrt(np.float64(-2) * np.float64(f32(mpmath.log(1 - mpmath.mpf(a))))))
               for a in pair[0]]
     angle = [f32(mpmath.cos(mpmath.mpf(float(2 * np.pi * b)))) for b in pair[1]]
-    z = np.array([f32(ra * an * f32(3)) for ra, an in zip(radius, angle)], np.float32)
+    z = np.array([f32(ra * an * f32(3)) for ra, an in zip(radius, angle, strict=True)], np.float32)
     assert bits(n) == bits(torch.from_numpy(z).to(torch.bfloat16))
     assert n.dtype == torch.bfloat16 and torch.isfinite(n).all() and ((r >= 0) & (r <= 1)).all()
     assert not dev.get_float_status().any()
