@@ -7,19 +7,19 @@ function of the operands alone, so no host's libm, vector width or tensor length
 It is what the fused kernels of ``sim.torch`` compute inside (then the device rounds it into the
 output's format), and what host-independent binary32 references use (:mod:`sim.binary32`).
 
-How: each element is first evaluated in binary64 (the host's libm, or a few binary64 steps) with
-a bound on that evaluation's error, derived per function from the libm's error (at most
-:data:`LIBM` relative: 16 ulps; glibc, musl, macOS and MSVC document 1 to 4 ulps for these
-functions) and the roundings of the steps, scaled by the function's condition where an
-argument is rounded. Where every value within the bound rounds to the same binary32 number,
-that is the result. Elsewhere (an element within the bound of a binary32 rounding boundary,
-about one in 2**20 at random) the exact value is computed again at 80 to 1280 bits with mpmath
-(a dependency of torch, so present wherever ``sim.torch`` runs; the exponential and the
-logarithm fall back to Python's ``decimal`` without it), or exactly with fractions for the
-rational functions (``addcmul``, ``addcdiv``, ``lerp``). An exact value that is itself a
-rounding boundary is found exactly (a rational function's) or, for a transcendental function
-at a point other than those handled exactly (exp(0) = 1, log2 of a power of two...), taken to
-be one only past 1280 bits.
+How: each element is first evaluated in binary64 (the host's libm, or a few binary64 steps) with a
+bound on that evaluation's error, derived per function from the libm's error (at most :data:`LIBM`
+relative: 16 ulps; glibc, musl, macOS and MSVC document 1 to 4 ulps for these functions) and the
+roundings of the steps, scaled by the function's condition where an argument is rounded. Where
+every value within the bound rounds to the same binary32 number, that is the result. Elsewhere (an
+element within the bound of a binary32 rounding boundary, about one in 2**20 at random) the exact
+value is computed again at 80 to 1280 bits with mpmath (a dependency of torch, so present wherever
+``sim.torch`` runs; exp, log, exp2, log2 and log10, which the built-in workloads use without
+torch, fall back to Python's ``decimal`` without it), or exactly with fractions for the rational
+functions (``addcmul``, ``addcdiv``, ``lerp``). An exact value that is itself a rounding boundary
+is found exactly (a rational function's) or, for a transcendental function at a point other than
+those handled exactly (exp(0) = 1, log2 of a power of two...), taken to be one only past 1280
+bits.
 
 Flags: per element, the events the float-status register records: INVALID (a NaN from non-NaN
 operands: log(-1), asin(2), inf * 0; or a signaling NaN operand), DIVBYZERO (an exact infinite
@@ -768,13 +768,27 @@ def _exact_rational(fn: Function, xs, ps) -> Fraction:
     return x + b * (a - x)  # LERP
 
 
+_DECIMAL = (EXP, LOG, EXP2, LOG2, LOG10)  # the functions with an exact value without mpmath
+
+
 def _exact_decimal(fn: Function, x: float, bits: int) -> Fraction:
-    """exp and log in Python's decimal (correctly rounded at the context's precision)."""
+    """exp, log, exp2, log2 and log10 in Python's decimal, its exp, ln and log10 correctly rounded at
+    the context's precision (10**-8 below the 2**-(bits - 4) that _settle asks; exp2's rounded argument
+    x ln 2, |x| < 2**8 where exp2 is finite and not 0, multiplies the error by at most 2**8)."""
     import decimal
 
-    ctx = decimal.Context(prec=int(bits * 0.30103) + 5, Emax=10**6, Emin=-10**6)
+    ctx = decimal.Context(prec=int(bits * 0.30103) + 8, Emax=10**6, Emin=-10**6)
     d = decimal.Decimal(x)
-    value = ctx.exp(d) if fn.code == EXP else ctx.ln(d)
+    if fn.code == EXP:
+        value = ctx.exp(d)
+    elif fn.code == EXP2:
+        value = ctx.exp(ctx.multiply(d, ctx.ln(decimal.Decimal(2))))
+    elif fn.code == LOG:
+        value = ctx.ln(d)
+    elif fn.code == LOG2:
+        value = ctx.divide(ctx.ln(d), ctx.ln(decimal.Decimal(2)))
+    else:
+        value = ctx.log10(d)
     return Fraction(value)
 
 
@@ -853,7 +867,7 @@ def exact_value(fn: Function, xs: tuple[float, ...], ps: tuple[float, ...] = ())
     last = None
     while bits <= 1280:
         if mp is None:
-            if fn.code not in (EXP, LOG):
+            if fn.code not in _DECIMAL:
                 raise ImportError(f"{fn.name}: the exact value of an element near a binary32 rounding boundary "
                                   f"needs mpmath (pip install mpmath; torch installs it)")
             v = _exact_decimal(fn, xs[0], bits)
