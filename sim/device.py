@@ -942,9 +942,17 @@ class Device:
     def sum(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
         """Sum along ``axis`` (all if None) in a fixed pairwise tree (adjacent pairs, then
         pairs of pairs, ...), each addition rounded to ``accumulate`` (default: x's dtype);
-        the total is rounded to ``out_dtype`` (default: x's dtype). The elements are the
-        operands of the first additions as they are (a NaN or Inf is not saturated first);
-        into another ``accumulate`` dtype each is first converted as :meth:`cast` does."""
+        the total is rounded to ``out_dtype`` (default: x's dtype).
+
+        In x's own dtype the additions are the device's, each in its overflow mode (in
+        saturation mode a NaN becomes 0 and an Inf MAX at the addition that makes it). An
+        ``accumulate`` of another dtype is the reduction unit's own register, IEEE inside as
+        :meth:`amax`'s pairs are: each element enters it converted in INF/NaN mode (exactly,
+        NaN and Inf included, where the dtype widens), the additions raise IEEE's flags, and
+        the overflow mode applies once, to the total rounded into ``out_dtype``. So in
+        saturation mode sum([NaN, 1, 2]) is 0 in any order, [Inf, -Inf] gives 0 with INVALID,
+        [Inf, Inf] gives MAX with no OVERFLOW (an infinity of infinite operands is no overflow),
+        and a binary16 mean of [Inf, Inf] is MAX, as the mean of [Inf] is."""
         return self._reduce(x, axis, accumulate, out_dtype, mean=False)
 
     def mean(self, x, axis: int | None = None, accumulate=None, out_dtype=None) -> np.ndarray:
@@ -997,7 +1005,8 @@ class Device:
         dst = src if out_dtype is None else self._unit(out_dtype, "out_dtype")
         v, rest = _columns(x, axis, src.format, "mean" if mean else "sum")
         out = np.empty(v.shape[1], dst.format.uint)
-        status = K.tree_sum(v, out, src.settings, acc.settings, dst.settings, mean)
+        inside = acc.settings if acc is src else self._ieee(acc.format)
+        status = K.tree_sum(v, out, src.settings, inside, dst.settings, mean)
         self._record(status, "mean" if mean else "sum", out.size)
         total = out.view(dst.format.dtype)
         return total[0] if axis is None else total.reshape(rest)

@@ -113,15 +113,46 @@ def test_saturation_does_not_saturate_the_operands() -> None:
         assert int(dev.status) == 0 and not dev.get_float_status()[:3].any()  # Inf + Inf is exact
 
 
-def test_a_different_accumulator_converts_each_element_as_a_cast_does() -> None:
-    """Into another accumulate dtype each element is first cast (saturating in saturation mode)."""
-    for mode in ("saturation", "inf_nan"):
-        dev = _device(mode)
-        x = np.array([np.nan, 1, np.inf, 2, -np.inf], np.float16)
-        got = dev.sum(x, accumulate=np.float32, out_dtype=np.float16)
-        reg = _register(dev)
-        dev.clear_status()
-        dev.clear_float_status()
-        wide = dev.cast(x, np.float32)
-        want = dev.cast(_tree(dev, [wide[i:i + 1] for i in range(x.size)]), np.float16)[0]
-        assert got.view(np.uint16) == want.view(np.uint16) and reg == _register(dev)
+def _wide_tree(dev: Device, x: np.ndarray, acc, out, mean: bool):
+    """The definition of a sum in another accumulator: the exact widenings added by an INF/NaN
+    device's tree in ``acc``, the total (divided by the count for a mean) cast by ``dev``."""
+    ieee = _device("inf_nan")
+    wide = x.astype(np.float64).astype(acc)  # exact: binary16 and bfloat16 widen into binary32
+    total = _tree(ieee, [wide[i:i + 1] for i in range(x.size)])
+    if mean:
+        total = ieee.div(total, np.full(1, x.size, acc))
+    dev.clear_status()
+    dev.clear_float_status()
+    got = dev.cast(total, out)[0]
+    return got, tuple(a | b for a, b in zip(_register(ieee)[1], _register(dev)[1], strict=True))
+
+
+@given(values=st.lists(st.sampled_from(_specials(np.dtype(np.float16))) | st.floats(-65504, 65504, width=16),
+                       min_size=1, max_size=9),
+       mode=st.sampled_from(["saturation", "inf_nan"]), mean=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_another_accumulator_is_ieee_inside_and_the_mode_applies_to_the_total(values, mode, mean) -> None:
+    """accumulate=float32 of binary16 elements: exact widening, IEEE additions, one mode at the end."""
+    dev = _device(mode)
+    x = np.array(values, np.float16)
+    got = (dev.mean if mean else dev.sum)(x, accumulate=np.float32, out_dtype=np.float16)
+    reg = _register(dev)[1]
+    want, want_reg = _wide_tree(dev, x, np.float32, np.float16, mean)
+    assert got.view(np.uint16) == want.view(np.uint16) and reg == want_reg, (x, got, want, reg, want_reg)
+
+
+@pytest.mark.parametrize(("values", "total", "register"), [
+    ([np.nan, 1, 2], 0.0, (0, 0, 0)),  # NaN to the end, then 0: in any order
+    ([1, 2, np.nan], 0.0, (0, 0, 0)),
+    ([np.inf, -np.inf], 0.0, (0, 1, 0)),  # Inf - Inf is INVALID
+    ([np.inf, np.inf], 65504.0, (0, 0, 0)),  # an infinity of infinite operands is no overflow
+    ([65504, 65504], 65504.0, (1, 0, 0)),  # 131008 is finite in binary32 and overflows binary16
+    ([np.inf], 65504.0, (0, 0, 0)),
+])
+def test_saturation_with_a_binary32_accumulator_by_hand(values, total, register) -> None:
+    dev = Device("atlas-training")
+    x = np.array(values, np.float16)
+    assert float(dev.sum(x, accumulate=np.float32)) == total and _register(dev)[1] == register
+    dev.clear_float_status()
+    mean = float(dev.mean(x, accumulate=np.float32))  # [Inf, Inf] -> Inf / 2 = Inf -> MAX, as [Inf] gives
+    assert mean == (total if values[0] != 65504 else 65504.0)
