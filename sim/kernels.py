@@ -314,8 +314,13 @@ def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
     nan_bits = cfg[NAN_BITS] ^ ((sign << (width - 1)) & -cfg[NAN_SIGN])
     nan_bits = cfg[ZERO] if sat & (cfg[NAN_TO_ZERO] != 0) else nan_bits  # E8M0 has no zero: NaN stays
     bits = nan_bits if nan else bits | (sign << (width - 1))
-    # An infinity where the format has none and the result is its NaN is invalid.
-    invalid = INVALID * (special & ~nan & ~sat & (cfg[INFB] == cfg[NAN_BITS]))
+    # A NaN or an infinity the format cannot hold, where the overflow mode does not map it (to
+    # MAX, or NaN to 0), is invalid: IEEE 754-2019 section 5.8's rule for a conversion whose
+    # destination cannot represent a NaN or infinite operand. So an infinity into E4M3FN (its NaN)
+    # or E8M0 (its NaN), and an infinity or a NaN into FP6 and FP4 (MAX, a zero), in INF/NaN mode.
+    no_inf = (cfg[INFB] == cfg[NAN_BITS]) | (cfg[INFB] == top)
+    no_nan = cfg[NAN_BITS] == (1 << (width - 1))
+    invalid = INVALID * ((special & ~nan & ~sat & no_inf) | (nan & no_nan & ~(sat & (cfg[NAN_TO_ZERO] != 0))))
     return bits, invalid if special | (sig == 0) else flags & cfg[KEEP]
 
 

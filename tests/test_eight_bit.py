@@ -257,6 +257,24 @@ def test_overflow_behaviours_hand_worked() -> None:
     assert list(flags) == [Flag.OVERFLOW | Flag.INEXACT, Flag.OVERFLOW | Flag.INEXACT, Flag.INVALID, 0]
 
 
+@pytest.mark.parametrize("fmt", (FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, FLOAT8_E4M3FN), ids=lambda f: f.name)
+def test_a_nan_or_infinity_the_format_cannot_hold_is_invalid(fmt) -> None:
+    """IEEE 754-2019 5.8: a conversion whose destination cannot represent a NaN or infinite operand
+    signals INVALID. FP6 and FP4 hold neither, E4M3FN no infinity; in saturation mode the mode
+    maps them (Inf -> MAX, NaN -> 0), no INVALID; satfinite keeps NaN, so FP6/FP4 cannot."""
+    x = ALL16.astype(np.float64)
+    nan, inf = np.isnan(x), np.isinf(x)
+    snan = nan & ((ALL16.view(np.uint16) & 0x200) == 0)  # a signaling NaN is invalid anyway
+    holds_nan = fmt is FLOAT8_E4M3FN
+    for fpu, want in ((Fpu(), inf | (nan & ~holds_nan)),
+                      (Fpu(OverflowMode.SATURATION), np.zeros_like(nan)),
+                      (Fpu(overflow="satfinite"), nan & ~holds_nan)):
+        _, flags = fpu.convert(ALL16, fmt.name, return_flags=True)
+        got = (flags & Flag.INVALID) != 0
+        assert np.array_equal(got & ~snan, want & ~snan), (fpu, x[(got != want) & ~snan][:4])
+        assert got[snan].all()
+
+
 def test_device_cast_raises_the_register() -> None:
     dev = Device("atlas-350")
     x = np.array([1.0, 1000.0], np.float16)
