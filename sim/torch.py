@@ -292,42 +292,60 @@ def _held(value: float, dtype: torch.dtype) -> bool:
     return not math.isfinite(value) or float(np.asarray(value).astype(_NUMPY[dtype])) == value
 
 
+def _into(op: _Op, value, dtype: torch.dtype):
+    """A selection's value (a Python number or a tensor of another dtype) in ``dtype``, by the one
+    rule of every selection: what the dtype holds is written as it is (Inf and NaN included, in
+    either overflow mode); anything else is rounded into it on the device, so that a value beyond
+    its range (binary32's lowest as a mask) saturates in saturation mode and reaches the register,
+    as the NPU's cast does."""
+    if not isinstance(value, torch.Tensor):
+        v = float(value)
+        return v if _held(v, dtype) else float(op.operand(v, dtype))
+    if value.dtype == dtype:
+        return value
+    a = _numpy(value)
+    a = a if value.dtype in _NUMPY else a.astype(np.float64)
+    with np.errstate(all="ignore"):
+        out = a.astype(_NUMPY[dtype])
+        held = ~np.isfinite(a) | (out.astype(a.dtype) == a)
+    if not held.all():
+        out[~held] = op.dev.cast(a[~held], _NUMPY[dtype])
+    return _tensor(out)
+
+
 def _masked_fill(op: _Op, x, mask, value):
     """x with ``value`` where ``mask`` (a selection, exact), torch's own checks first (it refuses a
-    value the dtype overflows); a value the dtype cannot hold exactly is rounded into it on the
-    device, as ``full`` is (-inf and ``finfo.min``, the usual masks, are held)."""
+    value the dtype overflows); the value in x's dtype as every selection's (``_into``)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
                                                                      and value.dim() != 0):
         raise _Unmapped
     result = torch.masked_fill(x, mask, value)
-    v = float(value.item() if isinstance(value, torch.Tensor) else value)
-    if (isinstance(value, torch.Tensor) and value.dtype == x.dtype) or _held(v, x.dtype):
-        return result
-    return torch.masked_fill(x, mask, float(op.operand(v, x.dtype)))
+    v = _into(op, value, x.dtype)
+    return result if v is value else torch.masked_fill(x, mask, v)
 
 
 def _nan_to_num(op: _Op, x, nan=None, posinf=None, neginf=None):
     """NaN, +Inf and -Inf replaced (a selection, exact) in x's own dtype: by default with 0 and the
-    dtype's largest finite values, which it holds; a value given that the dtype cannot hold is
-    rounded into it on the device, as ``full``'s is. (In binary32 the defaults would be binary32's
-    largest values, whose rounding back would report an overflow that never happened.)"""
+    dtype's largest finite values, which it holds; a value given, as every selection's (``_into``).
+    (In binary32 the defaults would be binary32's largest values, whose rounding back would report
+    an overflow that never happened.)"""
     if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY:
         raise _Unmapped
-    values = [v if v is None or _held(float(v), x.dtype) else float(op.operand(float(v), x.dtype))
-              for v in (nan, posinf, neginf)]
-    return torch.nan_to_num(x, *values)
+    return torch.nan_to_num(x, *(v if v is None else _into(op, v, x.dtype) for v in (nan, posinf, neginf)))
 
 
 def _where(op: _Op, condition, a, b):
     """where(condition, a, b): a selection, exact, in the result's dtype; an operand of another dtype
-    (a binary32 0-d mask value, a Python number) is converted into it on the device first, as the
-    NPU casts it, so that an overflowing mask value (binary32's lowest) saturates in saturation mode
-    and reaches the register. Operands already of the result's dtype: the exact route."""
+    (a binary32 0-d mask value, a Python number) in it as every selection's (``_into``): -inf as
+    -inf, binary32's lowest rounded on the device. Operands already of the result's dtype: the exact
+    route."""
     dtype = torch.result_type(a, b)
     if dtype not in _NUMPY or all(isinstance(v, torch.Tensor) and v.dtype == dtype for v in (a, b)):
         raise _Exact
-    return torch.where(condition, *(v if isinstance(v, torch.Tensor) and v.dtype == dtype else
-                                    _tensor(op.operand(v, dtype)) for v in (a, b)))
+    a, b = (_into(op, v, dtype) for v in (a, b))
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        a = torch.tensor(a, dtype=dtype)
+    return torch.where(condition, a, b).to(dtype)
 
 
 def _write(op: _Op, dst: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
