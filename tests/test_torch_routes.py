@@ -370,3 +370,59 @@ def test_integers_and_float64_convert_into_binary16_on_the_device(profile: str) 
     for meta in (torch.zeros(3, dtype=torch.int64, device="meta"), torch.zeros(3, device="meta")):  # no values
         out, routes, _ = routed(lambda m=meta: m.to(torch.float16), profile)
         assert out.is_meta and out.dtype == torch.float16 and routes == set()
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_a_value_the_dtype_holds_is_written_as_it_is_by_every_selection(profile: str) -> None:
+    """where, masked_fill and nan_to_num follow one rule: -inf is a binary16 value, so each writes
+    -inf in either overflow mode, with no register event; binary32's lowest is not, so each rounds it
+    on the device (-inf, or -65504 with OVERFLOW in saturation mode)."""
+    x, m = t(np.array([1.0, 2.0], H)), torch.tensor([True, False])
+    for value in (-np.inf, float(np.finfo(F32).min)):
+        dev = Device(profile)
+        with DeviceMode(dev):
+            got = [torch.where(m, torch.tensor(value), x), torch.where(m, value, x),
+                   t(np.array([-np.inf, 2.0], H)).nan_to_num(neginf=value)]
+            held = np.isinf(value)
+            if held:
+                got.append(x.masked_fill(m, value))
+            else:  # torch refuses it natively, before any conversion; so does the mode
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    x.masked_fill(m, value)
+        want = -np.inf if held or profile == "atlas-a2" else -MAX
+        for g in got:
+            assert g.dtype == torch.float16 and bits(g) == bits(np.array([want, 2.0], H)), (value, g)
+        assert dev.get_float_status()[0] == (0 if held else 1), value
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_an_intermediate_binary32_overflow_that_reaches_the_output_is_reported(profile: str) -> None:
+    """prod in index order: ten 10000s overflow binary32 at the tenth (1e40), so the output is Inf
+    (65504 in saturation mode) though the exact product of ten 1e4 and ten 1e-4 (as binary16) is
+    finite; the model keeps binary32 inside and reports the overflow that reaches the output."""
+    values = np.array([1e4] * 10 + [1e-4] * 10, H)
+    exact = np.prod(values.astype(np.float64))  # 1.0017...: no binary16 overflow
+    assert 1 < exact < 1.01
+    dev = Device(profile)
+    with DeviceMode(dev):
+        got = torch.prod(t(values))
+    assert got.shape == () and bits(got) == bits(np.array(np.inf if profile == "atlas-a2" else MAX, H))
+    assert dev.get_float_status()[0] == 1
+
+
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_addcmul_decides_overflow_on_its_binary32_result(profile: str) -> None:
+    """Double rounding at the threshold, as documented: 65504 + (1 + 2**-10)(16 - 2**-6) is exactly
+    65520 - 2**-16, which rounds to 65504 in one step but to 65520 in binary32 first, and 65520
+    overflows binary16 under nearest-even."""
+    from fractions import Fraction
+
+    a, b, c = 65504.0, 1 + 2.0**-10, 16 - 2.0**-6
+    exact = Fraction(a) + Fraction(b) * Fraction(c)
+    assert exact == 65520 - Fraction(1, 2**16)
+    assert float(np.float32(float(exact))) == 65520.0  # binary64 holds it exactly; one rounding to binary32
+    dev = Device(profile)
+    with DeviceMode(dev):
+        got = torch.addcmul(t(np.array([a], H)), t(np.array([b], H)), t(np.array([c], H)))
+    assert bits(got) == bits(np.array([np.inf if profile == "atlas-a2" else MAX], H))
+    assert dev.get_float_status()[0] == 1
