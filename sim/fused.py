@@ -3,10 +3,12 @@
 Each family of ``FAMILIES`` is computed by ``sim.torch.DeviceMode`` in one of two models,
 chosen per family (``DeviceMode(dev, fused={"softmax": False})``):
 
-- fused (``True``): as the NPU's fused kernel computes it: binary32 inside (torch computes the
-  operation in float32 from the exact binary32 values of the operands), then each output rounded
-  once on the device into its dtype, so the register sees that rounding (and a binary32 overflow
-  inside, as an Inf reaching it). Counted under the route ``fused``.
+- fused (``True``): as the NPU's fused kernel computes it: binary32 inside, from the exact values
+  of the operands, in ``sim.torch_binary32.Binary32Mode`` (elementwise functions correctly rounded
+  to binary32, reductions and products in fixed orders: the same bits on every host), then each
+  output rounded once on the device into its dtype, so the register sees that rounding and the
+  binary32 events that reach an output (an overflow, an invalid, a pole). Counted under the route
+  ``fused``.
 - unfused (``False``): the math decomposition in the tensor's own dtype, each piece an operation
   on the device (``add``, ``mul``, ``exp``, ``sum``, ``bmm``...), its backward the pieces' own
   backward, made by autograd.
