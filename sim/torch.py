@@ -205,10 +205,16 @@ def _compare(name: str) -> Callable:
 
 
 def _dims(x: torch.Tensor, dim) -> tuple[int, ...]:
+    """The dimensions a reduction reduces, sorted and non-negative (a 0-d tensor's dimension 0 or -1:
+    none to move); a dimension out of range or given twice takes the float32 route, where torch
+    raises its own error."""
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return tuple(range(x.dim()))
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(sorted(d % max(x.dim(), 1) for d in dims))
+    n = max(x.dim(), 1)
+    if any(not -n <= d < n for d in dims) or len({d % n for d in dims}) != len(dims):
+        raise _Unmapped
+    return tuple(sorted(d % n for d in dims)) if x.dim() else ()
 
 
 def _reduce(kind: str) -> Callable:
@@ -220,7 +226,10 @@ def _reduce(kind: str) -> Callable:
         a = _numpy(x)
         dims = _dims(x, dim)
         rest = [d for d in range(a.ndim) if d not in dims]
-        flat = np.transpose(a, dims + tuple(rest)).reshape(-1, *[a.shape[d] for d in rest])
+        if kind in ("amax", "amin") and any(a.shape[d] == 0 for d in dims):
+            raise _Unmapped  # torch refuses a maximum of nothing: its own error
+        count = math.prod(a.shape[d] for d in dims)  # not -1: ambiguous where another dimension is 0
+        flat = np.transpose(a, dims + tuple(rest)).reshape(count, *[a.shape[d] for d in rest])
         if kind in ("sum", "mean"):
             r = getattr(op.dev, kind)(flat, axis=0, accumulate=np.float32, out_dtype=a.dtype)
         else:
@@ -450,10 +459,16 @@ def _result_dtypes(func, args, kwargs, ours: frozenset) -> tuple:
     """The dtypes torch gives func's results, from its meta kernel (no values computed), kept per
     overload and argument signature (dtypes, 0-d tensors, scalar types: all that decides them), so
     the meta kernel runs once per signature. Without one: ``(_OPERANDS, dtype)``, the first of our
-    dtypes among the operands (torch's own errors, such as full(1e6, fp16), propagate)."""
+    dtypes among the operands (torch's own errors, such as full(1e6, fp16), propagate). Results none
+    of which is a tensor (allclose's bool) have no dtype to round into: ``(None, ...)``, no meta kernel
+    asked (some read a value, which a meta tensor refuses)."""
     key = (func, tuple(_signature(x) for x in args), tuple((k, _signature(v)) for k, v in kwargs.items()))
     dtypes = _DTYPES.get(key)
     if dtypes is None:
+        returns = func._schema.returns
+        if returns and all("Tensor" not in str(r.type) for r in returns):
+            dtypes = _DTYPES[key] = (None,) * len(returns)
+            return dtypes
         to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
         meta_kwargs = _map(to_meta, kwargs)
         if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves((args, kwargs))) and \
@@ -679,8 +694,9 @@ ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packe
 #: ``slice_backward``, ``diagonal_backward``: +0 everywhere, the gradient copied into its place),
 #: the quiet IEEE classifications (``isinf``, ``isnan``...: predicates on the stored bits, raising no
 #: flags), selections by value (``sort``, ``topk``, ``max``/``min`` over a dimension or all, their
-#: arg-forms, max pooling's 3-d and adaptive forms, ``tril``/``triu``) and ``sgn``/``sign`` (-1, 0
-#: or 1, exact in every format).
+#: arg-forms, max pooling's 3-d and adaptive forms, ``tril``/``triu``), ``sgn``/``sign`` (-1, 0
+#: or 1, exact in every format), a value read out (``.item()``, ``_local_scalar_dense``: float(loss),
+#: f"{loss:.4f}"; their meta kernels refuse) and dtype queries (``promote_types``, ``can_cast``).
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.cat, aten.stack, aten.slice, aten.select, aten.index, aten.index_select, aten.gather,
@@ -691,6 +707,7 @@ EXACT = frozenset({
     aten._reshape_alias, aten.flip, aten.roll, aten.repeat, aten.max_pool3d_with_indices, aten.adaptive_max_pool2d,
     aten.adaptive_max_pool3d, aten.tril, aten.triu, aten.sgn, aten.sign, aten.sort, aten.topk, aten.max, aten.min,
     aten.argmax, aten.argmin, aten.pixel_shuffle, aten.pixel_unshuffle, aten.diagonal_backward, aten.masked_scatter,
+    aten._local_scalar_dense, aten.promote_types, aten.can_cast,
 })
 
 #: Overloads exact where others of their packet are not: a scatter that places values (not one
@@ -1113,19 +1130,31 @@ class DeviceMode(TorchDispatchMode):
                     place.resize_(r.shape)
                 place.copy_(_tensor(r))
         outs = [alias.get(id(o), o) if isinstance(o, torch.Tensor) else o for o in outs]
-        return outs[0] if isinstance(out, torch.Tensor) else type(out)(outs)
+        # one result (a tensor; None: an in-place _foreach_ op; a number or dtype) as it is, else the tuple or list
+        return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
 
 
 _WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+#: Kernels that write arguments their schemas do not mark (``Tensor? running_mean``), by packet: the
+#: tensors a call writes. native_batch_norm in training and batch_norm_update_stats update a batch
+#: norm's running statistics in place.
+_UNMARKED: dict[Any, Callable] = {
+    aten.native_batch_norm: lambda input, weight, bias, running_mean, running_var, training, *rest, **kw:
+        [t for t in (running_mean, running_var) if training and isinstance(t, torch.Tensor)],
+    aten.batch_norm_update_stats: lambda input, running_mean, running_var, *rest, **kw:
+        [t for t in (running_mean, running_var) if isinstance(t, torch.Tensor)],
+}
 
 
 def _written(func, args, kwargs) -> list[torch.Tensor]:
-    """The tensors a call writes, as its schema marks them (``Tensor(a!)``)."""
+    """The tensors a call writes, as its schema marks them (``Tensor(a!)``), and those of
+    ``_UNMARKED``."""
     places = _WRITTEN.get(func)
     if places is None:
         places = _WRITTEN[func] = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                                         if a.alias_info is not None and a.alias_info.is_write)
-    found = []
+    unmarked = _UNMARKED.get(func.overloadpacket)
+    found = unmarked(*args, **kwargs) if unmarked is not None else []
     for i, name in places:
         v = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(v, torch.Tensor):
