@@ -772,8 +772,8 @@ def _draw(mode, func, args, kwargs):
             p = target  # bernoulli(self): probabilities self
         values = bernoulli_mask(target.shape, p, gen).float()
     elif packet in (aten.uniform, aten.uniform_):
-        lo, hi = (list(args[1:3]) + [kwargs.get("from", 0.0), kwargs.get("to", 1.0)])[:2] if len(args) > 1 else \
-            (kwargs.get("from", 0.0), kwargs.get("to", 1.0))
+        lo = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+        hi = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
         values = (lo + (hi - lo) * _uniform64(target.shape, gen)).float()
     elif packet in (aten.normal, aten.normal_):
         values = _normal_op(mode, func, args, kwargs, gen)
@@ -804,7 +804,7 @@ def _draw(mode, func, args, kwargs):
 
 
 def _normal_op(mode, func, args, kwargs, gen):
-    name = func._overloadname
+    name = func._overloadname.removesuffix("_out")  # an out= overload draws as its functional one
     z = None
     if name == "float_float":
         mean, std, size = args[0], args[1], args[2]
@@ -967,17 +967,22 @@ class Binary32Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         packet = func.overloadpacket
         impl = IMPLEMENTED.get(packet) or _PRIMS.get(packet)
+        if packet in _RANDOM or impl is not None:
+            names = _OUTS.get(func)
+            if names is None:  # the out= arguments, whatever their names (out, grad_input, output, buffer...)
+                names = _OUTS[func] = tuple(a.name for a in func._schema.arguments
+                                            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+            outs = [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)]
+            rest = {k: v for k, v in kwargs.items() if k not in names} if names else kwargs
         if packet in _RANDOM:
-            result = _draw(self, func, args, kwargs)
+            result = _draw(self, func, args, rest)
             if result is not NotImplemented:
-                return result
+                return _write_outs(outs, result) if outs else result
         elif impl is not None:
-            out = kwargs.get("out")
-            rest = {k: v for k, v in kwargs.items() if k != "out"} if out is not None else kwargs
             result = impl(self, *args, **rest)
             if result is not NotImplemented:
-                if isinstance(out, torch.Tensor):
-                    return out.resize_(result.shape).copy_(result)
+                if outs:
+                    return _write_outs(outs, result)
                 if func._schema.name.endswith("_") and not _returns_own(result, args):
                     return args[0].copy_(result)
                 return result
@@ -991,6 +996,17 @@ class Binary32Mode(TorchDispatchMode):
             raise NotImplementedError(f"{func} has no host-independent binary32 model (Binary32Mode(strict=True))")
         self.host[str(func)] += 1
         return func(*args, **kwargs)
+
+
+_OUTS: dict[Any, tuple[str, ...]] = {}  # each overload's out= argument names
+
+
+def _write_outs(outs: list[torch.Tensor], result):
+    """An out= overload's results written into its out tensors (resized as torch resizes them)."""
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    for out, r in zip(outs, results, strict=True):
+        out.resize_(r.shape).copy_(r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _returns_own(result, args) -> bool:
