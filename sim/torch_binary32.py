@@ -186,10 +186,16 @@ def _binary_cr(name: str) -> Callable:
 
 # -- reductions ------------------------------------------------------------------------------------
 def _axes(x: torch.Tensor, dim) -> tuple[int, ...] | None:
+    """A reduction's axes, non-negative; None for all of them (a 0-d tensor's dimension 0 or -1 is
+    all of it). A dimension out of range raises torch's IndexError."""
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(d % max(x.dim(), 1) for d in dims)
+    n = max(x.dim(), 1)
+    for d in dims:
+        if not -n <= d < n:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return tuple(d % n for d in dims) if x.dim() else None
 
 
 def _want(x: torch.Tensor, dtype) -> bool:
@@ -301,7 +307,8 @@ def _logsumexp(mode, x, dim, keepdim=False):
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf (or an inf): exp of the rest is exact
     s = _sum(mode, _cr(mode, "exp", x - m), dim, True)
     r = _cr(mode, "log", s) + m
-    return r if keepdim else r.squeeze(_axes(x, dim) if dim is not None else tuple(range(x.dim())))
+    axes = _axes(x, dim)
+    return r if keepdim else r.squeeze(tuple(range(x.dim())) if axes is None else axes)
 
 
 def _vector_norm(mode, x, ord=2, dim=None, keepdim=False, *, dtype=None):
