@@ -634,8 +634,10 @@ def _upsample_backward(forward_packet) -> Callable:
 
 # -- attention ---------------------------------------------------------------------------------------
 def _attention_math(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """torch's math path: softmax(q k^T * scale + mask) @ v; also the log-sum-exp of each row."""
-    if enable_gqa and q.shape[-3] != k.shape[-3]:
+    """torch's math path: softmax(q k^T * scale + mask) @ v; also the log-sum-exp of each row. Fewer
+    key and value heads than query heads (grouped-query attention, which the flash kernel takes
+    without ``enable_gqa``) are repeated to the query's."""
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -692,7 +694,8 @@ def _attention_backward(mode, grad, q, k, v, out, lse, mask, is_causal, scale, e
 def _flash_backward(mode, grad, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
     if not _both32(grad, q, k, v) or dropout_p:
         return NotImplemented
-    return _attention_backward(mode, grad, q, k, v, out, lse, attn_mask, is_causal, scale)[:3]
+    return _attention_backward(mode, grad, q, k, v, out, lse, attn_mask, is_causal, scale,
+                               enable_gqa=q.shape[-3] != k.shape[-3])[:3]
 
 
 def _efficient(mode, q, k, v, bias, compute_lse, dropout_p=0.0, is_causal=False, *, scale=None):
