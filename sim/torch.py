@@ -695,7 +695,8 @@ ROUTES: dict[Any, Callable] = {getattr(aten, packet): _HANDLERS[packet] if packe
 #: the quiet IEEE classifications (``isinf``, ``isnan``...: predicates on the stored bits, raising no
 #: flags), selections by value (``sort``, ``topk``, ``max``/``min`` over a dimension or all, their
 #: arg-forms, max pooling's 3-d and adaptive forms, ``tril``/``triu``), ``sgn``/``sign`` (-1, 0
-#: or 1, exact in every format), a value read out (``.item()``, ``_local_scalar_dense``: float(loss),
+#: or 1, exact in every format), ``nextafter`` (a neighbour in the operand's own format: in binary32 it
+#: would round back to the operand), a value read out (``.item()``, ``_local_scalar_dense``: float(loss),
 #: f"{loss:.4f}"; their meta kernels refuse) and dtype queries (``promote_types``, ``can_cast``).
 EXACT = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand, aten.squeeze,
@@ -707,7 +708,8 @@ EXACT = frozenset({
     aten._reshape_alias, aten.flip, aten.roll, aten.repeat, aten.max_pool3d_with_indices, aten.adaptive_max_pool2d,
     aten.adaptive_max_pool3d, aten.tril, aten.triu, aten.sgn, aten.sign, aten.sort, aten.topk, aten.max, aten.min,
     aten.argmax, aten.argmin, aten.pixel_shuffle, aten.pixel_unshuffle, aten.diagonal_backward, aten.masked_scatter,
-    aten._local_scalar_dense, aten.promote_types, aten.can_cast,
+    aten._local_scalar_dense, aten.promote_types, aten.can_cast, aten.nextafter,
+    aten.nextafter_,
 })
 
 #: Overloads exact where others of their packet are not: a scatter that places values (not one

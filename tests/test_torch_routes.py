@@ -426,3 +426,21 @@ def test_addcmul_decides_overflow_on_its_binary32_result(profile: str) -> None:
         got = torch.addcmul(t(np.array([a], H)), t(np.array([b], H)), t(np.array([c], H)))
     assert bits(got) == bits(np.array([np.inf if profile == "atlas-a2" else MAX], H))
     assert dev.get_float_status()[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nextafter_steps_to_the_neighbour_in_the_operands_own_format(dtype) -> None:
+    """nextafter is a bit operation on the stored format (exact route); in binary32 it would round
+    back to the operand. Neighbours worked by hand from the formats' precision (11 and 8 bits)."""
+    eps = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+    tiny = 2.0**-24 if dtype == torch.float16 else 2.0**-133
+    big = 65504.0 if dtype == torch.float16 else float(torch.finfo(torch.bfloat16).max)
+    x = torch.tensor([1.0, 1.0, 0.0, big, -0.0], dtype=dtype)
+    to = torch.tensor([2.0, 0.0, 1.0, np.inf, -1.0], dtype=dtype)
+    dev = Device("atlas-training")
+    with DeviceMode(dev, strict=True) as mode:
+        got = [torch.nextafter(x, to), x.clone().nextafter_(to)]
+    want = torch.tensor([1 + eps, 1 - eps / 2, tiny, np.inf, -tiny], dtype=dtype)
+    for g in got:
+        assert g.view(torch.int16).tolist() == want.view(torch.int16).tolist()
+    assert {route for _, route in mode.routes} == {"exact"}

@@ -449,7 +449,6 @@ def _auto_call(func, dtype: torch.dtype):
 #: Overloads the automatic call cannot judge, and why.
 NOT_JUDGED = {
     "aten._no_grad_normal_.default": "a random draw not tagged as one: the values differ from torch's",
-    "aten.nextafter_.default": "nextafter in binary32 rounds back to the operand: not a write-back matter",
     "aten.resize_as.out": "torch's meta kernel of resize_as.out refuses its own out= argument",
 }
 
