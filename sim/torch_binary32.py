@@ -975,29 +975,24 @@ class Binary32Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         if not _touches32(args, kwargs):
             return func(*args, **kwargs)
-        packet = func.overloadpacket
-        impl = IMPLEMENTED.get(packet) or _PRIMS.get(packet)
-        if packet in _RANDOM or impl is not None:
-            names = _OUTS.get(func)
-            if names is None:  # the out= arguments, whatever their names (out, grad_input, output, buffer...)
-                names = _OUTS[func] = tuple(a.name for a in func._schema.arguments
-                                            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+        how = _HOW.get(func)
+        if how is None:
+            how = _HOW[func] = _how(func)
+        kind, impl, names = how
+        if kind == "native":
+            return func(*args, **kwargs)
+        if kind != "other":
             outs = [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)]
             rest = {k: v for k, v in kwargs.items() if k not in names} if names else kwargs
-        if packet in _RANDOM:
-            result = _draw(self, func, args, rest)
-            if result is not NotImplemented:
-                return _write_outs(outs, result) if outs else result
-        elif impl is not None:
-            result = impl(self, *args, **rest)
+            result = _draw(self, func, args, rest) if kind == "random" else impl(self, *args, **rest)
             if result is not NotImplemented:
                 if outs:
                     return _write_outs(outs, result)
-                if func._schema.name.endswith("_") and not _returns_own(result, args):
+                if kind == "inplace" and not _returns_own(result, args):
                     return args[0].copy_(result)
                 return result
-        if packet in NATIVE or func.is_view or torch.Tag.inplace_view in func.tags:
-            return func(*args, **kwargs)
+            if _functional(func) in NATIVE:
+                return func(*args, **kwargs)  # not ours to model (another dtype): an IEEE operation
         decomposition = decomposition_table.get(func)
         if decomposition is not None:
             with self:
@@ -1008,7 +1003,37 @@ class Binary32Mode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-_OUTS: dict[Any, tuple[str, ...]] = {}  # each overload's out= argument names
+def _functional(func) -> Any:
+    """The functional packet of an in-place overload (``aten.add_`` -> ``aten.add``), else its own."""
+    name = func._schema.name.split("::")[-1]
+    if name.endswith("_") and not name.startswith("_"):
+        return getattr(aten, name[:-1], func.overloadpacket)
+    return func.overloadpacket
+
+
+def _how(func) -> tuple[str, Callable | None, tuple[str, ...]]:
+    """How :class:`Binary32Mode` computes an overload, decided once: ("random", None, outs), ("impl"
+    or "inplace", its model, outs: an in-place twin computes its functional op's model and writes it
+    into self), ("native", None, ()) for IEEE operations and views, or ("other", None, ()): torch's
+    decomposition, else its kernel. ``outs``: the out= arguments, whatever their names (out,
+    grad_input, output, buffer...)."""
+    packet, functional = func.overloadpacket, _functional(func)
+    names = tuple(a.name for a in func._schema.arguments
+                  if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    if packet in _RANDOM:
+        return "random", None, names
+    impl = IMPLEMENTED.get(packet) or _PRIMS.get(packet)
+    if impl is not None:
+        return ("inplace" if functional is not packet else "impl"), impl, names
+    if packet in NATIVE or functional in NATIVE or func.is_view or torch.Tag.inplace_view in func.tags:
+        return "native", None, ()
+    impl = IMPLEMENTED.get(functional)
+    if impl is not None and not names:
+        return "inplace", impl, ()
+    return "other", None, ()
+
+
+_HOW: dict[Any, tuple[str, Callable | None, tuple[str, ...]]] = {}  # each overload's _how, as first met
 
 
 def _write_outs(outs: list[torch.Tensor], result):
