@@ -43,7 +43,7 @@ from . import kernels as K
 from .formats import BINARY32
 from .rounding import config
 
-__all__ = ["Function", "FUNCTIONS", "evaluate", "exact_value", "LIBM"]
+__all__ = ["Function", "FUNCTIONS", "evaluate", "exact_value", "signaling", "LIBM"]
 
 #: The bound assumed on one binary64 libm call's relative error (16 ulps).
 LIBM = 2.0**-48
@@ -169,7 +169,7 @@ def _unary(code, x, p0, p1, p2):
         if inf:
             return (x if x > 0 else 0.0), 0.0, 0
         if x == math.floor(x):  # an integer: a power of two, exactly
-            if x > 1100:
+            if x >= 1024:  # beyond binary64 too (ldexp would give an infinity, taken as exact)
                 return _BIG, 0.0, 0
             return (math.ldexp(1.0, int(x)) if x > -1100 else 5e-324), 0.0, 0
         return _big(2.0**x)
@@ -893,7 +893,7 @@ def exact_value(fn: Function, xs: tuple[float, ...], ps: tuple[float, ...] = ())
 _CFG32 = config(BINARY32)
 
 
-def _snan(x: np.ndarray) -> np.ndarray | None:
+def signaling(x: np.ndarray) -> np.ndarray | None:
     """Where x (binary16, bfloat16 or binary32) holds a signaling NaN, or None if nowhere."""
     if x.dtype == np.float64 or not np.isnan(x).any():
         return None
@@ -942,7 +942,7 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
         K.round_values(r, b, f, _CFG32)
         bits[idx], flags[idx] = b, f & _OVERFLOW
     for a in arrays:
-        s = _snan(a)
+        s = signaling(a)
         if s is not None:
             flags |= np.broadcast_to(s, shape).reshape(-1).astype(np.uint8) * np.uint8(_INVALID)
     return bits.view(np.float32).reshape(shape), flags.reshape(shape)

@@ -112,10 +112,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
+from . import elementary, ops
 from . import fused as _fused
-from . import ops
 from . import torch_binary32 as _binary32
 from .device import Device
+from .kernels import INVALID as _INVALID
 
 __all__ = ["DeviceMode", "ROUTES", "EXACT", "EXACT_OVERLOADS", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS",
            "ABOVE_AUTOGRAD", "as_array", "as_tensor", "NUMPY_DTYPES"]
@@ -1106,6 +1107,8 @@ class DeviceMode(TorchDispatchMode):
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
         out, events = _binary32.evaluate(func, _map(wide, args), _map(wide, kwargs))
+        if any(_signaling(x) for x, _ in copies.values()):
+            events |= _INVALID  # widening quiets a signaling NaN (x.float()); the operation still met it
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
             dtypes = [dtypes[1] if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
@@ -1146,6 +1149,12 @@ _UNMARKED: dict[Any, Callable] = {
     aten.batch_norm_update_stats: lambda input, running_mean, running_var, *rest, **kw:
         [t for t in (running_mean, running_var) if isinstance(t, torch.Tensor)],
 }
+
+
+def _signaling(x: torch.Tensor) -> bool:
+    """Whether x holds a signaling NaN."""
+    found = elementary.signaling(_numpy(x))
+    return found is not None and bool(found.any())
 
 
 def _written(func, args, kwargs) -> list[torch.Tensor]:
