@@ -1,8 +1,9 @@
 """Real models (tests/zoo.py: torchvision, timm, transformers, torch.nn) in float16 under
 sim.torch.DeviceMode, in the loop a researcher writes: a new mode per step with the last loss
 alive; strict routing of forward and backward; a clear register at loss scale 1 unless native
-float16 overflows too, or the exact (float64) gradients leave binary16's range; and at scale 2**32, saturation (finite gradients, register set) against
-INF_NAN (non-finite gradients). The slower models are marked ``zoo`` (run by .ci/run)."""
+float16 overflows too, or the exact (float64) gradients leave binary16's range; and at scale
+2**32, saturation (finite gradients, register set) against INF_NAN (non-finite gradients). The
+slower models are marked ``zoo`` (run by .ci/run)."""
 
 from __future__ import annotations
 
