@@ -1107,14 +1107,17 @@ class DeviceMode(TorchDispatchMode):
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
         out, events = _binary32.evaluate(func, _map(wide, args), _map(wide, kwargs))
-        if any(_signaling(x) for x, _ in copies.values()):
-            events |= _INVALID  # widening quiets a signaling NaN (x.float()); the operation still met it
+        targets = _written(func, args, kwargs)
+        # Widening quiets a signaling NaN (x.float()); the operation still met it. Only the operands it
+        # reads: a tensor it writes may be uninitialised (bernoulli_ into empty_like, out=).
+        if any(_signaling(x) for x, _ in copies.values() if not any(x is t for t in targets)):
+            events |= _INVALID
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
             dtypes = [dtypes[1] if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
         elif dtypes and dtypes[0] is _EACH:
             dtypes = [dtypes[1]] * len(outs)
-        written = [copies[id(t)] for t in _written(func, args, kwargs) if id(t) in copies]
+        written = [copies[id(t)] for t in targets if id(t) in copies]
         written = [(orig, w) for orig, w in written if w is not orig]
         alias = {id(w): orig for orig, w in written}
         values, places = [], []

@@ -32,7 +32,9 @@ computed by one of these means instead, each giving the same bits on every host:
   conversions), which torch computes identically on every host, by torch itself;
 - anything else by torch's own decomposition (``torch._decomp``) into the above, evaluated in
   the same mode; an operation with none is computed by torch's kernel and counted in
-  ``Binary32Mode.host`` (its bits may depend on the host).
+  ``Binary32Mode.host`` (its bits may depend on the host). The decompositions of batch and layer
+  normalisation, softmax, their backwards and the embedding gradient (:data:`DIRECT`) are
+  evaluated directly: the same steps with the modelled ones called, not re-dispatched.
 
 Each fused or float32 route of DeviceMode computes its operation this way (in binary32 from the
 exact values of the operands) and hands the results to the device, which rounds them into
@@ -226,9 +228,9 @@ def _moments(x: torch.Tensor, dim, keepdim, correction: float) -> tuple[torch.Te
     a = _np(x)
     axes = _axes(x, dim)
     mean = binary32.mean(a, axes, keepdims=True)
-    d = a - mean
     n = a.size if axes is None else int(np.prod([a.shape[i] for i in axes]))
     with np.errstate(all="ignore"):
+        d = a - mean
         ss = binary32.sum(d * d, axes, keepdims=keepdim)
         var = (ss / np.float32(max(n - correction, 0))).astype(np.float32)
     if not keepdim:
@@ -740,6 +742,233 @@ def _attention_math_op(mode, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=F
         return attn @ vv, attn
 
 
+# -- normalisations and softmax: torch's decompositions, evaluated directly ------------------------------
+# Each function below is torch's decomposition of its operation (torch/_decomp/decompositions.py,
+# torch/_refs/__init__.py) step for step, with the steps Binary32Mode models (var_mean, rsqrt, sum,
+# exp) called directly and the rest (IEEE operations, views) run by torch: the same operations on
+# the same values as the decomposition evaluated in the mode, without re-dispatching each step.
+# Binary32 operands only (another dtype: NotImplemented, so the decomposition itself).
+def _all32(*ts) -> bool:
+    return all(t is None or (t.dtype == _F32 and t.device.type == "cpu") for t in ts)
+
+
+def _rsqrt(mode, x: torch.Tensor) -> torch.Tensor:
+    return _cr(mode, "rsqrt", x)
+
+
+def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """decompositions._unsqueeze_to_dim: trailing unit dimensions until x has ``dim``."""
+    for _ in range(dim - x.dim()):
+        x = x.unsqueeze(-1)
+    return x
+
+
+def _batch_norm_helper(mode, x, weight, bias, running_mean, running_var, training, momentum, eps, functional):
+    """decompositions.native_batch_norm_helper: (output, save_mean, save_rstd, new_running_mean,
+    new_running_var); the running statistics written unless ``functional``."""
+    dims = [0, *range(2, x.dim())]
+    new_mean, new_var = running_mean, running_var
+    if training:
+        biased_var, mean = _moments(x, dims, True, 0.0)
+        rstd = _rsqrt(mode, biased_var + eps)
+        output = (x - mean) * rstd
+        save_mean = torch.squeeze(mean, dims)
+        save_rstd = torch.squeeze(rstd, dims)
+        if running_mean is not None:
+            new_mean = momentum * save_mean + (1 - momentum) * running_mean
+            if not functional:
+                running_mean.copy_(new_mean)
+        if running_var is not None:
+            n = x.numel() / x.shape[1]
+            unbiased = torch.squeeze(biased_var, dims) * (n / (n - 1))
+            new_var = momentum * unbiased + (1 - momentum) * running_var
+            if not functional:
+                running_var.copy_(new_var)
+    else:
+        if running_mean is None or running_var is None:
+            raise AssertionError("running_mean and running_var must not be None in eval mode")
+        new_mean = running_mean = running_mean.to(dtype=_F32, copy=True)
+        new_var = running_var = running_var.to(dtype=_F32, copy=True)
+        invstd = 1 / torch.sqrt(running_var + eps)
+        save_mean = x.new_zeros((0,))
+        save_rstd = x.new_zeros((0,))
+        output = (x - _to_dim(running_mean, x.dim() - 1)) * _to_dim(invstd, x.dim() - 1)
+    if weight is not None:
+        output = output * _to_dim(weight.flatten(), x.dim() - 1)
+    if bias is not None:
+        output = output + _to_dim(bias.flatten(), x.dim() - 1)
+    return output, save_mean, save_rstd, new_mean, new_var
+
+
+def _native_batch_norm(mode, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not _all32(x, weight, bias, running_mean, running_var):
+        return NotImplemented
+    return _batch_norm_helper(mode, x, weight, bias, running_mean, running_var, training, momentum, eps, False)[:3]
+
+
+def _batch_norm_no_stats(mode, x, weight, bias, training, momentum, eps):
+    return _native_batch_norm(mode, x, weight, bias, None, None, training, momentum, eps)
+
+
+def _batch_norm_legit_no_training(mode, x, weight, bias, running_mean, running_var, momentum, eps):
+    return _native_batch_norm(mode, x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+def _batch_norm_legit_functional(mode, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not _all32(x, weight, bias, running_mean, running_var):
+        return NotImplemented
+    result = _batch_norm_helper(mode, x, weight, bias, running_mean, running_var, training, momentum, eps, True)
+    if result[3] is None or result[4] is None:
+        raise AssertionError("new_running_mean and new_running_var should not be None")
+    return result
+
+
+def _batch_norm_backward(mode, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                         output_mask, reserve=None):
+    """decompositions.native_batch_norm_backward (and batch_norm_backward, which adds ``reserve``)."""
+    if not _all32(grad, x, weight, running_mean, running_var, save_mean, save_invstd):
+        return NotImplemented
+    rank = x.dim()
+    if rank < 2:
+        raise AssertionError(f"rank of the input must be at least 2, got {rank}")
+    num_features = math.prod(x.shape) / x.shape[1]
+    mean, invstd = save_mean, save_invstd
+    if train:
+        if mean is None or invstd is None:
+            raise AssertionError("mean and invstd must not be None in training mode")
+    else:
+        if running_mean is None or running_var is None:
+            raise AssertionError("running_mean_cast and running_var_cast must not be None in eval mode")
+        mean = running_mean
+        invstd = _rsqrt(mode, running_var + eps)
+    mask = [1] * rank
+    mask[1] = x.shape[1]
+    axes = [i for i in range(rank) if i != 1]
+
+    def expand(t):  # decompositions._broadcast_batch_norm_backward
+        for axis, m in enumerate(mask):
+            if m == 1 and not (axis < t.ndim and t.shape[axis] == m):
+                t = t.unsqueeze(axis)
+        return t
+
+    mean = expand(mean)
+    norm = 1.0 / num_features
+    grad_sum = _sum(mode, grad, axes)
+    dot_p = _sum(mode, grad * (x - mean), axes)
+    grad_mean = expand(grad_sum * norm)
+    proj_scale = expand(torch.mul(dot_p * norm, invstd * invstd))
+    grad_scale = expand(invstd) * 1.0 if weight is None else expand(invstd * weight)
+    if train:
+        proj = (x - mean) * proj_scale
+        grad_input = ((grad - proj) - grad_mean) * grad_scale
+    else:
+        grad_input = grad * grad_scale
+    grad_weight = dot_p * invstd if output_mask[1] else None
+    grad_bias = grad_sum if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+def _native_layer_norm(mode, x, normalized_shape, weight, bias, eps):
+    """torch._refs.native_layer_norm (its checks of the shapes included)."""
+    if not _all32(x, weight, bias):
+        return NotImplemented
+    nd = len(normalized_shape)
+    shape = tuple(normalized_shape)
+    torch._check(nd >= 1, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                 f"least one element, but got normalized_shape = {normalized_shape}")
+    torch._check(weight is None or tuple(weight.shape) == shape, lambda: "Expected weight to be of same shape as "
+                 f"normalized_shape, but got weight of shape {weight.shape} and normalized_shape = {normalized_shape}")
+    torch._check(bias is None or tuple(bias.shape) == shape, lambda: "Expected bias to be of same shape as "
+                 f"normalized_shape, but got bias of shape {bias.shape} and normalized_shape = {normalized_shape}")
+    torch._check(x.ndim >= nd and tuple(x.shape[x.ndim - nd:]) == shape, lambda: f"Given normalized_shape="
+                 f"{normalized_shape}, expected input with shape {normalized_shape}, but got input of size {x.shape}")
+    x = x if x.is_contiguous() else torch.clone(x, memory_format=torch.contiguous_format)
+    if weight is not None and not weight.is_contiguous():
+        weight = torch.clone(weight, memory_format=torch.contiguous_format)
+    if bias is not None and not bias.is_contiguous():
+        bias = torch.clone(bias, memory_format=torch.contiguous_format)
+    dims = list(range(x.ndim - nd, x.ndim))
+    var, mean = _moments(x, dims, True, 0.0)  # refs._normalize
+    rstd = _rsqrt(mode, var + eps)
+    out = (x - mean) * rstd
+    if weight is None and bias is not None:
+        out = out + bias
+    elif weight is not None and bias is None:
+        out = out * weight
+    elif weight is not None and bias is not None:
+        out = out * weight + bias
+    return out, mean, rstd
+
+
+def _native_layer_norm_backward(mode, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """decompositions.native_layer_norm_backward."""
+    if not _all32(grad, x, mean, rstd, weight, bias):
+        return NotImplemented
+    shape = x.shape
+    grad, x, weight, bias = (t.to(_F32, memory_format=torch.contiguous_format) if t is not None else t
+                             for t in (grad, x, weight, bias))
+    axis = x.dim() - len(normalized_shape)
+    inner = list(range(axis, x.dim()))
+    outer = list(range(axis))
+    N, M = math.prod(shape[axis:]), math.prod(shape[:axis])
+    if M == 0 or N == 0:
+        return (x.new_zeros(shape) if output_mask[0] else None, x.new_zeros(shape[axis:]) if output_mask[1] else None,
+                x.new_zeros(shape[axis:]) if output_mask[2] else None)
+    mean, rstd = _to_dim(mean, x.dim()), _to_dim(rstd, x.dim())
+    x_hat = (x - mean) * rstd
+    grad_x_hat = grad * weight if weight is not None else grad
+    a = grad_x_hat * N
+    b = _sum(mode, grad_x_hat, inner, True)
+    c3 = x_hat * _sum(mode, grad_x_hat * x_hat, inner, True)
+    d_input = d_weight = d_bias = None
+    if output_mask[0]:
+        d_input = (rstd / N) * (a - b - c3)
+    if output_mask[1] and weight is not None:
+        d_weight = _sum(mode, grad * x_hat, outer, False) if outer else grad * x_hat
+    if output_mask[2] and bias is not None:
+        d_bias = _sum(mode, grad, outer, False) if outer else grad.clone()
+    return d_input, d_weight, d_bias
+
+
+def _softmax_op(mode, x, dim, half_to_float):
+    """decompositions._softmax: exp(x - max) / its sum."""
+    if x.dtype != _F32 or half_to_float:
+        return NotImplemented
+    x = x.contiguous()
+    if x.ndim == 0 or x.shape[dim % x.ndim] > 0:
+        x_max = torch.amax(x, dim, keepdim=True)
+    else:  # an empty dimension: amax of a single -inf
+        pad = list(x.shape)
+        pad[dim % x.ndim] = 1
+        x_max = torch.amax(torch.cat((x, x.new_full(pad, float("-inf"))), dim=dim), dim, keepdim=True)
+    unnormalized = _cr(mode, "exp", x - x_max)
+    return unnormalized / _sum(mode, unnormalized, dim, True)
+
+
+def _softmax_backward_data(mode, grad, output, dim, input_dtype):
+    """decompositions._softmax_backward_data: g * y - y * sum(g * y)."""
+    if not _both32(grad, output) or input_dtype != _F32:
+        return NotImplemented
+    new_grad = grad * output
+    return (new_grad - output * _sum(mode, new_grad, dim, True)).contiguous()
+
+
+def _embedding_dense_backward(mode, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """decompositions.embedding_dense_backward (without scale_grad_by_freq) and the
+    _unsafe_masked_index_put_accumulate it calls: the gradient rows of valid, non-padding indices
+    added in order (:func:`_index_put`)."""
+    if grad.dtype != _F32 or scale_grad_by_freq:
+        return NotImplemented
+    if indices.dtype != torch.long:
+        indices = indices.to(torch.long)
+    mask = _to_dim(((indices >= 0) & (indices < num_weights)) & (indices != padding_idx), grad.ndim)
+    weight = grad.new_zeros((num_weights, *grad.shape[indices.ndim:]))
+    if weight.numel() == 0:
+        return weight.clone()
+    index = indices.clamp(min=-weight.size(0), max=weight.size(0) - 1)
+    return _index_put(mode, weight, [index], grad.masked_fill(~mask, 0), True)
+
+
 # -- random draws --------------------------------------------------------------------------------------
 def _uniform64(shape, generator=None) -> torch.Tensor:
     """Binary64 draws in [0, 1) from torch's generator (its uniform_ kernel: no floating-point
@@ -902,6 +1131,22 @@ IMPLEMENTED.update({
     aten._scaled_dot_product_attention_math: _attention_math_op,
     aten.native_dropout: _dropout, aten.rrelu_with_noise: _rrelu_with_noise,
 })
+#: torch's decompositions evaluated directly (see "normalisations and softmax"), by overload: their
+#: out= forms keep the decomposition.
+DIRECT: dict[Any, Callable] = {
+    aten.native_batch_norm.default: _native_batch_norm,
+    aten._native_batch_norm_legit.default: _native_batch_norm,
+    aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional.default: _batch_norm_legit_functional,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
+    aten.batch_norm_backward.default: _batch_norm_backward,
+    aten.native_layer_norm.default: _native_layer_norm,
+    aten.native_layer_norm_backward.default: _native_layer_norm_backward,
+    aten._softmax.default: _softmax_op,
+    aten._softmax_backward_data.default: _softmax_backward_data,
+    aten.embedding_dense_backward.default: _embedding_dense_backward,
+}
 for _kind in ("nearest1d", "nearest2d", "nearest3d", "linear1d", "bilinear2d", "bicubic2d", "trilinear3d"):
     _fwd = getattr(aten, f"upsample_{_kind}")
     IMPLEMENTED[getattr(aten, f"upsample_{_kind}_backward")] = _upsample_backward(_fwd)
@@ -973,17 +1218,17 @@ class Binary32Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _touches32(args, kwargs):
-            return func(*args, **kwargs)
         how = _HOW.get(func)
         if how is None:
             how = _HOW[func] = _how(func)
         kind, impl, names = how
-        if kind == "native":
+        if kind == "native" or not _touches32(args, kwargs):  # torch's kernel either way
             return func(*args, **kwargs)
         if kind != "other":
-            outs = [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)]
-            rest = {k: v for k, v in kwargs.items() if k not in names} if names else kwargs
+            outs, rest = (), kwargs
+            if names:
+                outs = [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)]
+                rest = {k: v for k, v in kwargs.items() if k not in names}
             result = _draw(self, func, args, rest) if kind == "random" else impl(self, *args, **rest)
             if result is not NotImplemented:
                 if outs:
@@ -991,7 +1236,10 @@ class Binary32Mode(TorchDispatchMode):
                 if kind == "inplace" and not _returns_own(result, args):
                     return args[0].copy_(result)
                 return result
-            if _functional(func) in NATIVE:
+            native = _IEEE.get(func)
+            if native is None:
+                native = _IEEE[func] = _functional(func) in NATIVE
+            if native:
                 return func(*args, **kwargs)  # not ours to model (another dtype): an IEEE operation
         decomposition = decomposition_table.get(func)
         if decomposition is not None:
@@ -1018,6 +1266,8 @@ def _how(func) -> tuple[str, Callable | None, tuple[str, ...]]:
     decomposition, else its kernel. ``outs``: the out= arguments, whatever their names (out,
     grad_input, output, buffer...)."""
     packet, functional = func.overloadpacket, _functional(func)
+    if func in DIRECT:
+        return "impl", DIRECT[func], ()
     names = tuple(a.name for a in func._schema.arguments
                   if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
     if packet in _RANDOM:
@@ -1034,6 +1284,7 @@ def _how(func) -> tuple[str, Callable | None, tuple[str, ...]]:
 
 
 _HOW: dict[Any, tuple[str, Callable | None, tuple[str, ...]]] = {}  # each overload's _how, as first met
+_IEEE: dict[Any, bool] = {}  # each overload's functional op in NATIVE, as first asked
 
 
 def _write_outs(outs: list[torch.Tensor], result):
@@ -1095,16 +1346,30 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
         return out, mode.flags_seen
     outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
             if isinstance(o, torch.Tensor) and o.is_floating_point()]
-    finite = all(bool(torch.isfinite(t).all()) for t in operands)
-    nan_free = not any(bool(torch.isnan(t).any()) for t in operands)
     events = 0
+    finite = nan_free = None  # the operands', looked at only for an output that is not finite
     for o in outs:
+        if _all_finite(o):
+            continue
+        if finite is None:
+            finite = all(_all_finite(t) for t in operands)
+            nan_free = finite or not any(bool(torch.isnan(t).any()) for t in operands)
         if finite and bool(torch.isinf(o).any()):
             pole = mode.flags_seen & _DIVBYZERO and not mode.flags_seen & _OVERFLOW
             events |= _DIVBYZERO if pole else _OVERFLOW
         if nan_free and bool(torch.isnan(o).any()):
             events |= _INVALID
     return out, events
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No infinity or NaN in t (numpy's test where it can read t: faster than torch's for small tensors)."""
+    if t.dtype in (_F32, _F64, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
+        try:
+            return bool(np.isfinite(t.detach().numpy()).all())
+        except (RuntimeError, TypeError):  # a tensor numpy cannot view (a negative or conjugate bit set)
+            pass
+    return bool(torch.isfinite(t).all())
 
 
 _ELEMENTWISE = frozenset({getattr(aten, name) for name in _UNARY if hasattr(aten, name)} | {

@@ -1,0 +1,314 @@
+"""Binary32Mode's direct evaluations of torch's decompositions (batch norm, layer norm, softmax and
+their backwards: sim.torch_binary32.DIRECT) give the bits, the running-statistics writes, the
+exceptions and the flags that the decomposition itself gives evaluated in the mode."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._decomp import decomposition_table  # noqa: E402
+
+from sim import torch_binary32 as tb  # noqa: E402
+
+aten = torch.ops.aten
+
+
+@contextlib.contextmanager
+def _decomposed():
+    """Binary32Mode without its direct evaluations: each operation by its decomposition (as before)."""
+    saved = tb.DIRECT
+    tb.DIRECT = {}
+    tb._HOW.clear()
+    try:
+        yield
+    finally:
+        tb.DIRECT = saved
+        tb._HOW.clear()
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone(memory_format=torch.preserve_format)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(t) for t in x)
+    return x
+
+
+def _outcome(fn, args):
+    """(result or exception type, the arguments after the call, flags_seen)."""
+    mode = tb.Binary32Mode()
+    try:
+        with mode:
+            result = fn(*args)
+    except Exception as e:  # noqa: BLE001 (the same exception either way)
+        result = type(e)
+    return result, args, mode.flags_seen
+
+
+def _same(a, b, where="") -> None:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, (where, a.dtype, b.dtype, a.shape, b.shape)
+        if a.dtype == torch.float32:
+            assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)), where
+        else:
+            assert torch.equal(a, b), where
+        if a.numel() > 1:
+            assert a.stride() == b.stride(), (where, a.stride(), b.stride())
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def _check(op, args) -> None:
+    """op on args directly (Binary32Mode's DIRECT) against its decomposition in the mode."""
+    assert op in tb.DIRECT
+    with _decomposed():
+        expected = _outcome(decomposition_table[op], _clone(args))
+        via_mode = _outcome(op, _clone(args))  # the mode's own route without DIRECT: the same
+    got = _outcome(op, _clone(args))
+    for ref in (expected, via_mode):
+        _same(got[0], ref[0], f"{op} result")
+        _same(got[1], ref[1], f"{op} arguments after")
+        assert got[2] == ref[2], (op, got[2], ref[2])
+
+
+def _values(rng, shape, special: bool) -> torch.Tensor:
+    scale = float(rng.choice([1e-3, 1.0, 30.0, 1e18]))
+    a = np.array(rng.standard_normal(shape) * scale + rng.choice([0.0, 5.0]), dtype=np.float32)
+    if special and a.size:
+        flat = a.reshape(-1)
+        for v in rng.choice([np.nan, np.inf, -np.inf, 3e38, -3e38, 0.0], size=int(rng.integers(1, 3))):
+            flat[int(rng.integers(flat.size))] = v
+    return torch.from_numpy(a)
+
+
+def _layout(rng, t: torch.Tensor) -> torch.Tensor:
+    """t itself, channels-last, or a non-contiguous view with t's values."""
+    kind = int(rng.integers(3))
+    if kind == 1 and t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    if kind == 2 and t.dim() >= 2:
+        return t.transpose(0, -1).contiguous().transpose(0, -1)
+    return t
+
+
+def _bn_case(rng):
+    n = int(rng.choice([0, 1, 2, 3])) if rng.random() < 0.2 else int(rng.integers(1, 5))
+    c = int(rng.choice([0, 1])) if rng.random() < 0.15 else int(rng.integers(1, 6))
+    spatial = [int(rng.integers(1, 5)) for _ in range(int(rng.integers(0, 3)))]
+    shape = (n, c, *spatial)
+    special = rng.random() < 0.25
+    x = _layout(rng, _values(rng, shape, special))
+    weight = None if rng.random() < 0.25 else _values(rng, (c,), special and rng.random() < 0.3)
+    bias = None if rng.random() < 0.25 else _values(rng, (c,), False)
+    rm = _values(rng, (c,), False)
+    rv = _values(rng, (c,), False).abs()
+    eps = float(rng.choice([1e-5, 1e-3, 0.0, 0.1]))
+    momentum = float(rng.choice([0.1, 0.0, 1.0, 0.3]))
+    return x, weight, bias, rm, rv, eps, momentum, special
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_norm_forward(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        x, w, b, rm, rv, eps, momentum, _special = _bn_case(rng)
+        training = bool(rng.random() < 0.7)
+        stats = rng.random() < 0.8 or not training
+        _check(aten.native_batch_norm.default,
+               (x, w, b, rm if stats else None, rv if stats else None, training, momentum, eps))
+        _check(aten._native_batch_norm_legit.default, (x, w, b, rm, rv, training, momentum, eps))
+        _check(aten._native_batch_norm_legit.no_stats, (x, w, b, True, momentum, eps))
+        _check(aten._native_batch_norm_legit_no_training.default, (x, w, b, rm, rv, momentum, eps))
+        _check(aten._native_batch_norm_legit_functional.default, (x, w, b, rm, rv, training, momentum, eps))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_norm_backward(seed):
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(60):
+        x, w, b, rm, rv, eps, momentum, special = _bn_case(rng)
+        c = x.shape[1]
+        train = bool(rng.random() < 0.7)
+        grad = _layout(rng, _values(rng, x.shape, special and rng.random() < 0.5))
+        save_mean, save_invstd = _values(rng, (c,), False), _values(rng, (c,), False).abs()
+        if rng.random() < 0.5 and x.numel() > c:  # the forward's own statistics
+            with tb.Binary32Mode():
+                _, save_mean, save_invstd = aten.native_batch_norm.default(x, w, b, rm.clone(), rv.clone(), True,
+                                                                           momentum, eps)
+        if not train and rng.random() < 0.5:
+            save_mean, save_invstd = torch.zeros(0), torch.zeros(0)
+        mask = [bool(m) for m in rng.random(3) < 0.8]
+        args = (grad, x, w, rm, rv, save_mean, save_invstd, train, eps, mask)
+        _check(aten.native_batch_norm_backward.default, args)
+        if w is not None:  # its schema's weight is not optional
+            _check(aten.batch_norm_backward.default, (*args, torch.empty(0, dtype=torch.uint8)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_layer_norm(seed):
+    rng = np.random.default_rng(200 + seed)
+    for _ in range(60):
+        lead = [int(rng.integers(0 if rng.random() < 0.1 else 1, 4)) for _ in range(int(rng.integers(0, 3)))]
+        norm = [int(rng.integers(0 if rng.random() < 0.05 else 1, 6)) for _ in range(int(rng.integers(1, 3)))]
+        shape = (*lead, *norm)
+        special = rng.random() < 0.25
+        x = _layout(rng, _values(rng, shape, special))
+        w = None if rng.random() < 0.25 else _layout(rng, _values(rng, norm, special and rng.random() < 0.3))
+        b = None if rng.random() < 0.25 else _values(rng, norm, False)
+        eps = float(rng.choice([1e-5, 1e-12, 0.0, 0.1]))
+        _check(aten.native_layer_norm.default, (x, norm, w, b, eps))
+        if rng.random() < 0.1:  # a mismatched shape: the same error
+            _check(aten.native_layer_norm.default, (x, [*norm, 2], w, b, eps))
+        with tb.Binary32Mode():
+            _, mean, rstd = aten.native_layer_norm.default(x, norm, w, b, eps)
+        if rng.random() < 0.3:
+            mean, rstd = _values(rng, mean.shape, special), _values(rng, rstd.shape, False)
+        grad = _layout(rng, _values(rng, shape, special and rng.random() < 0.5))
+        mask = [bool(m) for m in rng.random(3) < 0.8]
+        _check(aten.native_layer_norm_backward.default, (grad, x, norm, mean, rstd, w, b, mask))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_softmax(seed):
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(80):
+        shape = tuple(int(rng.integers(0 if rng.random() < 0.1 else 1, 6)) for _ in range(int(rng.integers(0, 4))))
+        special = rng.random() < 0.3
+        x = _layout(rng, _values(rng, shape, special))
+        if special and x.numel() and rng.random() < 0.5:
+            x = x.masked_fill(torch.from_numpy(np.array(rng.random(shape) < 0.5)), float("-inf"))
+        dim = int(rng.integers(-max(x.dim(), 1), max(x.dim(), 1)))
+        _check(aten._softmax.default, (x, dim, False))
+        with tb.Binary32Mode():
+            y = aten._softmax.default(x, dim, False)
+        grad = _layout(rng, _values(rng, shape, special and rng.random() < 0.5))
+        _check(aten._softmax_backward_data.default, (grad, _layout(rng, y), dim, torch.float32))
+
+
+def test_other_dtypes_keep_the_decomposition():
+    """Not binary32 throughout: the decomposition, as before."""
+    x, w = torch.randn(2, 3, 4), torch.randn(3, dtype=torch.float64)
+    _check(aten.native_batch_norm.default, (x, w, None, None, None, True, 0.1, 1e-5))
+    _check(aten.native_layer_norm.default, (torch.randn(2, 4), [4], torch.randn(4, dtype=torch.float64), None, 1e-5))
+    _check(aten._softmax_backward_data.default, (torch.randn(3, 4), torch.randn(3, 4), 1, torch.float16))
+
+
+def test_edge_cases_and_events():
+    """Zero variances with eps 0 (rsqrt of 0: DIVBYZERO), NaN and infinite statistics, rows of
+    -inf in a softmax, one element a channel, empty channels: the same bits, writes and flags."""
+    const = torch.full((2, 3, 2, 2), 1.5)
+    const[:, 1] = torch.nan
+    const[0, 2, 0, 0] = torch.inf
+    rm, rv = torch.zeros(3), torch.tensor([0.0, -1.0, torch.inf])
+    for training in (True, False):
+        for w in (None, torch.tensor([1.0, torch.nan, -2.0])):
+            _check(aten.native_batch_norm.default, (const, w, None, rm, rv, training, 0.1, 0.0))
+            _check(aten.native_batch_norm_backward.default,
+                   (torch.ones_like(const), const, w, rm, rv, torch.zeros(3), torch.tensor([torch.inf, 0.0, 1.0]),
+                    training, 0.0, [True, True, True]))
+    one = (torch.ones(1, 2), None, None, torch.zeros(2), torch.ones(2))  # one value a channel
+    _check(aten.native_batch_norm.default, (*one, True, 0.1, 0.0))
+    _check(aten.native_batch_norm.default, (*one, False, 0.1, 0.0))
+    _check(aten.native_batch_norm.default, (torch.ones(2, 0, 3), None, None, None, None, True, 0.1, 1e-5))
+    _check(aten.native_batch_norm.default, (torch.ones(0, 2, 3), None, None, torch.zeros(2), torch.ones(2), False,
+                                            0.1, 1e-5))
+    rows = torch.tensor([[1.0, 2.0, 3.0], [-torch.inf] * 3, [torch.inf, 1.0, 0.0], [torch.nan, 0.0, 1.0]])
+    _check(aten._softmax.default, (rows, 1, False))
+    _check(aten._softmax.default, (rows, 0, False))
+    _check(aten._softmax.default, (torch.zeros(3, 0), 1, False))
+    _check(aten._softmax.default, (torch.tensor(2.0), 0, False))
+    _check(aten.native_layer_norm.default, (torch.full((2, 4), 3.0), [4], None, None, 0.0))
+    _check(aten.native_layer_norm.default, (rows, [3], torch.ones(3), torch.zeros(3), 0.0))
+    _check(aten.native_layer_norm_backward.default,
+           (rows, rows, [3], torch.zeros(4, 1), torch.tensor([[torch.inf], [0.0], [1.0], [2.0]]), torch.ones(3), None,
+            [True, True, True]))
+    flags = []
+    for x in (const, torch.full((2, 4), 3.0)):
+        mode = tb.Binary32Mode()
+        with mode:
+            aten.native_batch_norm.default(x, None, None, None, None, True, 0.1, 0.0) if x.dim() == 4 else \
+                aten.native_layer_norm.default(x, [4], None, None, 0.0)
+        flags.append(mode.flags_seen)
+    assert all(flags), flags  # the cases above do raise events
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_embedding_dense_backward(seed):
+    rng = np.random.default_rng(400 + seed)
+    for _ in range(40):
+        num = int(rng.integers(0, 7))
+        ishape = tuple(int(rng.integers(0 if rng.random() < 0.1 else 1, 5)) for _ in range(int(rng.integers(0, 3))))
+        indices = torch.from_numpy(np.array(rng.integers(-1, num + 2, size=ishape)))
+        if rng.random() < 0.3:
+            indices = indices.int()
+        dim = int(rng.integers(0, 4))
+        grad = _layout(rng, _values(rng, (*ishape, dim), rng.random() < 0.25))
+        padding = int(rng.choice([-1, 0, 2, num + 5]))
+        _check(aten.embedding_dense_backward.default, (grad, indices, num, padding, bool(rng.random() < 0.2)))
+
+
+def _run_before(fn, operands, elementwise=False):
+    """run() as it was: every operand's and every output's finiteness looked at."""
+    mode = tb.Binary32Mode()
+    with mode:
+        out = fn()
+    if elementwise:
+        return out, mode.flags_seen
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    finite = all(bool(torch.isfinite(t).all()) for t in operands)
+    nan_free = not any(bool(torch.isnan(t).any()) for t in operands)
+    events = 0
+    for o in outs:
+        if finite and bool(torch.isinf(o).any()):
+            pole = mode.flags_seen & tb._DIVBYZERO and not mode.flags_seen & tb._OVERFLOW
+            events |= tb._DIVBYZERO if pole else tb._OVERFLOW
+        if nan_free and bool(torch.isnan(o).any()):
+            events |= tb._INVALID
+    return out, events
+
+
+def test_run_events_as_before():
+    """run()'s events (OVERFLOW, DIVBYZERO at poles, INVALID) with its operands' checks made lazily:
+    the same as looking at every operand first."""
+    rng = np.random.default_rng(7)
+    fns = [
+        lambda x, y: x @ y.T,
+        lambda x, y: (torch.log(x.abs()) + y).sum(-1),
+        lambda x, y: (x / y, x * y),
+        lambda x, y: torch.exp(x) - torch.exp(y),
+        lambda x, y: torch.softmax(x, -1),
+        lambda x, y: (x.sum(), torch.tensor(3), (x > y)),
+        lambda x, y: torch.nn.functional.layer_norm(x, x.shape[-1:], eps=0.0),
+        lambda x, y: torch.sqrt(x) * 0,
+    ]
+    for _ in range(150):
+        shape = (int(rng.integers(0, 4)), int(rng.integers(1, 5)))
+        x = _values(rng, shape, rng.random() < 0.4)
+        y = _values(rng, shape, rng.random() < 0.4)
+        if rng.random() < 0.3 and x.numel():
+            x.view(-1)[0] = 0.0
+        if rng.random() < 0.2:
+            y = y.to(torch.float16 if rng.random() < 0.5 else torch.bfloat16)
+        for fn in fns:
+            operands = [x, y] if rng.random() < 0.8 else [x.double(), y]
+            f = lambda fn=fn, x=x, y=y: fn(x, y.float())  # noqa: E731
+            try:
+                expected = _run_before(f, operands)
+            except Exception as e:  # noqa: BLE001
+                with pytest.raises(type(e)):
+                    tb.run(f, operands)
+                continue
+            got = tb.run(f, operands)
+            _same(got[0], expected[0], "run outputs")
+            assert got[1] == expected[1], (got[1], expected[1])
