@@ -1328,17 +1328,24 @@ def _operands(args, kwargs) -> list[torch.Tensor]:
 def evaluate(func, args, kwargs) -> tuple[Any, int]:
     """``func`` on binary32 operands as :class:`Binary32Mode` computes it: its result and the
     events it raises (see :func:`run`)."""
-    return run(lambda: func(*args, **kwargs), _operands(args, kwargs), func.overloadpacket in _ELEMENTWISE)
+    outs = {a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None
+            and a.alias_info.is_write}  # out= tensors are written, not read
+    operands = _operands(args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs)
+    return run(lambda: func(*args, **kwargs), operands, func.overloadpacket in _ELEMENTWISE,
+               torch.Tag.pointwise in func.tags)
 
 
-def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False) -> tuple[Any, int]:
+def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
+        pointwise: bool = False) -> tuple[Any, int]:
     """``fn()`` computed in :class:`Binary32Mode`: its result and the events the float-status
     register records, judged at the outputs. An elementwise function's are its own, element by
     element (sim.elementary's). For any other computation: OVERFLOW where an output is infinite
-    while every floating operand is finite (DIVBYZERO instead where only poles were met: log(0),
-    a division by zero), and INVALID where an output is NaN while no operand is. An overflow
-    inside a kernel whose outputs stay finite raises nothing: the register sees what reaches
-    them."""
+    while its floating operands are finite (DIVBYZERO instead where only poles were met: log(0),
+    a division by zero), and INVALID where an output is NaN while no operand is NaN; for a
+    ``pointwise`` computation (torch's tag: each output element a function of the operands'
+    elements at its place, broadcast) element by element, so that a NaN elsewhere in the tensor
+    hides nothing, for any other over the whole call. An overflow inside a kernel whose outputs
+    stay finite raises nothing: the register sees what reaches them."""
     mode = Binary32Mode()
     with mode:
         out = fn()
@@ -1351,6 +1358,23 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     for o in outs:
         if _all_finite(o):
             continue
+        if pointwise:
+            try:
+                places = [torch.broadcast_to(t, o.shape) for t in operands]
+            except RuntimeError:  # operands that do not broadcast to this output: judged as a whole
+                pass
+            else:
+                finite_at = torch.ones(o.shape, dtype=torch.bool)
+                number_at = torch.ones(o.shape, dtype=torch.bool)
+                for t in places:
+                    finite_at &= torch.isfinite(t)
+                    number_at &= ~torch.isnan(t)
+                if bool((torch.isinf(o) & finite_at).any()):
+                    pole = mode.flags_seen & _DIVBYZERO and not mode.flags_seen & _OVERFLOW
+                    events |= _DIVBYZERO if pole else _OVERFLOW
+                if bool((torch.isnan(o) & number_at).any()):
+                    events |= _INVALID
+                continue
         if finite is None:
             finite = all(_all_finite(t) for t in operands)
             nan_free = finite or not any(bool(torch.isnan(t).any()) for t in operands)

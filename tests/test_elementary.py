@@ -667,8 +667,8 @@ def test_other_float32_routes_register_exhaustive(name):
 
 
 def check_other_float32(name, bits):
-    """The finite binary16 operands among ``bits`` in one tensor (the route judges Inf and NaN
-    outputs against the operands of the whole tensor: see test_other_float32_routes_mixed_tensor),
+    """The finite binary16 operands among ``bits`` in one tensor (with non-finite ones too: see
+    test_other_float32_routes_mixed_tensor),
     and a sample of them (flagged ones among them) alone: the register holds what IEEE mode's
     output shows, saturation mode gives the saturated output and the same register."""
     fn = OTHER_FLOAT32[name]
@@ -706,13 +706,10 @@ def check_other_float32(name, bits):
 _MIXED = {"digamma": 0.0, "logit": 2.0, "special_i1": 100.0, "special_ndtri": 2.0, "sinc": math.inf}
 
 
-@pytest.mark.xfail(strict=True, reason="sim/torch_binary32.py run(): for an operation outside _ELEMENTWISE the "
-                   "events are judged for the whole tensor (OVERFLOW/DIVBYZERO only if every operand element is "
-                   "finite, INVALID only if none is NaN), so one NaN or Inf element elsewhere in the tensor hides "
-                   "another element's pole, overflow or invalid: digamma(float16 [0, nan]) leaves the register "
-                   "clear while digamma([0]) sets it")
 @pytest.mark.parametrize("name", list(_MIXED))
 def test_other_float32_routes_mixed_tensor(name):
+    """An element's pole, overflow or invalid reaches the register whatever the tensor holds beside it
+    (a NaN or an infinity): a pointwise route judges element by element."""
     fn, x = OTHER_FLOAT32[name], _MIXED[name]
     dev = Device("atlas-a2")
     with DeviceMode(dev) as mode:
