@@ -556,26 +556,28 @@ class Device:
         self._record(result.status, "cast", math.prod(shape))
         return finish(result, shape, scalar, False)
 
-    def round_results(self, values, dtypes, flags: int = 0, op: str = "fused") -> list[np.ndarray]:
+    def round_results(self, values, dtypes, flags: int = 0, op: str = "fused",
+                      rounding: Rounding | str | None = None) -> list[np.ndarray]:
         """Results an operation computed inside in binary32 or binary64 (``values``, numpy arrays)
-        rounded into their ``dtypes`` (float16, bfloat16 or float32) as one device operation:
-        each rounding's flags and ``flags`` (the events the computation raised inside: an
-        overflow to infinity, a pole, an invalid operation, which the rounding of an Inf or NaN
-        cannot see) reach the register once, as the operation ``op``."""
+        rounded into their ``dtypes`` (float16, bfloat16 or float32) as one device operation, in
+        ``rounding`` (default: the device's): each rounding's flags and ``flags`` (the events the
+        computation raised inside: an overflow to infinity, a pole, an invalid operation, which
+        the rounding of an Inf or NaN cannot see) reach the register once, as the operation ``op``."""
         out, status, elements = [], int(flags), 0
         for v, dtype in zip(values, dtypes, strict=True):
             v = plain(v)
             dst = self._unit(dtype, "a result's dtype")
+            cfg = dst.settings if rounding is None else dst.settings_for(dst.format, Rounding.parse(rounding))
             src = self._on(v) if v.dtype != np.float64 else None
             n = v.size
             bits = np.empty(n, dst.format.uint)
             fl = np.empty(n, np.uint8)
             if src is None:  # binary64 values: the unit's cast from binary64
                 result, _, _ = dst.run("convert", (np.ascontiguousarray(v).reshape(-1),), src=BINARY64,
-                                       dst=dst.format, cfg=dst.settings)
+                                       dst=dst.format, cfg=cfg)
                 bits, s = result.value.view(dst.format.uint), result.status
             else:
-                s = K.convert(np.ascontiguousarray(v).reshape(-1).view(src.uint), bits, fl, src.settings, dst.settings)
+                s = K.convert(np.ascontiguousarray(v).reshape(-1).view(src.uint), bits, fl, src.settings, cfg)
             status |= s
             elements += n
             out.append(bits.view(dst.format.dtype).reshape(v.shape))

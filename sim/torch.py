@@ -38,11 +38,12 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   float16), it still refuses.
 - ``random``: operations that draw from torch's generator (``bernoulli_``,
   ``normal_``, ``uniform_``, ``rand``, ``native_dropout``...): the draw is made
-  in binary32 by torch (our tensors widened exactly), then converted: Bernoulli
-  draws are 0 or 1, exact in every format; continuous draws are rounded once
-  on the device into the dtype. ``native_dropout`` multiplies on the device by
-  the exact mask and by 1/(1-p) rounded into the dtype (its backward is a device
-  route, the same two multiplies).
+  in binary32 from binary64 uniforms of torch's generator (``sim.torch_binary32``),
+  then converted: Bernoulli draws are 0 or 1, exact in every format; continuous
+  draws are rounded once on the device into the dtype (a uniform draw toward
+  -inf, so that it stays below its upper bound). ``native_dropout`` multiplies on
+  the device by the exact mask and by 1/(1-p) rounded into the dtype (its
+  backward is a device route, the same two multiplies).
 - ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
   norm, softmax and log-softmax, GELU, SiLU, cross-entropy, LSTM and GRU, and the gradient
   accumulations of embeddings and max pooling) chosen fused
@@ -1022,7 +1023,8 @@ class DeviceMode(TorchDispatchMode):
                 return _dropout(self._op, *args, **kwargs)
             except TypeError:
                 pass
-        return self._float32(func, args, kwargs)
+        # A uniform draw on [from, to) is rounded downward, so that it stays below ``to`` in its dtype.
+        return self._float32(func, args, kwargs, "DOWNWARD" if func.overloadpacket in _UNIFORM else None)
 
     def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:
         handler, into = ROUTES.get(packet), None
@@ -1088,7 +1090,7 @@ class DeviceMode(TorchDispatchMode):
         self.routes[name, "fused"] += 1
         return rounded
 
-    def _float32(self, func, args, kwargs):
+    def _float32(self, func, args, kwargs, rounding: str | None = None):
         """func computed in binary32 from the exact values of its operands (``sim.torch_binary32``:
         the same bits on every host), each floating result rounded once on the device into the
         dtype torch gives it (see ``_result_dtypes``), with the events the computation raised
@@ -1129,7 +1131,7 @@ class DeviceMode(TorchDispatchMode):
         places += [(orig, orig.dtype) for orig, _ in written]
         name = func.overloadpacket.__name__
         rounded = self.device.round_results([_numpy(v) for v in values], [_NUMPY[d] for _, d in places], events,
-                                            name)
+                                            name, rounding)
         for (place, _), r in zip(places, rounded, strict=True):
             if isinstance(place, int):
                 outs[place] = _tensor(r)
@@ -1142,6 +1144,7 @@ class DeviceMode(TorchDispatchMode):
         return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
 
 
+_UNIFORM = frozenset({aten.rand, aten.rand_like, aten.uniform, aten.uniform_})  # draws on [from, to)
 _WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
 #: Kernels that write arguments their schemas do not mark (``Tensor? running_mean``), by packet: the
 #: tensors a call writes. native_batch_norm in training and batch_norm_update_stats update a batch

@@ -976,6 +976,14 @@ def _uniform64(shape, generator=None) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=_F64).uniform_(0.0, 1.0, generator=generator)
 
 
+def _down32(v: torch.Tensor) -> torch.Tensor:
+    """Binary64 uniform draws on [lo, hi) rounded toward -inf into binary32, so that they stay below
+    hi (to nearest, a draw just below 1 would round to 1.0): each binary32 value in the range is
+    drawn with probability its spacing, as a uniform draw at binary32's precision is."""
+    f = v.float()
+    return torch.where(f.double() > v, torch.nextafter(f, torch.tensor(-math.inf)), f)
+
+
 def _normal32(mode, shape, generator=None) -> torch.Tensor:
     """Standard normal draws by Box and Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2), each function
     rounded once to binary32 (u1, u2 binary64 uniform draws, the products in binary64)."""
@@ -1000,11 +1008,10 @@ def _draw(mode, func, args, kwargs):
     inplace = func._schema.name.endswith("_")
     if packet in (aten.rand, aten.randn):
         shape = args[0]
-        values = _uniform64(shape, gen).float() if packet is aten.rand else _normal32(mode, shape, gen)
-        return values
+        return _down32(_uniform64(shape, gen)) if packet is aten.rand else _normal32(mode, shape, gen)
     if packet in (aten.rand_like, aten.randn_like):
         shape = target.shape
-        return _uniform64(shape, gen).float() if packet is aten.rand_like else _normal32(mode, shape, gen)
+        return _down32(_uniform64(shape, gen)) if packet is aten.rand_like else _normal32(mode, shape, gen)
     if packet in (aten.bernoulli, aten.bernoulli_):
         p = args[1] if len(args) > 1 else kwargs.get("p", target if not inplace else 0.5)
         if packet is aten.bernoulli and len(args) == 1 and "p" not in kwargs:
@@ -1013,7 +1020,7 @@ def _draw(mode, func, args, kwargs):
     elif packet in (aten.uniform, aten.uniform_):
         lo = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
         hi = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
-        values = (lo + (hi - lo) * _uniform64(target.shape, gen)).float()
+        values = _down32(lo + (hi - lo) * _uniform64(target.shape, gen))
     elif packet in (aten.normal, aten.normal_):
         values = _normal_op(mode, func, args, kwargs, gen)
         if not inplace:

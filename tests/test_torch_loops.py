@@ -286,8 +286,9 @@ def test_no_operation_on_our_dtypes_runs_uncounted(dtype: torch.dtype) -> None:
 
 
 def test_continuous_draws_are_the_documented_transforms_of_binary64_uniforms() -> None:
-    """uniform_ is lo + (hi - lo) u in binary64 rounded to binary32, normal_ is Box and Muller with
-    correctly rounded log and cos (checked here with mpmath), each then rounded by the device."""
+    """uniform_ is lo + (hi - lo) u in binary64 rounded toward -inf into binary32, then by the device
+    (toward -inf too, so that a draw stays below hi); normal_ is Box and Muller with correctly rounded
+    log and cos (checked here with mpmath), then rounded by the device."""
     mpmath = pytest.importorskip("mpmath")
     dev = Device("atlas-training")
     with DeviceMode(dev, strict=True) as mode:
@@ -297,8 +298,11 @@ def test_continuous_draws_are_the_documented_transforms_of_binary64_uniforms() -
         r = torch.rand(10, dtype=F16)
     torch.manual_seed(5)
     u64 = torch.empty(1000, dtype=torch.float64).uniform_(0, 1)
-    want = (-2 + 4 * u64).float()
-    assert bits(u) == bits(torch.from_numpy(Device("atlas-training").cast(want.numpy(), H)))
+    exact = (-2 + 4 * u64).numpy()
+    want = exact.astype(np.float32)
+    up = want.astype(np.float64) > exact
+    want[up] = np.nextafter(want[up], np.float32(-np.inf))  # toward -inf: numpy rounds to nearest
+    assert bits(u) == bits(torch.from_numpy(Device("atlas-training").cast(want, H, rounding="DOWNWARD")))
     pair = torch.empty(2, 200, dtype=torch.float64).uniform_(0, 1).tolist()
     mpmath.mp.prec = 200
     f32 = np.float32
@@ -307,6 +311,6 @@ def test_continuous_draws_are_the_documented_transforms_of_binary64_uniforms() -
     angle = [f32(mpmath.cos(mpmath.mpf(float(2 * np.pi * b)))) for b in pair[1]]
     z = np.array([f32(ra * an * f32(3)) for ra, an in zip(radius, angle, strict=True)], np.float32)
     assert bits(n) == bits(torch.from_numpy(z).to(torch.bfloat16))
-    assert n.dtype == torch.bfloat16 and torch.isfinite(n).all() and ((r >= 0) & (r <= 1)).all()
+    assert n.dtype == torch.bfloat16 and torch.isfinite(n).all() and ((r >= 0) & (r < 1)).all()
     assert not dev.get_float_status().any()
     assert {route for (name, route) in mode.routes if "empty" not in name} == {"random"}

@@ -444,3 +444,34 @@ def test_nextafter_steps_to_the_neighbour_in_the_operands_own_format(dtype) -> N
     for g in got:
         assert g.view(torch.int16).tolist() == want.view(torch.int16).tolist()
     assert {route for _, route in mode.routes} == {"exact"}
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_uniform_draws_stay_below_their_upper_bound(dtype) -> None:
+    """rand and uniform_ are binary64 uniform draws from torch's generator rounded toward -inf into
+    the dtype, so every draw lies in [from, to), as native torch's do (rounded to nearest, a draw
+    just below 1 became 1.0, about one float16 draw in 4096). Expected: the same binary64 draws,
+    floored into the dtype with numpy and ml_dtypes."""
+    import ml_dtypes
+
+    np_dtype = H if dtype == torch.float16 else ml_dtypes.bfloat16
+
+    def floor_into(u: np.ndarray) -> np.ndarray:
+        f = u.astype(np_dtype)  # to nearest; then one step down where that went up
+        up = f.astype(np.float64) > u
+        f[up] = np.nextafter(f[up], np_dtype(-np.inf))
+        return f
+
+    n = 1 << 16
+    torch.manual_seed(3)
+    u = torch.empty(n, dtype=torch.float64).uniform_(0, 1).numpy()
+    v = torch.empty(n, dtype=torch.float64).uniform_(0, 1).numpy()
+    torch.manual_seed(3)
+    with DeviceMode(Device("atlas-a2"), strict=True):
+        r = torch.rand(n, dtype=dtype)
+        w = torch.empty(n, dtype=dtype).uniform_(-2, 1)
+    assert r.dtype == w.dtype == dtype
+    assert float(r.max()) < 1 and -2 <= float(w.min()) and float(w.max()) < 1
+    assert r.view(torch.int16).tolist() == floor_into(u).view(np.int16).tolist()
+    assert w.view(torch.int16).tolist() == floor_into(-2 + 3 * v).view(np.int16).tolist()
