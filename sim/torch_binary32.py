@@ -1275,8 +1275,7 @@ def _how(func) -> tuple[str, Callable | None, tuple[str, ...]]:
     packet, functional = func.overloadpacket, _functional(func)
     if func in DIRECT:
         return "impl", DIRECT[func], ()
-    names = tuple(a.name for a in func._schema.arguments
-                  if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    names = _out_names(func)
     if packet in _RANDOM:
         return "random", None, names
     impl = IMPLEMENTED.get(packet) or _PRIMS.get(packet)
@@ -1290,6 +1289,17 @@ def _how(func) -> tuple[str, Callable | None, tuple[str, ...]]:
     return "other", None, ()
 
 
+def _out_names(func) -> tuple[str, ...]:
+    """An overload's out= arguments, whatever their names (out, grad_input, output, buffer...):
+    written, not read."""
+    names = _OUT_NAMES.get(func)
+    if names is None:
+        names = _OUT_NAMES[func] = tuple(a.name for a in func._schema.arguments
+                                         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    return names
+
+
+_OUT_NAMES: dict[Any, tuple[str, ...]] = {}
 _HOW: dict[Any, tuple[str, Callable | None, tuple[str, ...]]] = {}  # each overload's _how, as first met
 _IEEE: dict[Any, bool] = {}  # each overload's functional op in NATIVE, as first asked
 
@@ -1335,8 +1345,7 @@ def _operands(args, kwargs) -> list[torch.Tensor]:
 def evaluate(func, args, kwargs) -> tuple[Any, int]:
     """``func`` on binary32 operands as :class:`Binary32Mode` computes it: its result and the
     events it raises (see :func:`run`)."""
-    outs = {a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None
-            and a.alias_info.is_write}  # out= tensors are written, not read
+    outs = _out_names(func)  # out= tensors are written, not read: not operands
     operands = _operands(args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs)
     return run(lambda: func(*args, **kwargs), operands, func.overloadpacket in _ELEMENTWISE,
                torch.Tag.pointwise in func.tags)
