@@ -18,17 +18,17 @@ Elementwise ``+ - * /`` and ``sqrt`` are IEEE operations, the same everywhere: n
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 
 from . import elementary
 from . import kernels as K
-from .formats import BINARY32
-from .rounding import config
 
 __all__ = ["matmul", "sum", "mean", "apply"]
 
 _F32 = np.dtype(np.float32)
-_CFG = config(BINARY32)
 
 
 def _wide(x) -> np.ndarray:
@@ -70,17 +70,49 @@ def matmul(a, b, init=None) -> np.ndarray:
 
 def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
     x = _wide(x)
-    axes = tuple(range(x.ndim)) if axis is None else tuple(a % max(x.ndim, 1) for a in np.atleast_1d(axis))
-    rest = [d for d in range(x.ndim) if d not in axes]
-    n = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
-    cols = int(np.prod([x.shape[d] for d in rest], dtype=np.int64))
-    v = np.ascontiguousarray(np.transpose(x, axes + tuple(rest)).reshape(n, cols)).view(np.uint32)
-    out = np.empty(cols, np.uint32)
-    K.tree_sum(v, out, _CFG, _CFG, _CFG, mean)
-    r = out.view(np.float32).reshape([x.shape[d] for d in rest])
+    if axis is None:
+        axes = tuple(range(x.ndim))
+    elif isinstance(axis, int | np.integer):
+        axes = (int(axis) % max(x.ndim, 1),)
+    else:
+        axes = tuple(sorted({int(a) % max(x.ndim, 1) for a in axis}))
+    rest = tuple(d for d in range(x.ndim) if d not in axes)
+    n = math.prod(x.shape[d] for d in axes)
+    kept = [x.shape[d] for d in rest]
+    if not rest or rest == tuple(range(rest[0], rest[-1] + 1)):  # reduced axes around one kept block
+        lead = rest[0] if rest else x.ndim
+        v = x.reshape(math.prod(x.shape[:lead]), math.prod(kept), math.prod(x.shape[lead + len(rest):]))
+    else:
+        v = np.transpose(x, axes + rest).reshape(n, math.prod(kept), 1)
+    r = np.empty(v.shape[1], np.float32)
+    K.tree32(v, r)
+    if mean:
+        with np.errstate(all="ignore"):
+            r = r / np.float32(n) if n < 2**24 else _divide(r, n)
+        r[np.isnan(r)] = _NAN
     if keepdims:
-        r = r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
-    return r
+        return r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
+    return r.reshape(kept)
+
+
+_NAN = np.float32(np.nan)  # 0x7fc00000: a sum's NaN, whatever NaN the host's addition propagates
+
+
+def _divide(total: np.ndarray, n: int) -> np.ndarray:
+    """total / n rounded once to binary32, for a count binary32 does not hold exactly: the exact
+    quotient rounded to odd at 53 bits, whose rounding to binary32 is then the exact quotient's
+    (53 > 24 + 1). One column per 2**24 elements summed: a loop over columns costs nothing here."""
+    out = np.empty(total.shape, np.float32)
+    for i, t in enumerate(total.tolist()):
+        if not math.isfinite(t) or t == 0:
+            out[i] = t / n  # Inf, NaN, and a zero keeping its sign
+            continue
+        exact = Fraction(t) / n
+        q = float(exact)  # correctly rounded (CPython's int / int)
+        if Fraction(q) != exact and int(np.float64(q).view(np.uint64)) % 2 == 0:
+            q = float(np.nextafter(q, math.inf if Fraction(q) < exact else -math.inf))
+        out[i] = q
+    return out
 
 
 def sum(x, axis=None, keepdims: bool = False) -> np.ndarray:  # noqa: A001 (numpy's name)

@@ -895,13 +895,17 @@ _CFG32 = config(BINARY32)
 
 def signaling(x: np.ndarray) -> np.ndarray | None:
     """Where x (binary16, bfloat16 or binary32) holds a signaling NaN, or None if nowhere."""
-    if x.dtype == np.float64 or not np.isnan(x).any():
+    if x.dtype == np.float64:
         return None
-    u = x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32).astype(np.uint32)
+    width = 8 * x.dtype.itemsize
     man = {np.dtype(np.float16): 10, np.dtype(np.float32): 23}.get(x.dtype, 7)
-    mag = u & ((1 << (8 * x.dtype.itemsize - 1)) - 1)
-    inf = ((1 << (8 * x.dtype.itemsize - 1 - man)) - 1) << man
-    return (mag > inf) & ((mag & (1 << (man - 1))) == 0)
+    u = x.view(np.uint16 if width == 16 else np.uint32)
+    mag = u & np.array((1 << (width - 1)) - 1, u.dtype)  # integer tests: numpy's float16 isnan is slow
+    inf = np.array(((1 << (width - 1 - man)) - 1) << man, u.dtype)
+    nan = mag > inf
+    if not nan.any():
+        return None
+    return nan & ((mag & np.array(1 << (man - 1), u.dtype)) == 0)
 
 
 def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.ndarray, np.ndarray]:

@@ -894,6 +894,48 @@ def tree_sum(x, out, src, acc, dst, mean):
     return status
 
 
+@jit
+def tree32(v, out):
+    """The pairwise tree of :func:`tree_sum` (adjacent rows, then pairs of pairs) with IEEE
+    binary32 additions to nearest even: out[c] is the sum over the rows r = a * B + b, in that
+    order, of v[a, c, b] for v (A, C, B) binary32 (a reduction over leading and trailing axes
+    around kept ones, read where they lie); +0 for no rows, a NaN total the canonical quiet NaN."""
+    _wide_vectors()
+    na, cols, nb_ = v.shape
+    n = na * nb_
+    w = np.empty(max((n + 1) // 2, 1), np.float32)
+    for c in range(cols):
+        if n == 0:
+            out[c] = 0
+            continue
+        if n == 1:
+            out[c] = v[0, c, 0]
+        else:
+            half = n // 2
+            if nb_ % 2 == 0:  # pairs never straddle a row of b
+                for a in range(na):
+                    src, base = v[a, c], a * (nb_ // 2)
+                    for j in range(nb_ // 2):
+                        w[base + j] = src[2 * j] + src[2 * j + 1]
+            else:
+                for r in range(half):
+                    r0, r1 = 2 * r, 2 * r + 1
+                    w[r] = v[r0 // nb_, c, r0 % nb_] + v[r1 // nb_, c, r1 % nb_]
+                if n % 2:
+                    w[half] = v[na - 1, c, nb_ - 1]
+            m = half + n % 2
+            while m > 1:  # in place: w[r] is written after w[2r] and w[2r + 1] are read
+                half = m // 2
+                for r in range(half):
+                    w[r] = w[2 * r] + w[2 * r + 1]
+                if m % 2:
+                    w[half] = w[m - 1]
+                m = half + m % 2
+            out[c] = w[0]
+        if out[c] != out[c]:
+            out[c] = np.float32(np.nan)
+
+
 @inline
 def _fma32(x, y, z):
     return _fma(np.float32(x), np.float32(y), np.float32(z))

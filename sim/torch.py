@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import math
 import threading
 import weakref
@@ -857,6 +858,13 @@ def _check_backward(grad_outputs):
             "backward inside a DeviceMode, in the same thread.")
 
 
+@functools.cache
+def _fused_packets(families: tuple[str, ...]) -> frozenset:
+    """The aten packets of the fused families named."""
+    return frozenset(getattr(aten, p) for f in _fused.FAMILIES if f.name in families
+                     for p in f.aten if hasattr(aten, p))
+
+
 class DeviceMode(TorchDispatchMode):
     """Route every aten operation on float16 / bfloat16 tensors (float32 too with
     ``float32=True``) to ``device``; see the module's docstring for the routes.
@@ -875,8 +883,7 @@ class DeviceMode(TorchDispatchMode):
                  fused: bool | dict[str, bool] | None = None) -> None:
         super().__init__()
         self.fused = _fused.choose(fused)  # each family's model (sim.fused.FAMILIES)
-        self._fused_packets = frozenset(getattr(aten, p) for f in _fused.FAMILIES if self.fused[f.name]
-                                        for p in f.aten if hasattr(aten, p))
+        self._fused_packets = _fused_packets(tuple(f.name for f in _fused.FAMILIES if self.fused[f.name]))
         self._functions = _Functions(self)
         if not isinstance(device, Device):
             raise TypeError(f"DeviceMode takes a sim.Device, got {type(device).__name__}")

@@ -72,7 +72,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _t(a) -> torch.Tensor:
     """numpy values as a tensor, 0-d kept 0-d."""
     a = np.asarray(a)
-    return torch.from_numpy(a if a.flags.c_contiguous and a.flags.writeable else a.copy())
+    if a.flags.writeable and (a.flags.c_contiguous or all(st > 0 for st in a.strides)):
+        return torch.from_numpy(a)  # numpy's layout kept: an elementwise result's follows its operands'
+    return torch.from_numpy(a.copy(order="K"))
 
 
 def _scalar32(v) -> float:
@@ -86,11 +88,16 @@ def _scalar32(v) -> float:
 def _cr(mode: Binary32Mode | None, name: str, *xs, params=()) -> torch.Tensor:
     """The elementwise function ``name`` of tensors (and Python numbers) xs: a binary32 tensor of
     the broadcast shape; its flags are ORed into the mode's record."""
-    arrays = [np.float32(x) if not isinstance(x, torch.Tensor) else _np(x) for x in xs]
+    return _t(_cr_np(mode, name, *[np.float32(x) if not isinstance(x, torch.Tensor) else _np(x) for x in xs],
+                     params=params))
+
+
+def _cr_np(mode: Binary32Mode | None, name: str, *arrays: np.ndarray, params=()) -> np.ndarray:
+    """:func:`_cr` of numpy operands, a numpy result."""
     values, flags = elementary.evaluate(name, *arrays, params=params)
-    if mode is not None:
-        mode.flags_seen |= int(np.bitwise_or.reduce(flags.reshape(-1), initial=0))
-    return _t(values)
+    if mode is not None and flags.size:
+        mode.flags_seen |= int(np.bitwise_or.reduce(flags, axis=None))
+    return values
 
 
 def _unary(name: str) -> Callable:
@@ -153,8 +160,8 @@ def _pow(mode, x, e):
             return x * x  # IEEE: one rounding of the exact square
         if e == 1:
             return x.clone()
-        if e == 0.5:
-            return torch.sqrt(x)
+        if e == 0.5 and x.dtype == _F32:
+            return _sqrt(x)
     return _cr(mode, "pow", x, e)
 
 
@@ -180,6 +187,28 @@ def _addcdiv(mode, x, a, b, value=1):
 
 def _lerp(mode, x, end, weight):
     return _cr(mode, "lerp", x, end, weight)
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of a binary32 tensor (see :func:`_numpy_ieee`)."""
+    with np.errstate(invalid="ignore"):
+        return _t(np.sqrt(_np(x)))
+
+
+def _numpy_ieee(fn: Callable, op: Callable) -> Callable:
+    """An exact IEEE operation of numpy's (sqrt, fmod, remainder) on binary32 results. torch's own
+    are not the same on every host: its binary32 sqrt here is not correctly rounded (on every
+    CPU capability), and its vectorised fmod and remainder differ from its scalar ones for
+    operands far apart in magnitude. numpy's sqrt is the CPU's correctly rounded instruction,
+    its fmod C's (exact), its remainder Python's modulus (fmod, then the divisor added once
+    where the signs differ: one rounding). Another result dtype: torch's own ``op``."""
+    def run(mode, *xs):
+        if torch.result_type(*xs) != _F32 if len(xs) > 1 else xs[0].dtype != _F32:
+            return op(*xs)
+        arrays = [_np(x.to(_F32)) if isinstance(x, torch.Tensor) else np.float32(x) for x in xs]
+        with np.errstate(all="ignore"):
+            return _t(np.asarray(fn(*arrays), np.float32))
+    return run
 
 
 def _binary_cr(name: str) -> Callable:
@@ -225,17 +254,21 @@ def _correction(unbiased=None, correction=None) -> float:
 
 def _moments(x: torch.Tensor, dim, keepdim, correction: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(variance, mean) in two passes: the mean, then the sum of squared deviations / (n - c)."""
-    a = _np(x)
-    axes = _axes(x, dim)
+    var, mean = _moments_np(_np(x), _axes(x, dim), keepdim, correction)
+    return _t(var), _t(mean)
+
+
+def _moments_np(a: np.ndarray, axes, keepdim: bool, correction: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_moments` of a numpy array over ``axes`` (a tuple, or None for all)."""
     mean = binary32.mean(a, axes, keepdims=True)
-    n = a.size if axes is None else int(np.prod([a.shape[i] for i in axes]))
+    n = a.size if axes is None else math.prod(a.shape[i] for i in axes)
     with np.errstate(all="ignore"):
         d = a - mean
         ss = binary32.sum(d * d, axes, keepdims=keepdim)
         var = (ss / np.float32(max(n - correction, 0))).astype(np.float32)
     if not keepdim:
         mean = mean.reshape(ss.shape)
-    return _t(var), _t(mean)
+    return var, mean
 
 
 def _var(mode, x, *rest, **kw):
@@ -244,7 +277,7 @@ def _var(mode, x, *rest, **kw):
 
 
 def _std(mode, x, *rest, **kw):
-    return torch.sqrt(_var(mode, x, *rest, **kw))
+    return _sqrt(_var(mode, x, *rest, **kw))
 
 
 def _var_mean(mode, x, *rest, **kw):
@@ -254,7 +287,7 @@ def _var_mean(mode, x, *rest, **kw):
 
 def _std_mean(mode, x, *rest, **kw):
     var, mean = _var_mean(mode, x, *rest, **kw)
-    return torch.sqrt(var), mean
+    return _sqrt(var), mean
 
 
 def _var_args(rest, kw):
@@ -327,7 +360,7 @@ def _vector_norm(mode, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if p == 1:
         return _sum(mode, a, dim, keepdim)
     if p == 2:
-        return torch.sqrt(_sum(mode, a * a, dim, keepdim))
+        return _sqrt(_sum(mode, a * a, dim, keepdim))
     s = _sum(mode, _cr(mode, "pow", a, np.float32(p)), dim, keepdim)
     return _cr(mode, "pow", s, np.float32(1 / p))
 
@@ -518,24 +551,44 @@ def _avg_pool(mode, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_i
     return _t(_pool_apply(_np(x), d, outs, starts, ends, divisors, override))
 
 
+def _pool_windows(spatial, outs, starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Each output's window as flat indices into the spatial plane, row-major, (outputs, K),
+    padded to the largest window with the index one past the plane; and where they are real."""
+    size = math.prod(spatial)
+    flat = np.zeros([1] * (2 * len(spatial)), np.int64)
+    valid = np.ones_like(flat, dtype=bool)
+    d = len(spatial)
+    for i, (n, st, en) in enumerate(zip(spatial, starts, ends, strict=True)):
+        k = int((en - st).max()) if len(st) else 0
+        idx = st[:, None] + np.arange(k)[None, :]  # (outs_i, k)
+        shape = [1] * (2 * d)
+        shape[i], shape[d + i] = len(st), k
+        flat = flat * n + idx.reshape(shape)
+        valid = valid & (idx < en[:, None]).reshape(shape)
+    n_out, k = math.prod(outs), flat.size // max(math.prod(outs), 1)
+    flat, valid = np.broadcast_to(flat, valid.shape).reshape(n_out, k), valid.reshape(n_out, k)
+    return np.where(valid, flat, size), valid
+
+
+def _pool_divisors(outs, divisors, override) -> np.ndarray:
+    if override:
+        return np.float32(override)
+    grid = np.ix_(*divisors)
+    return np.asarray(math.prod(grid) if grid else 1, np.float32).reshape(-1)  # exact: a window's size
+
+
 def _pool_apply(a: np.ndarray, d: int, outs, starts, ends, divisors, override) -> np.ndarray:
-    """Each window's sum in row-major order, then one division by its divisor (binary32)."""
-    lead = a.shape[:-d]
-    planes = a.reshape(-1, *a.shape[-d:])
-    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
-    out = np.empty((planes.shape[0], len(grid)), np.float32)
-    for j, pos in enumerate(grid):
-        window = planes[(slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])]
-        w = window.reshape(planes.shape[0], -1)
-        acc = np.zeros(planes.shape[0], np.float32)
-        for c in range(w.shape[1]):
-            acc = (acc + w[:, c]).astype(np.float32)
-        if override:
-            div = np.float32(override)
-        else:
-            div = np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
-        with np.errstate(all="ignore"):
-            out[:, j] = acc / div
+    """Each window's sum in row-major order from +0, each addition one binary32 rounding, then one
+    division by its divisor."""
+    lead, spatial = a.shape[:-d], a.shape[-d:]
+    planes = a.reshape(-1, math.prod(spatial))
+    index, _ = _pool_windows(spatial, outs, starts, ends)
+    padded = np.concatenate([planes, np.full((len(planes), 1), -0.0, np.float32)], axis=1)  # x + -0 = x
+    acc = np.zeros((len(planes), len(index)), np.float32)
+    with np.errstate(all="ignore"):
+        for c in range(index.shape[1]):
+            acc += padded[:, index[:, c]]
+        out = acc / _pool_divisors(outs, divisors, override)
     return out.reshape(*lead, *outs)
 
 
@@ -594,17 +647,14 @@ def _avg_pool_backward(mode, grad, x, kernel, stride, padding, ceil_mode, count_
 def _pool_scatter(g: np.ndarray, shape, d, outs, starts, ends, divisors, override) -> np.ndarray:
     """The gradient of :func:`_pool_apply`: each output's gradient divided by its divisor (one
     rounding), then added, in output order, to every input of its window (one rounding each)."""
-    planes = g.reshape(-1, len(np.zeros(outs).reshape(-1)))
-    out = np.zeros((planes.shape[0], *shape[-d:]), np.float32)
-    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
-    for j, pos in enumerate(grid):
-        div = np.float32(override) if override else np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
-        with np.errstate(all="ignore"):
-            share = (planes[:, j] / div).astype(np.float32)
-        region = (slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])
-        window = out[region]
-        window += share.reshape(-1, *[1] * d)  # elementwise: one rounding each
-        out[region] = window
+    spatial = tuple(shape[-d:])
+    planes = g.reshape(-1, math.prod(outs))
+    index, valid = _pool_windows(spatial, outs, starts, ends)
+    with np.errstate(all="ignore"):
+        share = planes / _pool_divisors(outs, divisors, override)
+        out = np.zeros((len(planes), math.prod(spatial)), np.float32)
+        source = np.nonzero(valid)  # (output, window place) pairs in output order, row-major inside
+        np.add.at(out, (slice(None), index[source]), share[:, source[0]])  # in order: one rounding each
     return out.reshape(shape)
 
 
@@ -789,7 +839,7 @@ def _batch_norm_helper(mode, x, weight, bias, running_mean, running_var, trainin
             raise AssertionError("running_mean and running_var must not be None in eval mode")
         new_mean = running_mean = running_mean.to(dtype=_F32, copy=True)
         new_var = running_var = running_var.to(dtype=_F32, copy=True)
-        invstd = 1 / torch.sqrt(running_var + eps)
+        invstd = 1 / _sqrt(running_var + eps)
         save_mean = x.new_zeros((0,))
         save_rstd = x.new_zeros((0,))
         output = (x - _to_dim(running_mean, x.dim() - 1)) * _to_dim(invstd, x.dim() - 1)
@@ -988,7 +1038,7 @@ def _normal32(mode, shape, generator=None) -> torch.Tensor:
     """Standard normal draws by Box and Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2), each function
     rounded once to binary32 (u1, u2 binary64 uniform draws, the products in binary64)."""
     u = _uniform64((2, *shape), generator)
-    radius = torch.sqrt(-2 * _cr(None, "log", (1 - u[0]).numpy()).double()).float()
+    radius = torch.from_numpy(np.sqrt(-2 * _cr_np(None, "log", (1 - u[0]).numpy()).astype(np.float64))).float()
     angle = _cr(None, "cos", (2 * math.pi) * u[1].numpy())
     return radius * angle
 
@@ -1108,6 +1158,8 @@ IMPLEMENTED.update({
     aten.sigmoid_backward: _binary_cr("sigmoid_backward"), aten.tanh_backward: _binary_cr("tanh_backward"),
     aten.glu: _glu, aten.glu_backward: _glu_backward, aten.atan2: _binary_cr("atan2"),
     aten.hypot: _binary_cr("hypot"), aten.logaddexp: _binary_cr("logaddexp"), aten.pow: _pow,
+    aten.sqrt: _numpy_ieee(np.sqrt, torch.sqrt), aten.fmod: _numpy_ieee(np.fmod, torch.fmod),
+    aten.remainder: _numpy_ieee(np.remainder, torch.remainder),
     aten.add: _add, aten.sub: _sub, aten.addcmul: _addcmul, aten.addcdiv: _addcdiv, aten.lerp: _lerp,
     aten.sum: _sum, aten.mean: _mean, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
     aten.std_mean: _std_mean, aten.prod: _prod, aten.cumsum: _cumsum, aten.cumprod: _cumprod,
@@ -1167,20 +1219,20 @@ _RANDOM = frozenset({aten.rand, aten.randn, aten.rand_like, aten.randn_like, ate
 _PRIMS = {getattr(prims, name): IMPLEMENTED[getattr(aten, name)] for name in
           ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
            "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "rsqrt", "lgamma", "atan2", "hypot",
-           "pow", "sum", "prod")
+           "pow", "sum", "prod", "sqrt", "fmod", "remainder")
           if hasattr(prims, name)}
 
 #: What torch computes the same way on every host (IEEE operations of one rounding, exact
 #: selections, data movement, conversions, factories): run by torch itself.
 NATIVE = frozenset({
-    aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.abs, aten.reciprocal, aten.sqrt, aten.rsub, aten.square,
+    aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.abs, aten.reciprocal, aten.rsub, aten.square,
     aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.logical_and, aten.logical_or, aten.logical_not,
     aten.logical_xor, aten.isnan, aten.isinf, aten.isfinite, aten.isposinf, aten.isneginf, aten.signbit,
     aten.where, aten.masked_fill, aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum, aten.minimum, aten.fmax,
     aten.fmin, aten.relu, aten.threshold, aten.threshold_backward, aten.hardtanh, aten.hardtanh_backward,
     aten.leaky_relu, aten.leaky_relu_backward, aten.hardshrink, aten.hardshrink_backward, aten.softshrink,
     aten.softshrink_backward, aten._prelu_kernel, aten._prelu_kernel_backward, aten.sign, aten.sgn, aten.floor,
-    aten.ceil, aten.round, aten.trunc, aten.frac, aten.fmod, aten.remainder, aten.copysign, aten.nextafter,
+    aten.ceil, aten.round, aten.trunc, aten.frac, aten.copysign, aten.nextafter,
     aten.max, aten.min, aten.amax, aten.amin, aten.argmax, aten.argmin, aten.sort, aten.topk, aten.cat, aten.stack,
     aten.index, aten.index_select, aten.gather, aten.scatter, aten.index_fill, aten.masked_select,
     aten.masked_scatter, aten.take, aten.embedding, aten.constant_pad_nd, aten.reflection_pad1d,
@@ -1202,7 +1254,7 @@ NATIVE = frozenset({
     aten.bitwise_xor, aten.count_nonzero, aten.any, aten.all, aten.isin, aten.bucketize, aten.searchsorted,
     aten.histc, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset, aten.masked_fill_,
     prims.convert_element_type, prims.broadcast_in_dim, prims.squeeze, prims.view_of, prims.where, prims.div,
-    prims.mul, prims.add, prims.sub, prims.neg, prims.abs, prims.sqrt, prims.eq, prims.ne, prims.lt, prims.le,
+    prims.mul, prims.add, prims.sub, prims.neg, prims.abs, prims.eq, prims.ne, prims.lt, prims.le,
     prims.gt, prims.ge, prims.maximum, prims.minimum, prims.reshape, prims.transpose, prims.collapse_view,
     prims.split_dim, prims.amax, prims.amin, prims.full, prims.iota, prims.clone, prims.copy_to,
     prims.empty_strided, prims.reciprocal,
@@ -1215,7 +1267,15 @@ class Binary32Mode(TorchDispatchMode):
     operation, the calls computed by torch's own kernel for want of a model (their bits may
     depend on the host); ``strict=True`` raises NotImplementedError for them instead.
     ``flags_seen`` is the OR of the events (INVALID, DIVBYZERO, OVERFLOW) the elementwise
-    functions raised."""
+    functions raised.
+
+    Like DeviceMode it opts out of the ``torch._disable_dynamo`` wrapper torch puts around a
+    dispatch mode's ``__torch_dispatch__``: an eager mode, whose every operation would pay an
+    eval-frame switch."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __init__(self, *, strict: bool = False) -> None:
         super().__init__()

@@ -1,0 +1,171 @@
+"""sim.binary32's reductions: the pairwise tree in IEEE binary32 additions, against the device's
+own tree kernel (its generic rounding, in binary64 with a rounding routine) and hand-worked trees;
+the mean's single division against MPFR."""
+
+from __future__ import annotations
+
+import gmpy2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sim import binary32
+from sim import kernels as K
+from sim.formats import BINARY32
+from sim.rounding import config
+
+F = np.float32
+_CFG = config(BINARY32)
+
+
+def _kernel(x: np.ndarray, axis, mean: bool) -> np.ndarray:
+    """The device's tree_sum kernel in binary32 (every format's rounding routine)."""
+    axes = tuple(range(x.ndim)) if axis is None else tuple(sorted(a % max(x.ndim, 1) for a in np.atleast_1d(axis)))
+    rest = [d for d in range(x.ndim) if d not in axes]
+    n = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    cols = int(np.prod([x.shape[d] for d in rest], dtype=np.int64))
+    v = np.ascontiguousarray(np.transpose(x, axes + tuple(rest)).reshape(n, cols)).view(np.uint32)
+    out = np.empty(cols, np.uint32)
+    K.tree_sum(v, out, _CFG, _CFG, _CFG, mean)
+    return out.view(F).reshape([x.shape[d] for d in rest])
+
+
+# Values aimed at the hard places: cancellation, ties, overflow to Inf, subnormals, NaN and Inf.
+_hard = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0**-24, 1 + 2.0**-23, 3.4028235e38, -3.4028235e38, 2.0**127,
+                         1e-45, -1e-45, 1.1754942e-38, np.inf, -np.inf, np.nan, 16777216.0, 1e8, -1e8])
+_elements = st.one_of(_hard, st.floats(width=32, allow_nan=True, allow_infinity=True))
+
+
+@st.composite
+def _arrays_and_axes(draw):
+    x = draw(hnp.arrays(F, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=7), elements=_elements))
+    if x.ndim == 0 or draw(st.booleans()):
+        return x, None
+    return x, tuple(draw(st.lists(st.integers(0, x.ndim - 1), min_size=1, max_size=x.ndim, unique=True)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_arrays_and_axes(), st.booleans())
+def test_tree_is_the_device_kernels_tree(case, mean) -> None:
+    x, axis = case
+    with np.errstate(all="ignore"):
+        want = _kernel(x, axis, mean)
+    got = (binary32.mean if mean else binary32.sum)(x, axis)
+    assert got.dtype == F and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # NaN: the one canonical quiet NaN too
+    # The axes are a set (taken in dimension order), and the layout in memory changes nothing.
+    fortran = (binary32.mean if mean else binary32.sum)(np.asfortranarray(x), axis[::-1] if axis else axis)
+    assert np.array_equal(fortran.view(np.uint32), want.view(np.uint32))
+
+
+def test_tree_by_hand() -> None:
+    x = np.array([1e8, 1, -1e8, 1, 3], F)  # ((1e8 + 1) + (-1e8 + 1)) + 3: the pairs round to +-1e8
+    assert float(binary32.sum(x)) == 3.0
+    assert float(binary32.sum(x[:4])) == 0.0
+    assert float(binary32.sum(np.array([3.4028235e38, 3.4028235e38, -3.4028235e38], F))) == np.inf
+    assert float(binary32.sum(np.zeros(0, F))) == 0.0 and np.isnan(binary32.mean(np.zeros(0, F)))
+    assert binary32.sum(np.array([-0.0, -0.0], F)).view(np.uint32) == 0x80000000  # -0 + -0 = -0
+    nan = np.array([1, 0], F)
+    nan.view(np.uint32)[1] = 0xFFC01234  # a negative NaN with a payload
+    assert binary32.sum(nan).view(np.uint32) == 0x7FC00000
+    assert binary32.sum(np.arange(6, dtype=F).reshape(2, 3), 0).tolist() == [3, 5, 7]
+    assert binary32.mean(np.array([1, 2], F)).tolist() == 1.5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mean_of_counts_binary32_does_not_hold_is_one_rounding(seed) -> None:
+    """Above 2**24 elements the count is not a binary32: the division is the exact quotient
+    rounded once (against MPFR's binary32 division of the exact total by the exact count)."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):
+        totals = (rng.standard_normal(2000) * 2.0 ** rng.integers(-149, 128, 2000)).astype(F)
+    counts = rng.integers(2**24 + 1, 2**45, 2000)
+    counts[:8] = [2**24 + 1, 2**24 + 3, 3 * 2**30, 2**44 + 1, 10**13, 2**25 + 1, 5**17, 7**15]
+    ctx = gmpy2.ieee(32)
+    for t, n in zip(totals.tolist(), counts.tolist(), strict=True):
+        with gmpy2.context(ctx):
+            want = F(float(gmpy2.div(gmpy2.mpfr(t), gmpy2.mpz(n))))
+        got = binary32._divide(np.array([t], F), n)[0]
+        assert got.view(np.uint32) == want.view(np.uint32), (t, n)
+    assert binary32._divide(np.array([np.inf, np.nan], F), 2**30).tolist()[0] == np.inf
+
+
+# -- pooling: the vectorised windows against one window at a time -------------------------------------
+def _loop_apply(a: np.ndarray, d: int, outs, starts, ends, divisors, override) -> np.ndarray:
+    """Reference: each window by itself, its elements added in row-major order from +0."""
+    lead = a.shape[:-d]
+    planes = a.reshape(-1, *a.shape[-d:])
+    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
+    out = np.empty((planes.shape[0], len(grid)), np.float32)
+    for j, pos in enumerate(grid):
+        window = planes[(slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])]
+        w = window.reshape(planes.shape[0], -1)
+        acc = np.zeros(planes.shape[0], np.float32)
+        for c in range(w.shape[1]):
+            acc = (acc + w[:, c]).astype(np.float32)
+        if override:
+            div = np.float32(override)
+        else:
+            div = np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
+        with np.errstate(all="ignore"):
+            out[:, j] = acc / div
+    return out.reshape(*lead, *outs)
+
+
+def _loop_scatter(g: np.ndarray, shape, d, outs, starts, ends, divisors, override) -> np.ndarray:
+    """Reference: output by output, its share added to each element of its window."""
+    planes = g.reshape(-1, len(np.zeros(outs).reshape(-1)))
+    out = np.zeros((planes.shape[0], *shape[-d:]), np.float32)
+    grid = np.stack(np.meshgrid(*[np.arange(o) for o in outs], indexing="ij"), -1).reshape(-1, d)
+    for j, pos in enumerate(grid):
+        div = np.float32(override) if override else np.float32(np.prod([divisors[i][pos[i]] for i in range(d)]))
+        with np.errstate(all="ignore"):
+            share = (planes[:, j] / div).astype(np.float32)
+        region = (slice(None), *[slice(starts[i][pos[i]], ends[i][pos[i]]) for i in range(d)])
+        window = out[region]
+        window += share.reshape(-1, *[1] * d)  # elementwise: one rounding each
+        out[region] = window
+    return out.reshape(shape)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pooling_windows_are_summed_in_order(seed) -> None:
+    """Average pooling (plain, padded, ceil mode, divisor override, adaptive) and its gradient, 1-3
+    spatial dimensions, with NaN, Inf and -0 among the values: the vectorised windows of
+    sim.torch_binary32 give the bits of the window-by-window loop."""
+    torch = pytest.importorskip("torch")
+    from sim import torch_binary32 as tb
+
+    rng = np.random.default_rng(seed)
+    cases = 0
+    while cases < 150:
+        d = int(rng.integers(1, 4))
+        spatial = [int(rng.integers(1, 8)) for _ in range(d)]
+        a = (rng.standard_normal((2, 3, *spatial)) * 10.0 ** rng.integers(-3, 30)).astype(F)
+        if rng.random() < 0.3:
+            a.reshape(-1)[int(rng.integers(a.size))] = rng.choice([np.nan, np.inf, -np.inf, -0.0, 3e38])
+        x = torch.from_numpy(a)
+        if rng.random() < 0.5:
+            k = [int(rng.integers(1, s + 1)) for s in spatial]
+            stride = [int(rng.integers(1, 4)) for _ in spatial]
+            pad = [int(rng.integers(0, kk // 2 + 1)) for kk in k]
+            override = int(rng.integers(1, 5)) if rng.random() < 0.2 else None
+            outs, starts, ends, divisors, override = tb._pool_geometry(
+                x, k, stride, pad, bool(rng.random() < 0.5), bool(rng.random() < 0.5), override, d)
+        else:
+            outs, override = [int(rng.integers(1, 9)) for _ in spatial], None
+            starts, ends, divisors = tb._adaptive_geometry(x.shape[-d:], outs)
+        if min(outs) <= 0 or any((e - s).min() <= 0 for s, e in zip(starts, ends, strict=True)):
+            continue
+        cases += 1
+        with np.errstate(all="ignore"):
+            want = _loop_apply(a, d, outs, starts, ends, divisors, override)
+        got = tb._pool_apply(a, d, outs, starts, ends, divisors, override)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (spatial, outs)
+        g = (rng.standard_normal(want.shape) * 10.0 ** rng.integers(-3, 30)).astype(F)
+        with np.errstate(all="ignore"):
+            want = _loop_scatter(g, a.shape, d, outs, starts, ends, divisors, override)
+        got = tb._pool_scatter(g, a.shape, d, outs, starts, ends, divisors, override)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (spatial, outs)
