@@ -28,8 +28,9 @@ computed by one of these means instead, each giving the same bits on every host:
   computes no floating-point function), transformed here: Bernoulli as u < p, normal by Box and
   Muller from two uniforms with the functions above, exponential, log-normal, Cauchy and
   geometric by inversion;
-- IEEE operations (``+ - * /`` of two operands, sqrt, comparisons, selections, data movement,
-  conversions), which torch computes identically on every host, by torch itself;
+- IEEE operations (``+ - * /`` of two operands, comparisons, selections, data movement,
+  conversions), which torch computes identically on every host, by torch itself; sqrt, fmod and
+  remainder by numpy (torch's are not the same on every host: see :func:`_numpy_ieee`);
 - anything else by torch's own decomposition (``torch._decomp``) into the above, evaluated in
   the same mode; an operation with none is computed by torch's kernel and counted in
   ``Binary32Mode.host`` (its bits may depend on the host). The decompositions of batch and layer

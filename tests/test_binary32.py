@@ -169,3 +169,54 @@ def test_pooling_windows_are_summed_in_order(seed) -> None:
             want = _loop_scatter(g, a.shape, d, outs, starts, ends, divisors, override)
         got = tb._pool_scatter(g, a.shape, d, outs, starts, ends, divisors, override)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (spatial, outs)
+
+
+# -- IEEE operations that torch's kernels do not give the same on every host ----------------------------
+def _random32(rng, n: int) -> np.ndarray:
+    """Binary32 bit patterns drawn uniformly (every binade, subnormals, both signs), NaN replaced."""
+    x = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(F).copy()
+    x[np.isnan(x)] = 1.5
+    return x
+
+
+def _round32(v) -> float:
+    """An exact number (gmpy2 mpfr or mpq) rounded once to binary32, to nearest even."""
+    with gmpy2.context(gmpy2.ieee(32)):
+        return float(gmpy2.mpfr(v))
+
+
+def test_sqrt_fmod_and_remainder_are_ieee_in_binary32_mode() -> None:
+    """Binary32Mode's sqrt is correctly rounded (torch's own is not, here) and fmod and remainder are
+    exact and Python's modulus (torch's vectorised ones differ from its scalar ones): each
+    against MPFR and exact rationals, on random bit patterns and on operands far apart."""
+    torch = pytest.importorskip("torch")
+    from fractions import Fraction
+
+    from sim.torch_binary32 import Binary32Mode
+
+    rng = np.random.default_rng(7)
+    a, b = _random32(rng, 3000), _random32(rng, 3000)
+    b[:5] = [0.0, -0.0, np.inf, -np.inf, 1e-45]
+    a[5:10] = [np.inf, -np.inf, 0.0, -0.0, 3.4028235e38]
+    with Binary32Mode() as mode:
+        root = torch.sqrt(torch.from_numpy(np.abs(a))).numpy()
+        fmod = torch.fmod(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+        rem = torch.remainder(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+        inplace = torch.from_numpy(np.abs(a)).sqrt_().numpy()
+        scalar = torch.fmod(torch.from_numpy(a), 0.3).numpy()
+    assert not mode.host
+    with gmpy2.context(gmpy2.ieee(32)):
+        want = np.array([float(gmpy2.sqrt(gmpy2.mpfr(float(v)))) for v in np.abs(a)], F)
+    assert np.array_equal(root.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(inplace.view(np.uint32), want.view(np.uint32))
+    for x, y, f, r in zip(a.tolist(), b.tolist(), fmod.tolist(), rem.tolist(), strict=True):
+        if not (np.isfinite(x) and np.isfinite(y)) or y == 0:
+            assert np.isnan(f) == (not np.isfinite(x) or y == 0 or np.isnan(y))
+            continue
+        exact = Fraction(x) - Fraction(y) * int(Fraction(x) / Fraction(y))  # truncated quotient: exact
+        assert f == float(exact) and (f != 0 or np.signbit(f) == np.signbit(x)), (x, y, f)
+        if exact != 0 and (exact < 0) != (y < 0):
+            assert r == _round32(gmpy2.mpq(exact + Fraction(y))), (x, y, r)
+        else:
+            assert r == float(exact) and (r != 0 or np.signbit(r) == np.signbit(y)), (x, y, r)
+    assert np.array_equal(scalar, np.fmod(a, F(0.3)), equal_nan=True)  # the scalar rounded to binary32 first
