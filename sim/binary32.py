@@ -129,3 +129,80 @@ def apply(name: str, *operands, params: tuple[float, ...] = ()) -> np.ndarray:
     """The function ``name`` of :data:`sim.elementary.FUNCTIONS`, its exact value rounded once to
     binary32 (``elementary.evaluate`` without the flags)."""
     return elementary.evaluate(name, *operands, params=params)[0]
+
+
+# -- normalisation loops -----------------------------------------------------------------------------
+# The elementwise steps of torch's batch and layer norm decompositions fused into one pass each: the
+# same IEEE binary32 operations in the same order (numba compiles no contraction into fused
+# multiply-adds and no reassociation), so the same bits as the decompositions' separate tensor
+# operations, without a pass over memory for each. A NaN result is the canonical quiet NaN: which
+# NaN an operation propagates differs between CPUs (x86's default NaN is negative, Arm's positive).
+_QNAN = np.float32(np.nan)
+@K.jit
+def norm_apply(x, mean, scale, w, b, has_w, has_b, per_row, out):
+    """out = ((x - mean) * scale) [* w] [+ b] over x (A, C, B): mean and scale per channel c
+    (batch norm: w and b per c too) or, ``per_row``, per row a with w and b per column j of the
+    flattened C * B (layer norm, C == 1)."""
+    na, nc, nb_ = x.shape
+    for a in range(na):
+        for c in range(nc):
+            k = a if per_row else c
+            m, s = mean[k], scale[k]
+            for j in range(nb_):
+                o = (x[a, c, j] - m) * s
+                if has_w:
+                    o = o * (w[j] if per_row else w[c])
+                if has_b:
+                    o = o + (b[j] if per_row else b[c])
+                out[a, c, j] = o if o == o else _QNAN
+
+
+@K.jit
+def batch_norm_terms(g, x, mean, out):
+    """out = g * (x - mean[c]) over (A, C, B): the terms of batch norm's dot product."""
+    na, nc, nb_ = x.shape
+    for a in range(na):
+        for c in range(nc):
+            m = mean[c]
+            for j in range(nb_):
+                out[a, c, j] = g[a, c, j] * (x[a, c, j] - m)
+
+
+@K.jit
+def batch_norm_grad_input(g, x, mean, proj_scale, grad_mean, grad_scale, train, out):
+    """out = ((g - (x - mean) * proj_scale) - grad_mean) * grad_scale in training, else
+    g * grad_scale; each per channel c of (A, C, B)."""
+    na, nc, nb_ = x.shape
+    for a in range(na):
+        for c in range(nc):
+            m, ps, gm, gs = mean[c], proj_scale[c], grad_mean[c], grad_scale[c]
+            for j in range(nb_):
+                o = ((g[a, c, j] - (x[a, c, j] - m) * ps) - gm) * gs if train else g[a, c, j] * gs
+                out[a, c, j] = o if o == o else _QNAN
+
+
+@K.jit
+def layer_norm_terms(g, x, mean, rstd, w, has_w, x_hat, gxh, gxh_x_hat, g_x_hat):
+    """Per row m of (M, N): x_hat = (x - mean) * rstd, gxh = g [* w], and their products."""
+    nm, nn = x.shape
+    for m in range(nm):
+        mu, r = mean[m], rstd[m]
+        for j in range(nn):
+            xh = (x[m, j] - mu) * r
+            gv = g[m, j]
+            t = gv * w[j] if has_w else gv
+            x_hat[m, j] = xh
+            gxh[m, j] = t
+            gxh_x_hat[m, j] = t * xh
+            g_x_hat[m, j] = gv * xh
+
+
+@K.jit
+def layer_norm_grad_input(gxh, x_hat, rstd, row_sum, row_dot, n, out):
+    """out = (rstd / n) * (((gxh * n) - row_sum) - x_hat * row_dot), per row of (M, N)."""
+    nm, nn = x_hat.shape
+    for m in range(nm):
+        scale, bs, ds = rstd[m] / n, row_sum[m], row_dot[m]
+        for j in range(nn):
+            o = scale * ((gxh[m, j] * n - bs) - x_hat[m, j] * ds)
+            out[m, j] = o if o == o else _QNAN

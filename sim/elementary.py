@@ -562,16 +562,26 @@ def _ternary(code, x, a, b, p0):
 
 # -- the loops -----------------------------------------------------------------------------------
 @inline
+def _round32(r):
+    """r rounded to binary32 to nearest even (the IEEE conversion of every CPU): its bits, and
+    OVERFLOW where a finite r rounds to an infinity; a NaN as the canonical quiet NaN."""
+    if r != r:
+        return np.uint32(0x7FC00000), 0
+    f = np.float32(r)
+    return K.f32_bits(f), _OVERFLOW if math.isinf(f) and not math.isinf(r) else 0
+
+
+@inline
 def _accept(r, err, fl, cfg):
     """round(r) into binary32 where every value within err of r rounds alike: (bits, flags);
     flags HARD where they do not."""
     if err == 0:
-        bits, f = K.round64(r, cfg)
-        return bits, (f & _OVERFLOW) | fl
+        bits, f = _round32(r)
+        return bits, f | fl
     err = err * 1.001 + abs(r) * 2.3e-16  # the bound's own roundings
-    lo, f = K.round64(r - err, cfg)
-    hi, _ = K.round64(r + err, cfg)
-    return lo, ((f & _OVERFLOW) | fl) if lo == hi else _HARD
+    lo, f = _round32(r - err)
+    hi, _ = _round32(r + err)
+    return lo, (f | fl) if lo == hi else _HARD
 
 
 @jit

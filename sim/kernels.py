@@ -142,6 +142,7 @@ def _wide_vectors(typingctx):
 _f64_bits = _bitcast(types.float64, types.int64, ir.IntType(64))
 _bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
 _bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
+f32_bits = _bitcast(types.float32, types.uint32, ir.IntType(32))  #: a binary32 value's bits
 
 
 #: The taper threshold of formats whose precision does not taper (no exponent is that large).

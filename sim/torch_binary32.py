@@ -73,7 +73,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _t(a) -> torch.Tensor:
     """numpy values as a tensor, 0-d kept 0-d."""
     a = np.asarray(a)
-    if a.flags.writeable and (a.flags.c_contiguous or all(st > 0 for st in a.strides)):
+    if a.flags.c_contiguous and a.ndim > 1:  # torch's strides (numpy's may differ along unit dimensions)
+        return torch.from_numpy(a if a.flags.writeable else a.copy()).reshape(-1).view(a.shape)
+    if a.flags.writeable and all(st > 0 for st in a.strides):
         return torch.from_numpy(a)  # numpy's layout kept: an elementwise result's follows its operands'
     return torch.from_numpy(a.copy(order="K"))
 
@@ -814,40 +816,87 @@ def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x
 
 
+# Batch and layer norm: torch's decompositions (torch/_decomp/decompositions.py, torch/_refs) step for
+# step: the reductions sim.binary32's trees, rsqrt sim.elementary's, the per-channel steps on small
+# vectors in numpy, and the elementwise steps over the input fused into one pass each
+# (sim.binary32's normalisation loops: the same IEEE operations in the same order). Each result is
+# laid out as torch lays out the decomposition's (its strides found once per layout of the
+# operands, on meta tensors). tests/test_binary32_direct.py holds them to the decompositions
+# evaluated in Binary32Mode: bits, strides, written arguments, flags.
+_STRIDES: dict[tuple, tuple[int, ...]] = {}
+_NONE = np.zeros(1, np.float32)  # a kernel's absent weight or bias
+
+
+def _strides(op, args: tuple, which: int = 0) -> tuple[int, ...]:
+    """The strides of result ``which`` of torch's decomposition of ``op`` on ``args``, found by
+    running it once on meta tensors of the same shapes and strides (per op, layout and the other
+    arguments)."""
+    key = (op, which, *((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else
+                        tuple(a) if isinstance(a, list) else a for a in args))
+    found = _STRIDES.get(key)
+    if found is None:
+        meta = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+                if isinstance(a, torch.Tensor) else a for a in args]
+        found = _STRIDES[key] = decomposition_table[op](*meta)[which].stride()
+    return found
+
+
+def _filled(shape, strides, loop: Callable, view: Callable[[np.ndarray], np.ndarray]) -> torch.Tensor:
+    """A new binary32 tensor of ``shape`` and ``strides`` written by ``loop(view(its values))``
+    (through a contiguous buffer where ``view`` cannot see its memory in place)."""
+    out = torch.empty_strided(shape, strides, dtype=_F32)
+    a = _np(out)
+    v = view(a)
+    if v.size and not np.may_share_memory(v, a):
+        v = np.empty(v.shape, np.float32)
+        loop(v)
+        a[...] = v.reshape(a.shape)
+    else:
+        loop(v)
+    return out
+
+
+def _vec(t: torch.Tensor | None) -> np.ndarray:
+    return _NONE if t is None else _np(t).reshape(-1)
+
+
 def _batch_norm_helper(mode, x, weight, bias, running_mean, running_var, training, momentum, eps, functional):
     """decompositions.native_batch_norm_helper: (output, save_mean, save_rstd, new_running_mean,
     new_running_var); the running statistics written unless ``functional``."""
-    dims = [0, *range(2, x.dim())]
+    nd = x.dim()
+    dims = (0, *range(2, nd))
+    three = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
     new_mean, new_var = running_mean, running_var
-    if training:
-        biased_var, mean = _moments(x, dims, True, 0.0)
-        rstd = _rsqrt(mode, biased_var + eps)
-        output = (x - mean) * rstd
-        save_mean = torch.squeeze(mean, dims)
-        save_rstd = torch.squeeze(rstd, dims)
-        if running_mean is not None:
-            new_mean = momentum * save_mean + (1 - momentum) * running_mean
-            if not functional:
-                running_mean.copy_(new_mean)
-        if running_var is not None:
-            n = x.numel() / x.shape[1]
-            unbiased = torch.squeeze(biased_var, dims) * (n / (n - 1))
-            new_var = momentum * unbiased + (1 - momentum) * running_var
-            if not functional:
-                running_var.copy_(new_var)
-    else:
-        if running_mean is None or running_var is None:
-            raise AssertionError("running_mean and running_var must not be None in eval mode")
-        new_mean = running_mean = running_mean.to(dtype=_F32, copy=True)
-        new_var = running_var = running_var.to(dtype=_F32, copy=True)
-        invstd = 1 / _sqrt(running_var + eps)
-        save_mean = x.new_zeros((0,))
-        save_rstd = x.new_zeros((0,))
-        output = (x - _to_dim(running_mean, x.dim() - 1)) * _to_dim(invstd, x.dim() - 1)
-    if weight is not None:
-        output = output * _to_dim(weight.flatten(), x.dim() - 1)
-    if bias is not None:
-        output = output + _to_dim(bias.flatten(), x.dim() - 1)
+    with np.errstate(all="ignore"):
+        if training:
+            biased_var, mean = _moments_np(_np(x), dims, True, 0.0)
+            centre = mean.reshape(-1)
+            scale = _cr_np(mode, "rsqrt", biased_var.reshape(-1) + np.float32(eps))
+            save_mean, save_rstd = _t(centre), _t(scale)
+            keep = np.float32(1 - momentum)
+            if running_mean is not None:
+                new_mean = _t(np.float32(momentum) * centre + keep * _np(running_mean))
+                if not functional:
+                    running_mean.copy_(new_mean)
+            if running_var is not None:
+                n = x.numel() / x.shape[1]
+                unbiased = biased_var.reshape(-1) * np.float32(n / (n - 1))
+                new_var = _t(np.float32(momentum) * unbiased + keep * _np(running_var))
+                if not functional:
+                    running_var.copy_(new_var)
+        else:
+            if running_mean is None or running_var is None:
+                raise AssertionError("running_mean and running_var must not be None in eval mode")
+            new_mean, new_var = running_mean.clone(), running_var.clone()
+            centre = _np(running_mean).reshape(-1)
+            scale = np.float32(1) / np.sqrt(_np(running_var).reshape(-1) + np.float32(eps))
+            save_mean = save_rstd = x.new_zeros((0,))
+    strides = _strides(aten.native_batch_norm.default,
+                       (x, weight, bias, running_mean, running_var, training, 0.1, 1e-5))
+    a3 = _np(x).reshape(three)
+    output = _filled(x.shape, strides, lambda o: binary32.norm_apply(
+        a3, centre, scale, _vec(weight), _vec(bias), weight is not None, bias is not None, False, o),
+        lambda o: o.reshape(three))
     return output, save_mean, save_rstd, new_mean, new_var
 
 
@@ -883,40 +932,33 @@ def _batch_norm_backward(mode, grad, x, weight, running_mean, running_var, save_
     if rank < 2:
         raise AssertionError(f"rank of the input must be at least 2, got {rank}")
     num_features = math.prod(x.shape) / x.shape[1]
-    mean, invstd = save_mean, save_invstd
     if train:
-        if mean is None or invstd is None:
+        if save_mean is None or save_invstd is None:
             raise AssertionError("mean and invstd must not be None in training mode")
+        mean, invstd = _vec(save_mean), _vec(save_invstd)
     else:
         if running_mean is None or running_var is None:
             raise AssertionError("running_mean_cast and running_var_cast must not be None in eval mode")
-        mean = running_mean
-        invstd = _rsqrt(mode, running_var + eps)
-    mask = [1] * rank
-    mask[1] = x.shape[1]
-    axes = [i for i in range(rank) if i != 1]
-
-    def expand(t):  # decompositions._broadcast_batch_norm_backward
-        for axis, m in enumerate(mask):
-            if m == 1 and not (axis < t.ndim and t.shape[axis] == m):
-                t = t.unsqueeze(axis)
-        return t
-
-    mean = expand(mean)
-    norm = 1.0 / num_features
-    grad_sum = _sum(mode, grad, axes)
-    dot_p = _sum(mode, grad * (x - mean), axes)
-    grad_mean = expand(grad_sum * norm)
-    proj_scale = expand(torch.mul(dot_p * norm, invstd * invstd))
-    grad_scale = expand(invstd) * 1.0 if weight is None else expand(invstd * weight)
-    if train:
-        proj = (x - mean) * proj_scale
-        grad_input = ((grad - proj) - grad_mean) * grad_scale
-    else:
-        grad_input = grad * grad_scale
-    grad_weight = dot_p * invstd if output_mask[1] else None
-    grad_bias = grad_sum if output_mask[2] else None
-    return grad_input, grad_weight, grad_bias
+        mean = _vec(running_mean)
+        invstd = _cr_np(mode, "rsqrt", _vec(running_var) + np.float32(eps))
+    three = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    g3, x3 = _np(grad).reshape(three), _np(x).reshape(three)
+    norm = np.float32(1.0 / num_features)
+    with np.errstate(all="ignore"):
+        grad_sum = binary32.sum(g3, (0, 2))
+        terms = np.empty(three, np.float32)
+        binary32.batch_norm_terms(g3, x3, mean, terms)
+        dot_p = binary32.sum(terms, (0, 2))
+        grad_mean = grad_sum * norm
+        proj_scale = (dot_p * norm) * (invstd * invstd)
+        grad_scale = invstd * np.float32(1.0) if weight is None else invstd * _vec(weight)
+    strides = _strides(aten.native_batch_norm_backward.default, (grad, x, weight, running_mean, running_var, save_mean,
+                                                                 save_invstd, train, 1e-5, [True, False, False]))
+    grad_input = _filled(x.shape, strides, lambda o: binary32.batch_norm_grad_input(
+        g3, x3, mean, proj_scale, grad_mean, grad_scale, bool(train), o), lambda o: o.reshape(three))
+    with np.errstate(all="ignore"):
+        grad_weight = _t(dot_p * invstd) if output_mask[1] else None
+    return grad_input, grad_weight, _t(grad_sum) if output_mask[2] else None
 
 
 def _native_layer_norm(mode, x, normalized_shape, weight, bias, eps):
@@ -933,22 +975,16 @@ def _native_layer_norm(mode, x, normalized_shape, weight, bias, eps):
                  f"normalized_shape, but got bias of shape {bias.shape} and normalized_shape = {normalized_shape}")
     torch._check(x.ndim >= nd and tuple(x.shape[x.ndim - nd:]) == shape, lambda: f"Given normalized_shape="
                  f"{normalized_shape}, expected input with shape {normalized_shape}, but got input of size {x.shape}")
-    x = x if x.is_contiguous() else torch.clone(x, memory_format=torch.contiguous_format)
-    if weight is not None and not weight.is_contiguous():
-        weight = torch.clone(weight, memory_format=torch.contiguous_format)
-    if bias is not None and not bias.is_contiguous():
-        bias = torch.clone(bias, memory_format=torch.contiguous_format)
-    dims = list(range(x.ndim - nd, x.ndim))
-    var, mean = _moments(x, dims, True, 0.0)  # refs._normalize
-    rstd = _rsqrt(mode, var + eps)
-    out = (x - mean) * rstd
-    if weight is None and bias is not None:
-        out = out + bias
-    elif weight is not None and bias is None:
-        out = out * weight
-    elif weight is not None and bias is not None:
-        out = out * weight + bias
-    return out, mean, rstd
+    a = np.ascontiguousarray(_np(x))
+    inner = math.prod(shape)
+    two = (a.size // inner if inner else 0, inner)
+    var, mean = _moments_np(a, tuple(range(x.ndim - nd, x.ndim)), True, 0.0)  # refs._normalize
+    rstd = _cr_np(mode, "rsqrt", var + np.float32(eps))
+    out = torch.empty(x.shape, dtype=_F32)
+    if out.numel():
+        binary32.norm_apply(a.reshape(two[0], 1, inner), mean.reshape(-1), rstd.reshape(-1), _vec(weight),
+                            _vec(bias), weight is not None, bias is not None, True, _np(out).reshape(two[0], 1, inner))
+    return out, _t(mean), _t(rstd)
 
 
 def _native_layer_norm_backward(mode, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
@@ -956,28 +992,32 @@ def _native_layer_norm_backward(mode, grad, x, normalized_shape, mean, rstd, wei
     if not _all32(grad, x, mean, rstd, weight, bias):
         return NotImplemented
     shape = x.shape
-    grad, x, weight, bias = (t.to(_F32, memory_format=torch.contiguous_format) if t is not None else t
-                             for t in (grad, x, weight, bias))
     axis = x.dim() - len(normalized_shape)
-    inner = list(range(axis, x.dim()))
-    outer = list(range(axis))
     N, M = math.prod(shape[axis:]), math.prod(shape[:axis])
     if M == 0 or N == 0:
         return (x.new_zeros(shape) if output_mask[0] else None, x.new_zeros(shape[axis:]) if output_mask[1] else None,
                 x.new_zeros(shape[axis:]) if output_mask[2] else None)
-    mean, rstd = _to_dim(mean, x.dim()), _to_dim(rstd, x.dim())
-    x_hat = (x - mean) * rstd
-    grad_x_hat = grad * weight if weight is not None else grad
-    a = grad_x_hat * N
-    b = _sum(mode, grad_x_hat, inner, True)
-    c3 = x_hat * _sum(mode, grad_x_hat * x_hat, inner, True)
+    g, a = np.ascontiguousarray(_np(grad)).reshape(M, N), np.ascontiguousarray(_np(x)).reshape(M, N)
+    rstd = _to_dim(rstd, x.dim())
+    layout = (grad, x, normalized_shape, mean, rstd, weight, bias, [True, True, False])
+    x_hat, gxh, gxh_x_hat, g_x_hat = (np.empty((M, N), np.float32) for _ in range(4))
+    binary32.layer_norm_terms(g, a, _vec(mean), _vec(rstd), _vec(weight), weight is not None, x_hat, gxh, gxh_x_hat,
+                              g_x_hat)
     d_input = d_weight = d_bias = None
-    if output_mask[0]:
-        d_input = (rstd / N) * (a - b - c3)
-    if output_mask[1] and weight is not None:
-        d_weight = _sum(mode, grad * x_hat, outer, False) if outer else grad * x_hat
-    if output_mask[2] and bias is not None:
-        d_bias = _sum(mode, grad, outer, False) if outer else grad.clone()
+    with np.errstate(all="ignore"):
+        if output_mask[0]:
+            strides = _strides(aten.native_layer_norm_backward.default, layout)
+            row_sum, row_dot = binary32.sum(gxh, 1), binary32.sum(gxh_x_hat, 1)
+            d_input = _filled(shape, strides, lambda o: binary32.layer_norm_grad_input(
+                gxh, x_hat, _vec(rstd), row_sum, row_dot, np.float32(N), o), lambda o: o.reshape(M, N))
+        if output_mask[1] and weight is not None:
+            if axis:
+                d_weight = _t(binary32.sum(g_x_hat, 0).reshape(shape[axis:]))
+            else:
+                strides = _strides(aten.native_layer_norm_backward.default, layout, 1)
+                d_weight = _filled(shape, strides, lambda o: np.copyto(o, g_x_hat), lambda o: o.reshape(M, N))
+        if output_mask[2] and bias is not None:
+            d_bias = _t(binary32.sum(g, 0).reshape(shape[axis:])) if axis else grad.clone()
     return d_input, d_weight, d_bias
 
 

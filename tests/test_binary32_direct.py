@@ -54,12 +54,15 @@ def _same(a, b, where="") -> None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), where
         assert a.dtype == b.dtype and a.shape == b.shape, (where, a.dtype, b.dtype, a.shape, b.shape)
-        if a.dtype == torch.float32:
-            assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)), where
+        if a.dtype == torch.float32:  # the bits; a NaN's payload is the CPU's (x86's default NaN is negative)
+            nan = a.isnan()
+            assert torch.equal(nan, b.isnan()), where
+            assert torch.equal(a.masked_fill(nan, 0).view(torch.int32), b.masked_fill(nan, 0).view(torch.int32)), where
         else:
             assert torch.equal(a, b), where
-        if a.numel() > 1:
-            assert a.stride() == b.stride(), (where, a.stride(), b.stride())
+        if a.numel() > 1:  # the same layout: the strides of the dimensions longer than 1 (a unit one's is moot)
+            strides = [(sa, sb) for n, sa, sb in zip(a.shape, a.stride(), b.stride(), strict=True) if n > 1]
+            assert all(sa == sb for sa, sb in strides), (where, a.stride(), b.stride())
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
