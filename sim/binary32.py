@@ -85,10 +85,10 @@ def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
     else:
         v = np.transpose(x, axes + rest).reshape(n, math.prod(kept), 1)
     r = np.empty(v.shape[1], np.float32)
-    K.tree32(v, r)
-    if mean:
-        with np.errstate(all="ignore"):
-            r = r / np.float32(n) if n < 2**24 else _divide(r, n)
+    exact = mean and 0 < n < 2**24  # a count binary32 holds: the division in the kernel
+    K.tree32(v, r, np.float32(n if exact else 0))
+    if mean and not exact:
+        r = _divide(r, n) if n else np.full_like(r, _NAN)  # the mean of nothing is NaN
         r[np.isnan(r)] = _NAN
     if keepdims:
         return r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])

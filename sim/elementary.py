@@ -33,6 +33,7 @@ agrees with torch wherever torch's answer is exact.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -918,6 +919,16 @@ def signaling(x: np.ndarray) -> np.ndarray | None:
     return nan & ((mag & np.array(1 << (man - 1), u.dtype)) == 0)
 
 
+@functools.lru_cache(maxsize=256)
+def _params(values: tuple[float, ...]) -> np.ndarray:
+    """A function's parameters, each rounded to binary32, as the kernels take them (4 slots)."""
+    p = np.zeros(4)
+    for i, v in enumerate(values):
+        p[i] = float(np.float32(v))
+    p.flags.writeable = False
+    return p
+
+
 def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """RN32(f(operands)) elementwise for the function ``name`` of :data:`FUNCTIONS` (operands
     numpy arrays or scalars of float16, bfloat16, float32 or float64, broadcast together;
@@ -934,11 +945,13 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     for a in arrays:
         if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
             raise TypeError(f"{name}: operands must be float16, bfloat16, float32 or float64, got {a.dtype}")
-    shape = np.broadcast_shapes(*(a.shape for a in arrays))
-    wide = [np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), shape)).reshape(-1) for a in arrays]
-    p = np.zeros(4)
-    for i, v in enumerate(params):
-        p[i] = float(np.float32(v))
+    if len(arrays) == 1:
+        shape = arrays[0].shape
+        wide = [arrays[0].astype(np.float64).reshape(-1)]
+    else:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        wide = [np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), shape)).reshape(-1) for a in arrays]
+    p = _params(tuple(float(v) for v in params))
     n = wide[0].size
     bits = np.empty(n, np.uint32)
     flags = np.empty(n, np.uint8)

@@ -896,11 +896,12 @@ def tree_sum(x, out, src, acc, dst, mean):
 
 
 @jit
-def tree32(v, out):
+def tree32(v, out, count):
     """The pairwise tree of :func:`tree_sum` (adjacent rows, then pairs of pairs) with IEEE
     binary32 additions to nearest even: out[c] is the sum over the rows r = a * B + b, in that
     order, of v[a, c, b] for v (A, C, B) binary32 (a reduction over leading and trailing axes
-    around kept ones, read where they lie); +0 for no rows, a NaN total the canonical quiet NaN."""
+    around kept ones, read where they lie), divided by ``count`` (a binary32 integer; 0: none)
+    with one rounding; +0 for no rows, a NaN result the canonical quiet NaN."""
     _wide_vectors()
     na, cols, nb_ = v.shape
     n = na * nb_
@@ -933,6 +934,8 @@ def tree32(v, out):
                     w[half] = w[m - 1]
                 m = half + m % 2
             out[c] = w[0]
+        if count != 0:
+            out[c] = out[c] / count
         if out[c] != out[c]:
             out[c] = np.float32(np.nan)
 

@@ -1119,7 +1119,7 @@ class DeviceMode(TorchDispatchMode):
         targets = _written(func, args, kwargs)
         # Widening quiets a signaling NaN (x.float()); the operation still met it. Only the operands it
         # reads: a tensor it writes may be uninitialised (bernoulli_ into empty_like, out=).
-        if any(_signaling(x) for x, _ in copies.values() if not any(x is t for t in targets)):
+        if any(_signaling(x, w) for x, w in copies.values() if not any(x is t for t in targets)):
             events |= _INVALID
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if dtypes and dtypes[0] is _OPERANDS:  # no meta kernel: each floating result in the operands' dtype
@@ -1164,8 +1164,11 @@ _UNMARKED: dict[Any, Callable] = {
 }
 
 
-def _signaling(x: torch.Tensor) -> bool:
-    """Whether x holds a signaling NaN."""
+def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
+    """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
+    first, numpy's binary32 isnan being fast)."""
+    if not np.isnan(_numpy(wide)).any():
+        return False
     found = elementary.signaling(_numpy(x))
     return found is not None and bool(found.any())
 

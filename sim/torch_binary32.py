@@ -1446,10 +1446,27 @@ def _operands(args, kwargs) -> list[torch.Tensor]:
 def evaluate(func, args, kwargs) -> tuple[Any, int]:
     """``func`` on binary32 operands as :class:`Binary32Mode` computes it: its result and the
     events it raises (see :func:`run`)."""
-    outs = _out_names(func)  # out= tensors are written, not read: not operands
+    kind = _KIND.get(func)
+    if kind is None:
+        kind = _KIND[func] = (_out_names(func), func.overloadpacket in _ELEMENTWISE, torch.Tag.pointwise in func.tags)
+    outs, elementwise, pointwise = kind  # out= tensors are written, not read: not operands
     operands = _operands(args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs)
-    return run(lambda: func(*args, **kwargs), operands, func.overloadpacket in _ELEMENTWISE,
-               torch.Tag.pointwise in func.tags)
+    how = _HOW.get(func)
+    if how is None:
+        how = _HOW[func] = _how(func)
+    if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
+        # The model called as the mode's dispatch would call it (a handler runs with the mode off;
+        # DeviceMode calls this from its own handler, below autograd), without a round trip
+        # through torch's dispatcher.
+        mode = Binary32Mode()
+        out = how[1](mode, *args, **kwargs)
+        if out is not NotImplemented:
+            return out, _judge(out, mode, operands, elementwise, pointwise)
+    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise)
+
+
+#: Each overload's out= names, and whether it is elementwise (sim.elementary's) and pointwise (torch's tag).
+_KIND: dict[Any, tuple[tuple[str, ...], bool, bool]] = {}
 
 
 def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
@@ -1466,8 +1483,13 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     mode = Binary32Mode()
     with mode:
         out = fn()
+    return out, _judge(out, mode, operands, elementwise, pointwise)
+
+
+def _judge(out, mode: Binary32Mode, operands: list[torch.Tensor], elementwise: bool, pointwise: bool) -> int:
+    """The events of a computation in ``mode`` whose result is ``out`` (see :func:`run`)."""
     if elementwise:
-        return out, mode.flags_seen
+        return mode.flags_seen
     outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
             if isinstance(o, torch.Tensor) and o.is_floating_point()]
     events = 0
@@ -1500,7 +1522,7 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
             events |= _DIVBYZERO if pole else _OVERFLOW
         if nan_free and bool(torch.isnan(o).any()):
             events |= _INVALID
-    return out, events
+    return events
 
 
 def _all_finite(t: torch.Tensor) -> bool:
