@@ -26,7 +26,7 @@ import numpy as np
 from . import elementary
 from . import kernels as K
 
-__all__ = ["matmul", "sum", "mean", "apply"]
+__all__ = ["matmul", "sum", "mean", "moments", "apply"]
 
 _F32 = np.dtype(np.float32)
 
@@ -68,8 +68,10 @@ def matmul(a, b, init=None) -> np.ndarray:
     return out
 
 
-def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
-    x = _wide(x)
+def _columns(x: np.ndarray, axis) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """x as (A, C, B) for the trees: each kept element's column c, its reduced elements the rows
+    a * B + b in row-major order of the reduced axes (read in place where the reduced axes lie
+    around one block of kept ones, else a transposed copy); also the reduced axes and their count."""
     if axis is None:
         axes = tuple(range(x.ndim))
     elif isinstance(axis, int | np.integer):
@@ -78,21 +80,65 @@ def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
         axes = tuple(sorted({int(a) % max(x.ndim, 1) for a in axis}))
     rest = tuple(d for d in range(x.ndim) if d not in axes)
     n = math.prod(x.shape[d] for d in axes)
-    kept = [x.shape[d] for d in rest]
+    kept = math.prod(x.shape[d] for d in rest)
     if not rest or rest == tuple(range(rest[0], rest[-1] + 1)):  # reduced axes around one kept block
         lead = rest[0] if rest else x.ndim
-        v = x.reshape(math.prod(x.shape[:lead]), math.prod(kept), math.prod(x.shape[lead + len(rest):]))
-    else:
-        v = np.transpose(x, axes + rest).reshape(n, math.prod(kept), 1)
+        return x.reshape(math.prod(x.shape[:lead]), kept, math.prod(x.shape[lead + len(rest):])), axes, n
+    return np.transpose(x, axes + rest).reshape(n, kept, 1), axes, n
+
+
+def _shaped(r: np.ndarray, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """A reduction's values (one per kept element) in its result's shape."""
+    if keepdims:
+        return r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
+    return r.reshape([x.shape[d] for d in range(x.ndim) if d not in axes])
+
+
+def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
+    x = _wide(x)
+    v, axes, n = _columns(x, axis)
     r = np.empty(v.shape[1], np.float32)
     exact = mean and 0 < n < 2**24  # a count binary32 holds: the division in the kernel
     K.tree32(v, r, np.float32(n if exact else 0))
     if mean and not exact:
         r = _divide(r, n) if n else np.full_like(r, _NAN)  # the mean of nothing is NaN
         r[np.isnan(r)] = _NAN
-    if keepdims:
-        return r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
-    return r.reshape(kept)
+    return _shaped(r, x, axes, keepdims)
+
+
+def moments(x, axis=None, keepdims: bool = False, correction: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(variance, mean) over ``axis`` in two passes: :func:`mean`, then the tree sum of the squared
+    deviations (each ``d * d`` of ``d = x - mean`` one rounding) divided by ``n - correction``
+    (at least 0) with one rounding; a NaN the canonical quiet NaN."""
+    x = _wide(x)
+    v, axes, n = _columns(x, axis)
+    if not 0 < n < 2**24:  # the mean's division outside the kernel
+        m = _reduce(x, axis, True, True)
+        with np.errstate(all="ignore"):
+            d = x - m
+            var = np.asarray(sum(d * d, axis, keepdims) / np.float32(max(n - correction, 0)), np.float32)
+        var = np.where(np.isnan(var), _NAN, var)
+        return var, m if keepdims else _shaped(m, x, axes, False)
+    mean, var = np.empty(v.shape[1], np.float32), np.empty(v.shape[1], np.float32)
+    _moments32(v, mean, var, np.float32(n), np.float32(max(n - correction, 0)))
+    return _shaped(var, x, axes, keepdims), _shaped(mean, x, axes, keepdims)
+
+
+@K.jit
+def _moments32(v, mean, var, count, divisor):
+    K.tree32(v, mean, count)
+    na, cols, nb_ = v.shape
+    d = np.empty((na, 1, nb_), np.float32)
+    ss = np.empty(1, np.float32)
+    for c in range(cols):
+        m = mean[c]
+        for a in range(na):
+            for j in range(nb_):
+                t = v[a, c, j] - m
+                d[a, 0, j] = t * t
+        K.tree32(d, ss, np.float32(0))
+        q = ss[0] / divisor
+        var[c] = q if q == q else np.float32(np.nan)
 
 
 _NAN = np.float32(np.nan)  # 0x7fc00000: a sum's NaN, whatever NaN the host's addition propagates

@@ -904,19 +904,29 @@ def exact_value(fn: Function, xs: tuple[float, ...], ps: tuple[float, ...] = ())
 _CFG32 = config(BINARY32)
 
 
+_LAYOUT = {np.dtype(np.float16): (np.uint16, 10), np.dtype(np.float32): (np.uint32, 23)}  # else bfloat16
+
+
+def specials(x: np.ndarray) -> int:
+    """0 where x (binary16, bfloat16 or binary32) is all finite, 1 where it holds an Inf but no
+    NaN, 2 where it holds a NaN."""
+    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
+    width = 8 * x.dtype.itemsize
+    inf = ((1 << (width - 1 - man)) - 1) << man
+    top = int(K.largest_magnitude(x.reshape(-1).view(uint), uint((1 << (width - 1)) - 1)))
+    return 0 if top < inf else 1 if top == inf else 2
+
+
 def signaling(x: np.ndarray) -> np.ndarray | None:
     """Where x (binary16, bfloat16 or binary32) holds a signaling NaN, or None if nowhere."""
-    if x.dtype == np.float64:
+    if x.dtype == np.float64 or specials(x) < 2:
         return None
+    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
     width = 8 * x.dtype.itemsize
-    man = {np.dtype(np.float16): 10, np.dtype(np.float32): 23}.get(x.dtype, 7)
-    u = x.view(np.uint16 if width == 16 else np.uint32)
-    mag = u & np.array((1 << (width - 1)) - 1, u.dtype)  # integer tests: numpy's float16 isnan is slow
-    inf = np.array(((1 << (width - 1 - man)) - 1) << man, u.dtype)
-    nan = mag > inf
-    if not nan.any():
-        return None
-    return nan & ((mag & np.array(1 << (man - 1), u.dtype)) == 0)
+    u = x.view(uint)
+    mag = u & uint((1 << (width - 1)) - 1)
+    nan = mag > uint(((1 << (width - 1 - man)) - 1) << man)
+    return nan & ((mag & uint(1 << (man - 1))) == 0)
 
 
 @functools.lru_cache(maxsize=256)

@@ -940,6 +940,19 @@ def tree32(v, out, count):
             out[c] = np.float32(np.nan)
 
 
+@jit
+def largest_magnitude(u, mask):
+    """The largest ``u & mask`` over the unsigned integers u (a float array's bits, ``mask`` all
+    but the sign bit): at or above the format's infinity's bits where an Inf or a NaN is there,
+    above them where a NaN is. One vectorised pass, no temporary (numpy's isnan and isfinite
+    write a boolean array first)."""
+    m = u.dtype.type(0)
+    for i in range(u.size):
+        v = u[i] & mask
+        m = v if v > m else m
+    return m
+
+
 @inline
 def _fma32(x, y, z):
     return _fma(np.float32(x), np.float32(y), np.float32(z))

@@ -263,15 +263,7 @@ def _moments(x: torch.Tensor, dim, keepdim, correction: float) -> tuple[torch.Te
 
 def _moments_np(a: np.ndarray, axes, keepdim: bool, correction: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_moments` of a numpy array over ``axes`` (a tuple, or None for all)."""
-    mean = binary32.mean(a, axes, keepdims=True)
-    n = a.size if axes is None else math.prod(a.shape[i] for i in axes)
-    with np.errstate(all="ignore"):
-        d = a - mean
-        ss = binary32.sum(d * d, axes, keepdims=keepdim)
-        var = (ss / np.float32(max(n - correction, 0))).astype(np.float32)
-    if not keepdim:
-        mean = mean.reshape(ss.shape)
-    return var, mean
+    return binary32.moments(a, axes, keepdim, correction)
 
 
 def _var(mode, x, *rest, **kw):
@@ -1527,9 +1519,9 @@ def _judge(out, mode: Binary32Mode, operands: list[torch.Tensor], elementwise: b
 
 def _all_finite(t: torch.Tensor) -> bool:
     """No infinity or NaN in t (numpy's test where it can read t: faster than torch's for small tensors)."""
-    if t.dtype in (_F32, _F64, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
+    if t.dtype in (_F32, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
         try:
-            return bool(np.isfinite(t.detach().numpy()).all())
+            return elementary.specials(t.detach().numpy()) == 0
         except (RuntimeError, TypeError):  # a tensor numpy cannot view (a negative or conjugate bit set)
             pass
     return bool(torch.isfinite(t).all())

@@ -220,3 +220,25 @@ def test_sqrt_fmod_and_remainder_are_ieee_in_binary32_mode() -> None:
         else:
             assert r == float(exact) and (r != 0 or np.signbit(r) == np.signbit(y)), (x, y, r)
     assert np.array_equal(scalar, np.fmod(a, F(0.3)), equal_nan=True)  # the scalar rounded to binary32 first
+
+
+@settings(max_examples=300, deadline=None)
+@given(_arrays_and_axes(), st.sampled_from([0.0, 1.0, 0.5, 3.0]), st.booleans())
+def test_moments_are_the_two_passes(case, correction, keepdims) -> None:
+    """binary32.moments (one compiled loop) against its definition in the module's own steps: the
+    tree mean, d = x - mean, the tree sum of d * d, one division by max(n - correction, 0)."""
+    x, axis = case
+    var, mean = binary32.moments(x, axis, keepdims, correction)
+    m = binary32.mean(x, axis, keepdims=True)
+    axes = range(x.ndim) if axis is None else axis
+    n = int(np.prod([x.shape[a] for a in axes]))
+    with np.errstate(all="ignore"):
+        d = x - m
+        want = binary32.sum(d * d, axis, keepdims) / F(max(n - correction, 0))
+    want_mean = m if keepdims else m.reshape(want.shape)
+    for got, ref in ((var, want), (mean, want_mean)):
+        assert got.shape == ref.shape and got.dtype == F
+        assert np.array_equal(np.isnan(got), np.isnan(ref))
+        finite_bits = [np.where(np.isnan(a), 0, a).astype(F).view(np.uint32) for a in (got, ref)]
+        assert np.array_equal(*finite_bits)
+        assert np.all(got.view(np.uint32)[np.isnan(got)] == 0x7FC00000)  # NaN: the canonical quiet NaN
