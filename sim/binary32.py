@@ -58,8 +58,7 @@ def matmul(a, b, init=None) -> np.ndarray:
     out = np.zeros((len(sa), m, n), np.float32)
     if init is not None:
         out[...] = np.broadcast_to(_wide(init), lead + (m, n)).reshape(-1, m, n)
-    for i in range(len(sa)):
-        K.matmul32(np.ascontiguousarray(sa[i]), np.ascontiguousarray(sb[i]), out[i])
+    _matmul_stack(np.ascontiguousarray(sa), np.ascontiguousarray(sb), out)
     out = out.reshape(lead + (m, n))
     if va:
         out = out[..., 0, :]
@@ -92,6 +91,13 @@ def _shaped(r: np.ndarray, x: np.ndarray, axes: tuple[int, ...], keepdims: bool)
     if keepdims:
         return r.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)])
     return r.reshape([x.shape[d] for d in range(x.ndim) if d not in axes])
+
+
+@K.jit
+def _matmul_stack(a, b, out):
+    """out[i] += a[i] @ b[i] for each matrix of the stacks, in order along k (kernels.matmul32)."""
+    for i in range(a.shape[0]):
+        K.matmul32(a[i], b[i], out[i])
 
 
 def _reduce(x, axis, keepdims: bool, mean: bool) -> np.ndarray:
