@@ -1236,6 +1236,10 @@ class _FusedFunction(torch.autograd.Function):
         grads32 = [None if g is None else g.float() for g in grads]
 
         def kernel():
+            additive = differentiable == [0, 1, 2, 4] and wide32[4] is not None and wide32[4].dtype == torch.float32
+            if ctx.fn is _attention32 and (differentiable == [0, 1, 2] or additive) and grads32[0] is not None \
+                    and _attention_direct(*wide32[:5], wide32[8]):
+                return list(_attention32_vjp(*wide32[:8], grads32[0], additive))
             with torch.enable_grad():
                 wide = [x.requires_grad_(i in differentiable) if isinstance(x, torch.Tensor) else x
                         for i, x in enumerate(wide32)]
@@ -1287,8 +1291,68 @@ def _attention(q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, e
 
 def _attention32(q, k, v, keep, mask, p, is_causal, scale, enable_gqa):
     """Attention in binary32 with a given dropout keep mask (1/(1-p) applied inside)."""
+    if not torch.is_grad_enabled() and _attention_direct(q, k, v, keep, mask, enable_gqa):
+        return _attention32_steps(q, k, v, keep, mask, p, is_causal, scale)[0]
     return _attention(q, k, v, mask, p if keep is not None else 0.0, is_causal, scale, enable_gqa,
                       softmax=lambda s, d: torch.softmax(s, d), dropout=lambda a, _p: a * keep / (1 - p))
+
+
+def _attention_direct(q, k, v, keep, mask, enable_gqa) -> bool:
+    """Whether :func:`_attention32` takes its numpy steps: binary32 q, k and v of one shape but their
+    last two dimensions (no heads to repeat, nothing broadcast), a boolean or binary32 mask (the
+    calls whose backward :func:`_attention32_vjp` writes out)."""
+    lead = q.shape[:-2]
+    return (q.dim() >= 2 and k.shape[:-2] == lead and v.shape[:-2] == lead
+            and q.dtype == k.dtype == v.dtype == torch.float32
+            and (keep is None or tuple(keep.shape) == (*lead, q.shape[-2], k.shape[-2]))
+            and _binary32._masks_ours(mask))
+
+
+def _attention32_steps(q, k, v, keep, mask, p, is_causal, scale):
+    """_attention's steps in numpy, the modelled operations (the same values as its torch operations
+    in Binary32Mode): (output, softmax, attention after dropout, scale)."""
+    scale = 1 / q.shape[-1] ** 0.5 if scale is None else scale
+    scores = _binary32._scores(_numpy(q), _numpy(k), mask, is_causal, scale)
+    attn = _binary32._softmax_np(None, scores)
+    dropped = attn
+    if keep is not None:
+        with np.errstate(all="ignore"):
+            dropped = (attn * _numpy(keep)) / np.float32(1 - p)
+    return _tensor(_binary32.binary32.matmul(dropped, _numpy(v))), attn, dropped, scale
+
+
+def _attention32_vjp(q, k, v, keep, mask, p, is_causal, scale, grad, of_mask: bool = False
+                     ) -> tuple[torch.Tensor, ...]:
+    """The gradients of :func:`_attention32` with respect to q, k and v (and an additive mask, with
+    ``of_mask``) by the formulas autograd applies to its torch operations, in the same order:
+    dA = dO V^T, dV = A^T dO, back through the dropout (/ (1 - p), then * keep), softmax
+    (g y - y rowsum(g y)) and the mask (zero where a boolean one is False; an additive one's
+    gradient this, summed to its shape as autograd sums a broadcast operand's), then the scale,
+    dQ = dS K and dK = (Q^T dS)^T."""
+    _, attn, dropped, scale = _attention32_steps(q, k, v, keep, mask, p, is_causal, scale)
+    b32, g = _binary32.binary32, _numpy(grad)
+    qn, kn, vn = _numpy(q), _numpy(k), _numpy(v)
+    with np.errstate(all="ignore"):
+        da = b32.matmul(g, np.swapaxes(vn, -1, -2))
+        dv = b32.matmul(np.swapaxes(dropped, -1, -2), g)
+        if keep is not None:
+            da = (da / np.float32(1 - p)) * _numpy(keep)
+        new = da * attn
+        ds = new - attn * b32.sum(new, -1, True)
+        if is_causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        if mask is not None and mask.dtype == torch.bool:
+            ds = np.where(_numpy(mask), ds, np.float32(0))
+        grads = []
+        if of_mask:  # at::sum_to: the leading dimensions and those mask broadcast, one sum, then squeezed
+            lead = ds.ndim - mask.dim()
+            dims = [*range(lead), *(i for i in range(lead, ds.ndim) if mask.shape[i - lead] == 1 and ds.shape[i] != 1)]
+            dm = b32.sum(ds, tuple(dims), True) if dims else ds.copy()
+            grads = [_tensor(np.ascontiguousarray(dm.reshape(mask.shape)))]
+        ds = ds * np.float32(scale)
+        dq = b32.matmul(ds, kn)
+        dk = np.swapaxes(b32.matmul(np.swapaxes(qn, -1, -2), ds), -1, -2)
+    return (_tensor(dq), _tensor(np.ascontiguousarray(dk)), _tensor(dv), *grads)
 
 
 def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,

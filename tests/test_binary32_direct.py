@@ -315,3 +315,101 @@ def test_run_events_as_before():
             got = tb.run(f, operands)
             _same(got[0], expected[0], "run outputs")
             assert got[1] == expected[1], (got[1], expected[1])
+
+
+# -- attention: the numpy path against the same steps as torch operations in the mode ------------------
+def _math_steps(q, k, v, mask, is_causal, scale):
+    """torch's math path written as torch operations, evaluated in Binary32Mode (the reference)."""
+    with tb.Binary32Mode():
+        if q.shape[-3] != k.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+        s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ k.transpose(-2, -1)) * float(s)
+        if is_causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+
+
+def _backward_steps(grad, q, k, v, out, lse, mask, is_causal, scale, heads):
+    with tb.Binary32Mode():
+        kk = k.repeat_interleave(heads, -3) if heads > 1 else k
+        vv = v.repeat_interleave(heads, -3) if heads > 1 else v
+        s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ kk.transpose(-2, -1)) * float(s)
+        if is_causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        p = torch.exp(scores - lse.unsqueeze(-1))
+        dv = p.transpose(-2, -1) @ grad
+        ds = p * ((grad @ vv.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
+        dq = (ds @ kk) * float(s)
+        dk = (ds.transpose(-2, -1) @ q) * float(s)
+        if heads > 1:
+            dk = dk.unflatten(-3, (k.shape[-3], heads)).sum(-3)
+            dv = dv.unflatten(-3, (v.shape[-3], heads)).sum(-3)
+    return dq, dk, dv, ds
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_attention(seed):
+    """The math path and flash attention's backward in numpy give the bits of their steps as torch
+    operations in Binary32Mode (masks boolean, additive, causal; grouped heads; Inf and NaN)."""
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(25):
+        b, h, L, S, D = (int(rng.integers(1, n)) for n in (3, 4, 7, 7, 9))
+        hk = h if rng.random() < 0.7 else 1
+        special = rng.random() < 0.2
+        q = _values(rng, (b, h, L, D), special)
+        k, v = _values(rng, (b, hk, S, D), False), _values(rng, (b, hk, S, D), False)
+        kind = int(rng.integers(4))
+        mask = [None, None, torch.from_numpy(rng.random((L, S)) < 0.7), _values(rng, (b, 1, L, S), False)][kind]
+        causal = kind == 1
+        scale = None if rng.random() < 0.5 else float(rng.choice([0.1, 2.0, 1e-3]))
+        out, lse = tb._attention_math(q, k, v, mask, causal, scale)
+        want_out, want_lse = _math_steps(q, k, v, mask, causal, scale)
+        _same(out, want_out.contiguous(), "attention out")
+        _same(lse, want_lse.contiguous(), "attention lse")
+        grad = _values(rng, (b, h, L, D), False)
+        got = tb._attention_backward(None, grad, q, k, v, out, lse, mask, causal, scale, enable_gqa=hk != h)
+        want = _backward_steps(grad, q, k, v, out, lse, mask, causal, scale, h // hk)
+        for i, (x, y) in enumerate(zip(got, want, strict=True)):
+            _same(x, y.contiguous(), f"attention backward [{i}]")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_attention_with_dropout_steps_and_gradients(seed):
+    """DeviceMode's fused attention with dropout (sim.torch._attention32): its numpy forward and its
+    written-out backward give the bits of its torch operations in Binary32Mode and of autograd
+    through them (masks boolean, additive, causal; Inf and NaN)."""
+    import sim.torch as st
+
+    rng = np.random.default_rng(400 + seed)
+    for _ in range(20):
+        b, h, L, S, D = (int(rng.integers(1, n)) for n in (3, 4, 7, 7, 9))
+        special = rng.random() < 0.2
+        q, k, v = (_values(rng, (b, h, n, D), special and i == 0) for i, n in enumerate((L, S, S)))
+        kind = int(rng.integers(4))
+        bias = _values(rng, [(b, 1, L, S), (1, h, L, S), (L, S), (b, h, L, S)][int(rng.integers(4))], False)
+        mask = [None, None, torch.from_numpy(rng.random((L, S)) < 0.7), bias][kind]
+        causal = kind == 1
+        scale = None if rng.random() < 0.5 else float(rng.choice([0.1, 2.0]))
+        p = float(rng.choice([0.1, 0.5]))
+        keep = torch.from_numpy((rng.random((b, h, L, S)) >= p).astype(np.float32))
+        grad = _values(rng, (b, h, L, D), False)
+        assert st._attention_direct(q, k, v, keep, mask, False)
+        with tb.Binary32Mode():
+            with torch.no_grad():
+                got = st._attention32(q, k, v, keep, mask, p, causal, scale, False)
+            additive = kind == 3 and rng.random() < 0.5  # a learned bias (T5's): its gradient too
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v, *([mask] if additive else []))]
+            m = leaves[3] if additive else mask
+            want = st._attention32(*leaves[:3], keep, m, p, causal, scale, False)  # grad on: torch's operations
+            want_grads = torch.autograd.grad(want, leaves, grad)
+        _same(got, want.detach().contiguous(), "fused attention forward")
+        grads = st._attention32_vjp(q, k, v, keep, mask, p, causal, scale, grad, additive)
+        for i, (x, y) in enumerate(zip(grads, want_grads, strict=True)):
+            _same(x, y.contiguous(), f"fused attention gradient [{i}]")
