@@ -324,13 +324,18 @@ def _math_steps(q, k, v, mask, is_causal, scale):
         if q.shape[-3] != k.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
-        s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
-        scores = (q @ k.transpose(-2, -1)) * float(s)
-        if is_causal:
-            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        scores = _score_steps(q, k, mask, is_causal, scale)
         return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+
+
+def _score_steps(q, k, mask, is_causal, scale):
+    """(q @ k^T) * scale and the mask, as torch operations (in the caller's mode)."""
+    scores = (q @ k.transpose(-2, -1)) * float(1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if is_causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return scores
 
 
 def _backward_steps(grad, q, k, v, out, lse, mask, is_causal, scale, heads):
@@ -338,11 +343,7 @@ def _backward_steps(grad, q, k, v, out, lse, mask, is_causal, scale, heads):
         kk = k.repeat_interleave(heads, -3) if heads > 1 else k
         vv = v.repeat_interleave(heads, -3) if heads > 1 else v
         s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
-        scores = (q @ kk.transpose(-2, -1)) * float(s)
-        if is_causal:
-            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        scores = _score_steps(q, kk, mask, is_causal, scale)
         p = torch.exp(scores - lse.unsqueeze(-1))
         dv = p.transpose(-2, -1) @ grad
         ds = p * ((grad @ vv.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
