@@ -465,7 +465,7 @@ def _result_dtypes(func, args, kwargs, ours: frozenset) -> tuple:
     dtypes among the operands (torch's own errors, such as full(1e6, fp16), propagate). Results none
     of which is a tensor (allclose's bool) have no dtype to round into: ``(None, ...)``, no meta kernel
     asked (some read a value, which a meta tensor refuses)."""
-    key = (func, tuple(_signature(x) for x in args), tuple((k, _signature(v)) for k, v in kwargs.items()))
+    key = (func, tuple([_signature(x) for x in args]), tuple([(k, _signature(v)) for k, v in kwargs.items()]))
     dtypes = _DTYPES.get(key)
     if dtypes is None:
         returns = func._schema.returns
@@ -1167,7 +1167,8 @@ _UNMARKED: dict[Any, Callable] = {
 def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
     """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
     first, numpy's binary32 isnan being fast)."""
-    if elementary.specials(_numpy(wide)) < 2:
+    w = _numpy(wide)
+    if not (np.isnan(w).any() if w.size < 4096 else elementary.specials(w) == 2):
         return False
     found = elementary.signaling(_numpy(x))
     return found is not None and bool(found.any())

@@ -1469,6 +1469,9 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
     how = _HOW.get(func)
     if how is None:
         how = _HOW[func] = _how(func)
+    if how[0] == "native":  # torch's own kernel, which is what the mode would call: no mode to enter
+        out = func(*args, **kwargs)
+        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise)
     if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
         # The model called as the mode's dispatch would call it (a handler runs with the mode off;
         # DeviceMode calls this from its own handler, below autograd), without a round trip
@@ -1479,6 +1482,14 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
             return out, _judge(out, mode, operands, elementwise, pointwise)
     return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise)
 
+
+class _Flags:
+    """A mode's record of the elementwise functions' flags, for a computation that took none."""
+
+    flags_seen = 0
+
+
+_NO_FLAGS = _Flags()  # the record of a computation no modelled function took part in
 
 #: Each overload's out= names, and whether it is elementwise (sim.elementary's) and pointwise (torch's tag).
 _KIND: dict[Any, tuple[tuple[str, ...], bool, bool]] = {}
@@ -1501,7 +1512,7 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     return out, _judge(out, mode, operands, elementwise, pointwise)
 
 
-def _judge(out, mode: Binary32Mode, operands: list[torch.Tensor], elementwise: bool, pointwise: bool) -> int:
+def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool) -> int:
     """The events of a computation in ``mode`` whose result is ``out`` (see :func:`run`)."""
     if elementwise:
         return mode.flags_seen
@@ -1542,11 +1553,13 @@ def _judge(out, mode: Binary32Mode, operands: list[torch.Tensor], elementwise: b
 
 def _all_finite(t: torch.Tensor) -> bool:
     """No infinity or NaN in t (numpy's test where it can read t: faster than torch's for small tensors)."""
-    if t.dtype in (_F32, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
+    if t.dtype in (_F32, _F64, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
         try:
-            return elementary.specials(t.detach().numpy()) == 0
+            a = t.detach().numpy()
         except (RuntimeError, TypeError):  # a tensor numpy cannot view (a negative or conjugate bit set)
             pass
+        else:  # numpy's isfinite for small arrays and binary64, one pass without a temporary for large ones
+            return bool(np.isfinite(a).all()) if a.size < 4096 or t.dtype == _F64 else elementary.specials(a) == 0
     return bool(torch.isfinite(t).all())
 
 
