@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lossscale.app.cli import main
-from lossscale.app.files import read_run
+from lossscale.app.files import MANIFEST, read_run
 from lossscale.app.plots import figure_run
 from lossscale.simulate import COLUMNS, simulate
 
@@ -47,11 +47,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, m
 
 
 def test_existing_output_needs_force(capsys, tmp_path) -> None:
+    """An earlier output is replaced only with --force; a folder holding the user's files never is."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    for force in ([], ["--force"]):
+        code, _, err = run_cli(capsys, "run", *FAST, "--out", str(out), *force)
+        assert code == 2 and "did not write (keep.txt)" in err and (out / "keep.txt").read_text() == "mine"
+        assert "use --force" not in err and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    assert run_cli(capsys, "run", *FAST, "--out", str(out))[0] == 0
     code, _, err = run_cli(capsys, "run", *FAST, "--out", str(out))
-    assert code == 2 and "use --force" in err and (out / "keep.txt").read_text() == "mine"
+    assert code == 2 and "holds an earlier lossscale output; use --force" in err
     code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(out), "--force")
     assert code == 0 and (out / "trajectory.csv").exists()
     assert not list(out.glob(".*.tmp"))  # no temporary files left behind
@@ -144,7 +151,7 @@ def test_force_leaves_no_file_of_the_earlier_run(capsys, tmp_path) -> None:
     assert main(["run", *fp8, "--steps", "4", "--out", str(out), "--quiet"]) == 0
     assert (out / "fp8.csv").exists()
     assert main(["run", "--manager", "torch", "--steps", "4", "--out", str(out), "--force", "--quiet"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["events.csv", "events.png", "scale.png", "summary.json",
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "events.csv", "events.png", "scale.png", "summary.json",
                                                       "trajectory.csv"]
     capsys.readouterr()
     assert main(["plot", str(out)]) == 0
@@ -159,7 +166,8 @@ def test_a_folder_filled_meanwhile_is_left_alone_and_the_run_kept(tmp_path) -> N
 
     out = tmp_path / "x"
     out.mkdir()
-    with pytest.raises(ValueError, match=r"was filled by another run while this one ran.*'.*x-2'"):
+    with pytest.raises(ValueError, match=r"was filled by another run \(or given other files\) while this one ran"
+                                         r".*'.*x-2'"):
         with staged(out, force=False) as stage:
             (stage / "trajectory.csv").write_text("mine\n")
             (out / "trajectory.csv").write_text("theirs\n")  # the other run finished first
@@ -188,7 +196,7 @@ def test_workload_text_arguments_and_repeated_keys(capsys, tmp_path) -> None:
 def test_run_and_compare_draw_in_the_format_asked(capsys, tmp_path) -> None:
     out = tmp_path / "svg"
     assert main(["run", "--steps", "6", "--quiet", "--format", "svg", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["events.csv", "events.svg", "scale.svg", "summary.json",
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "events.csv", "events.svg", "scale.svg", "summary.json",
                                                       "trajectory.csv"]
     assert (out / "scale.svg").read_bytes().lstrip().startswith(b"<?xml")
     cmp = tmp_path / "pdf"

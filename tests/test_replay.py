@@ -34,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lossscale.app.cli import main
+from lossscale.app.files import MANIFEST
 from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
 from lossscale.replay import LogEvent, bounds, consistency, counterfactual, read_log
 
@@ -261,7 +262,7 @@ def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> Non
                                "--manager-arg", "torch:growth_interval=3", "--manager-arg",
                                "exponential:init_loss_scale=2**20", "--manager-arg", "exponential:incr_every_n_steps=4")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "replay.csv", "replay.png", "summary.json"]
     log = read_log(path)
     lines = stdout.splitlines()
     # each overflow line prints two scales (attempted, and reduced to or kept); the short log fits
@@ -375,7 +376,12 @@ def test_replay_refuses_a_full_folder_without_force(capsys, tmp_path) -> None:
     out = tmp_path / "r"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    for force in ([], ["--force"]):  # the user's file: refused either way, and left as it was
+        code, _, err = replay(capsys, str(path), "--out", str(out), *force)
+        assert code == 2 and "did not write (keep.txt)" in err and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert replay(capsys, str(path), "--out", str(out))[0] == 0
     code, _, err = replay(capsys, str(path), "--out", str(out))
-    assert code == 2 and "use --force" in err and (out / "keep.txt").read_text() == "mine"
+    assert code == 2 and "use --force" in err
     assert replay(capsys, str(path), "--out", str(out), "--force")[0] == 0
-    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "replay.csv", "replay.png", "summary.json"]

@@ -142,7 +142,8 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
         _setting(p, f, **(several_managers if f.name == "manager" and several else {}))
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (its parent must exist and be writable; default: a new folder under runs/)")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
+    p.add_argument("--force", action="store_true", help="replace an earlier lossscale output in --out (only the files lossscale wrote there: a "
+                        "folder holding anything else is refused)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--format", choices=FORMATS, default="png", help="the plots' image format")
     plain = p.format_help
@@ -203,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--workers", type=_integer(1), default=os.cpu_count() or 1, help="worker processes")
     sweep.add_argument("--scheduler", default=None, help="address of a dask.distributed scheduler")
     sweep.add_argument("--force", action="store_true",
-                       help="start over: forget the points already done, or use a folder holding something else")
+                       help="start over: forget the points already done, or replace another lossscale output "
+                            "(only lossscale's own files: a folder holding anything else is refused)")
     sweep.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
                        help="the heat maps' axes, such as detector,overflow_mode (default: the first two that vary)")
     sweep.add_argument("--quiet", action="store_true", help="no progress display")
@@ -230,7 +232,8 @@ def _replay_parser(p: argparse.ArgumentParser) -> None:
     _setting(p, declared["manager_defaults"], default="framework",
              help="the managers' unset arguments: framework (each framework's own defaults) or demo (the "
                   "simulator's demo set: 2**32, growth after 50 steps)")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
+    p.add_argument("--force", action="store_true", help="replace an earlier lossscale output in --out (only the files lossscale wrote there: a "
+                        "folder holding anything else is refused)")
 
 
 def _manager_args(args: argparse.Namespace, manager: str) -> dict[str, Any]:
@@ -438,7 +441,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = None) -> list[Path]:
     """Redraw the plots of a folder that ``lossscale run``, ``compare``, ``sweep`` or ``replay`` wrote; the
-    paths written (``heatmap``: a sweep's two axes). ValueError naming what the folder lacks."""
+    paths written (``heatmap``: a sweep's two axes), added to the folder's list of lossscale's files.
+    ValueError naming what the folder lacks."""
+    from .files import add_to_manifest
+    paths = _redraw(folder, fmt, heatmap)
+    add_to_manifest(folder, paths)
+    return paths
+
+
+def _redraw(folder: Path, fmt: str, heatmap: tuple[str, str] | None) -> list[Path]:
     from .files import check_folder, read_run, write_atomic, write_plots
     from .plots import plot_compare
     if fmt not in FORMATS:

@@ -27,6 +27,7 @@ from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, Even
 from ..training.replay import Decision, Log
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
+           "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files", "remove_own",
            "json_text", "staged", "cell", "replay_columns", "replay_rows", "replay_csv", "read_replay"]
 
 _UMASK = os.umask(0)
@@ -63,11 +64,93 @@ def check_path(out: Path) -> Path:
     return out
 
 
+#: The list of the files lossscale wrote into an output folder (hidden, beside them): what
+#: ``--force`` may replace. Anything else in the folder is the user's, and is never removed.
+MANIFEST = ".lossscale-files.json"
+
+
+def write_manifest(folder: Path, names: list[str] | None = None) -> None:
+    """Record ``names`` (paths relative to ``folder``; default: every file under it) as the files
+    lossscale wrote there."""
+    folder = Path(folder)
+    if names is None:
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir() and p.name != MANIFEST]
+    write_atomic(folder / MANIFEST, (json.dumps({"written_by": "lossscale", "files": sorted(names)}, indent=1)
+                                     + "\n").encode())
+
+
+def add_to_manifest(folder: Path, paths: list[Path]) -> None:
+    """Add ``paths`` (written by lossscale into ``folder`` or below it) to the folder's manifest,
+    where it has one (an output of lossscale's: ``plot`` redraws into it)."""
+    folder = Path(folder)
+    if (folder / MANIFEST).exists():
+        write_manifest(folder, sorted(own_files(folder) | {Path(p).relative_to(folder).as_posix() for p in paths}))
+
+
+def remove_own(folder: Path, names: set[str]) -> None:
+    """Remove the files ``names`` lossscale wrote into ``folder`` (relative paths), and the folders
+    under it that this leaves empty."""
+    folder = Path(folder)
+    for name in sorted(names):
+        path = folder / name
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == folder or not parent.is_relative_to(folder):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or gone)
+                break
+
+
+def own_files(folder: Path) -> set[str]:
+    """The files lossscale's manifest in ``folder`` lists (none without a readable one)."""
+    try:
+        listed = json.loads((Path(folder) / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {str(n) for n in listed} if isinstance(listed, list) else set()
+
+
+def foreign_files(folder: Path, own: set[str] | None = None) -> list[str]:
+    """What ``folder`` holds that lossscale did not write there (not in its manifest, or in ``own``):
+    files, links and empty folders, as paths relative to it, sorted."""
+    folder = Path(folder)
+    own = own_files(folder) if own is None else own
+    found = []
+    for root, dirs, names in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        found += [(rel / n).as_posix() for n in names if (rel / n).as_posix() not in own and n != MANIFEST]
+        found += [(rel / d).as_posix() + "/" for d in dirs if os.path.islink(Path(root) / d)
+                  or not any(Path(root, d).iterdir())]
+        dirs[:] = [d for d in dirs if not os.path.islink(Path(root) / d)]
+    return sorted(found)
+
+
+def _listing(names: list[str], at_most: int = 5) -> str:
+    shown = ", ".join(names[:at_most])
+    return shown + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
+
+
 def check_out(out: Path, force: bool) -> Path:
-    """:func:`check_path`, and refuse a non-empty folder without ``force``."""
+    """:func:`check_path`; refuse the current folder or one that holds it (a run's folder is
+    put in place by renaming), a folder holding anything lossscale did not write there (with or
+    without ``force``: those files are the user's), and, without ``force``, an earlier output."""
     out = check_path(out)
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"output folder {str(out)!r} exists and is not empty; use --force to overwrite")
+    here = Path.cwd().resolve()
+    where = out.resolve()
+    if where == where.parent or here == where or where in here.parents:
+        raise ValueError(f"output folder {str(out)!r} is the current folder or holds it; name a new folder "
+                         f"(for example runs/my-run)")
+    if out.is_dir() and any(out.iterdir()):
+        foreign = foreign_files(out)
+        if foreign:
+            raise ValueError(f"output folder {str(out)!r} holds files lossscale did not write ({_listing(foreign)})"
+                             f"{'; --force replaces only what lossscale wrote' if force else ''}: nothing was "
+                             f"changed; choose another --out, or move those files away")
+        if not force:
+            raise ValueError(f"output folder {str(out)!r} holds an earlier lossscale output; use --force to "
+                             f"replace it, or choose another --out")
     return out
 
 
@@ -89,6 +172,7 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     try:
         yield stage
     except KeyboardInterrupt:
+        write_manifest(stage)
         _publish(stage, out, force)
         raise
     except BaseException:
@@ -97,6 +181,7 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 out.parent.rmdir()
         raise
+    write_manifest(stage)
     _publish(stage, out, force)
 
 
@@ -108,7 +193,7 @@ def _publish(stage: Path, out: Path, force: bool) -> None:
         if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             shutil.rmtree(stage, ignore_errors=True)
             raise
-    if force:
+    if force and not foreign_files(out):  # checked again: the user may have put a file there meanwhile
         old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".replaced"))
         os.rename(out, old / out.name)
         os.rename(stage, out)
@@ -124,8 +209,8 @@ def _publish(stage: Path, out: Path, force: bool) -> None:
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             n += 1
-    raise ValueError(f"output folder {str(out)!r} was filled by another run while this one ran; nothing of it "
-                     f"was changed, and this run's files are in {str(keep)!r}")
+    raise ValueError(f"output folder {str(out)!r} was filled by another run (or given other files) while this one "
+                     f"ran; nothing of it was changed, and this run's files are in {str(keep)!r}")
 
 
 def json_text(value: Any, indent: int | None = 2) -> str:

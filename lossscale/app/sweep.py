@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..training.config import check_arguments, recorded
-from .files import check_path, json_text, write_atomic
+from .files import check_path, foreign_files, json_text, own_files, remove_own, write_atomic, write_manifest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -214,16 +214,18 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     if problems:
         raise ValueError("\n".join(problems))
     out = Path(out)
-    _check_folder(out, (fixed, axes), force)
+    own = _check_folder(out, (fixed, axes), force)
     client = _connect(scheduler) if scheduler else None  # before anything is written
     out.mkdir(exist_ok=True)
     log = out / "points.jsonl"
-    if force:
-        log.unlink(missing_ok=True)
+    if force:  # lossscale's own files only (_check_folder refused a folder holding anything else)
+        remove_own(out, own)
+        write_manifest(out, [])
     if log.exists() and log.stat().st_size and not log.read_bytes().endswith(b"\n"):
         with open(log, "a") as f:  # isolate a line torn by an interruption
             f.write("\n")
     write_atomic(out / "grid.toml", Path(grid).read_bytes())
+    _record(out)
     done = _read_done(log)
     distinct = dict((key_of(p), p) for p in grid_points)
     todo = [p for key, p in distinct.items() if key not in done]
@@ -243,24 +245,48 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     rows = [_flatten(i, p, done[key_of(p)]) for i, p in enumerate(grid_points)]
     write_atomic(out / "results.csv", _csv(rows))
     write_atomic(out / "sweep.png", _heatmaps(rows, axes=heatmap))
+    _record(out)
     return rows
 
 
-def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> None:
-    """Refuse, unless ``force``, a folder that holds a different grid's sweep or anything else
-    (a run's files, say); a missing parent is refused always."""
-    if not check_path(out).exists() or force or not any(out.iterdir()):
-        return
-    if not (out / "grid.toml").exists():
-        raise ValueError(f"{str(out)!r} is not empty and holds no sweep (no grid.toml); choose another --out or "
-                         f"use --force")
+#: The files a sweep writes into its folder (a folder from before lossscale kept a manifest is
+#: known as a sweep's by its grid.toml).
+SWEEP_FILES = ("grid.toml", "points.jsonl", "results.csv", "sweep.png")
+
+
+def _record(out: Path) -> None:
+    """The sweep's files (and any lossscale listed there before) in the folder's manifest."""
+    write_manifest(out, sorted(n for n in own_files(out) | set(SWEEP_FILES) if (out / n).exists()))
+
+
+def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> set[str]:
+    """Refuse a folder holding anything lossscale did not write there when ``force`` would start it
+    over (those files are the user's), and, without ``force``, one that holds a different grid's
+    sweep or no sweep; a missing parent always. Returns the files lossscale wrote there (the
+    manifest's, and a sweep's from before it kept one)."""
+    if not check_path(out).exists() or not any(out.iterdir()):
+        return set()
+    own = own_files(out)
     try:
-        previous = load_grid(out / "grid.toml")
+        previous = load_grid(out / "grid.toml") if (out / "grid.toml").exists() else None
     except ValueError:
         previous = None
+    if previous is not None:
+        own |= {n for n in SWEEP_FILES if (out / n).exists()}
+    foreign = foreign_files(out, own)
+    if force:
+        if foreign:
+            raise ValueError(f"{str(out)!r} holds files lossscale did not write ({', '.join(foreign[:5])}"
+                             f"{f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''}); --force replaces "
+                             f"only what lossscale wrote: nothing was changed; choose another --out, or move "
+                             f"those files away")
+        return own
+    again = "" if foreign else ", or --force to start it over with this grid"
+    if previous is None:
+        raise ValueError(f"{str(out)!r} is not empty and holds no sweep (no grid.toml); choose another --out{again}")
     if previous != grid:
-        raise ValueError(f"{str(out)!r} holds the sweep of a different grid; use another --out, or --force to "
-                         f"start it over with this grid")
+        raise ValueError(f"{str(out)!r} holds the sweep of a different grid; use another --out{again}")
+    return own
 
 
 def read_results(folder: Path, typed: bool = False) -> list[dict[str, Any]]:
