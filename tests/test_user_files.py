@@ -137,3 +137,85 @@ def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
     assert sorted(own_files(run)) == ["grid.toml", "points.jsonl", "results.csv", "sweep.png"]
     assert sorted(p.name for p in run.iterdir()) == sorted([MANIFEST, "grid.toml", "points.jsonl", "results.csv",
                                                             "sweep.png"])
+
+
+# -- a run whose workload raises keeps its finished steps (issue 31, items 2 and 3) --------------------
+FAILING = '''
+from lossscale.workloads import Trace
+
+class Failing(Trace):
+    """A trace whose model raises at step ``at`` (a bug in the user's model), or whose evaluation does."""
+
+    def __init__(self, seed, at=-1, error="ValueError", evaluation=False):
+        super().__init__(seed=seed)
+        self.at, self.error, self.calls, self.evaluation = at, error, 0, evaluation
+
+    def forward_backward(self, dev, params, scale, part, share):
+        if self.calls == self.at:
+            raise {"ValueError": ValueError, "RuntimeError": RuntimeError}[self.error]("shapes do not match")
+        self.calls += 1
+        return super().forward_backward(dev, params, scale, part, share)
+
+    def evaluate(self, params):
+        if self.evaluation:
+            raise RuntimeError("The size of tensor a (8) must match the size of tensor b (64)")
+        return super().evaluate(params)
+
+
+def make(seed, at=-1, error="ValueError", evaluation=False):
+    return Failing(seed, at, error, evaluation)
+'''
+
+
+@pytest.fixture
+def failing(tmp_path, monkeypatch):
+    """A module ``userwl`` on the path whose workload raises where it is told to."""
+    import sys
+
+    (tmp_path / "userwl.py").write_text(FAILING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "userwl", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("error", ["ValueError", "RuntimeError"])
+def test_a_failing_run_keeps_its_finished_steps(capsys, failing, error) -> None:
+    """The model raises at step 12 of 30: the 12 finished steps are written as an interrupted run's
+    are, the user's traceback (its file and line) is shown, and the exit status is 1, whatever
+    the exception's type (a ValueError is not a usage error)."""
+    from lossscale.app.files import read_run
+    from lossscale.simulate import StepFailed, simulate
+
+    out = failing / "out"
+    code, err = cli(capsys, "run", "--workload", "userwl:make", "--workload-arg", "at=12", "--workload-arg",
+                    f"error={error}", "--steps", "30", "--quiet", "--out", out)
+    assert code == 1
+    assert f"{error}: shapes do not match" in err and "userwl.py" in err and ", line " in err  # the user's traceback
+    assert "step 12 raised" in err and "the 12 finished steps are in" in err and str(out) in err
+    run = read_run(out)
+    assert [r["step"] for r in run.records] == list(range(12))
+    assert run.summary["steps_run"] == 12 and run.summary["stopped_early"].startswith(f"step 12: {error}")
+    with pytest.raises(StepFailed) as caught:  # the library: the same run, the error as the cause
+        simulate(workload="userwl:make", workload_args={"at": 12, "error": error}, steps=30)
+    assert len(caught.value.run.records) == 12 and type(caught.value.__cause__).__name__ == error
+    code, err = cli(capsys, "compare", "--manager", "torch", "--manager", "fixed", "--workload", "userwl:make",
+                    "--workload-arg", "at=3", "--steps", "10", "--quiet", "--out", failing / "cmp")
+    assert code == 1 and len(read_run(failing / "cmp" / "torch").records) == 3
+
+
+def test_a_failing_evaluation_loses_no_step(capsys, failing) -> None:
+    """The end-of-run evaluation raises (a model whose outputs and labels do not fit): every step is
+    written, the figures it would have given are NaN, and the summary and the output say why."""
+    from lossscale.app.files import read_run
+
+    out = failing / "out"
+    capsys.readouterr()
+    assert main(["run", "--workload", "userwl:make", "--workload-arg", "evaluation=true", "--steps", "6", "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "evaluation failed, its figures are nan: final: RuntimeError: The size of tensor a (8)" in printed
+    run = read_run(out)
+    assert len(run.records) == 6
+    assert run.summary["final"] == {"loss": None, "accuracy": None}  # NaN, as strict JSON writes it
+    assert [e.split(":")[0] for e in run.summary["evaluation_errors"]] == ["final", "baseline_float32"]
+    assert "must match the size of tensor b" in run.summary["evaluation_errors"][0]

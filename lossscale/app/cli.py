@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from dataclasses import Field
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from typing import Any
 from sim import profiles
 
 from ..training.config import settings
-from ..training.simulate import MANAGERS, Interrupted, Run, manager_arguments, simulate
+from ..training.simulate import MANAGERS, Interrupted, Run, StepFailed, manager_arguments, simulate
 from . import FORMATS
+from .files import KeepWritten
 
 __all__ = ["main"]
 
@@ -142,8 +144,9 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
         _setting(p, f, **(several_managers if f.name == "manager" and several else {}))
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (its parent must exist and be writable; default: a new folder under runs/)")
-    p.add_argument("--force", action="store_true", help="replace an earlier lossscale output in --out (only the files lossscale wrote there: a "
-                        "folder holding anything else is refused)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier lossscale output in --out (only the files lossscale wrote there: "
+                        "a folder holding anything else is refused)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--format", choices=FORMATS, default="png", help="the plots' image format")
     plain = p.format_help
@@ -232,8 +235,9 @@ def _replay_parser(p: argparse.ArgumentParser) -> None:
     _setting(p, declared["manager_defaults"], default="framework",
              help="the managers' unset arguments: framework (each framework's own defaults) or demo (the "
                   "simulator's demo set: 2**32, growth after 50 steps)")
-    p.add_argument("--force", action="store_true", help="replace an earlier lossscale output in --out (only the files lossscale wrote there: a "
-                        "folder holding anything else is refused)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier lossscale output in --out (only the files lossscale wrote there: "
+                        "a folder holding anything else is refused)")
 
 
 def _manager_args(args: argparse.Namespace, manager: str) -> dict[str, Any]:
@@ -368,6 +372,8 @@ def _describe(run: Run) -> str:
         notes.append(f"stopped early at {s['stopped_early']}")
     if s.get("interrupted"):
         notes.append(f"interrupted: {s['steps_run']} of {s['arguments']['steps']} steps ran")
+    for error in s.get("evaluation_errors") or []:
+        notes.append(f"evaluation failed, its figures are nan: {error}")
     first = s.get("first_overflow")
     if first:
         notes.append(f"first overflow: step {first['step']}, {first['op']} in {first['label'] or '(unlabelled)'} "
@@ -395,17 +401,30 @@ def _runs(args: argparse.Namespace, names: list[str], stage: Path, out: Path,
     runs = []
     for name in names:
         where = stage / name if nested else stage
+        shown = out / name if nested else out
         try:
             run = _simulate(args, name)
         except Interrupted as stop:
             write_run(stop.run, where, fmt=args.format)
             print(_describe(stop.run))
-            shown = out / name if nested else out
             print(f"interrupted: wrote the {len(stop.run.records)} finished steps to {shown}", file=sys.stderr)
             raise
+        except StepFailed as failed:  # the workload raised: its finished steps are kept, then the error told
+            write_run(failed.run, where, fmt=args.format)
+            print(_describe(failed.run))
+            raise RunFailed(failed, shown) from failed.error
         write_run(run, where, fmt=args.format)
         runs.append((name, run))
     return runs
+
+
+class RunFailed(KeepWritten):
+    """A run whose workload raised at a step: its finished steps were written to ``shown`` (its
+    folder is kept, as an interrupted run's is)."""
+
+    def __init__(self, failed: StepFailed, shown: Path) -> None:
+        super().__init__(f"{failed}; the {len(failed.run.records)} finished steps are in {shown}")
+        self.error = failed.error
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -640,6 +659,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             raise UsageError(f"a command is needed; valid: {', '.join(COMMANDS)}")
         code = COMMANDS[args.command](args)
+    except RunFailed as failed:  # the user's error, where it was raised, then what was kept
+        print("".join(traceback.format_exception(failed.error)).rstrip(), file=sys.stderr)
+        print(f"lossscale: error: {failed}", file=sys.stderr)
+        return 1
     except (UsageError, ValueError, TypeError, OverflowError) as err:
         for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
             print(f"lossscale: error: {line}", file=sys.stderr)

@@ -27,7 +27,7 @@ from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, Even
 from ..training.replay import Decision, Log
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
-           "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files", "remove_own",
+           "KeepWritten", "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files", "remove_own",
            "json_text", "staged", "cell", "replay_columns", "replay_rows", "replay_csv", "read_replay"]
 
 _UMASK = os.umask(0)
@@ -154,10 +154,16 @@ def check_out(out: Path, force: bool) -> Path:
     return out
 
 
+class KeepWritten(Exception):
+    """An error after which the files written so far are kept: :func:`staged` puts its folder in
+    place before it goes on (a run whose workload raised keeps its finished steps)."""
+
+
 @contextlib.contextmanager
 def staged(out: Path, force: bool) -> Iterator[Path]:
     """A new folder beside ``out`` to write a run's files into; when the block ends (or is
-    interrupted, whose finished steps are written), it becomes ``out`` in one rename, so no
+    interrupted, or raises :class:`KeepWritten`: its finished steps are written), it becomes
+    ``out`` in one rename, so no
     earlier run's file survives beside the new ones and a reader never sees half of them.
 
     ``out`` absent or empty: replaced. Not empty (``force``): the old folder is moved aside, the
@@ -171,7 +177,7 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     os.chmod(stage, 0o777 & ~_UMASK)
     try:
         yield stage
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, KeepWritten):
         write_manifest(stage)
         _publish(stage, out, force)
         raise

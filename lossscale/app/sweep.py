@@ -134,7 +134,7 @@ def run_point(args: dict[str, Any]) -> dict[str, Any]:
     """One simulation; its metrics, or its error. Never raises."""
     import warnings
 
-    from ..training.simulate import simulate
+    from ..training.simulate import StepFailed, simulate
     row: dict[str, Any] = {"key": key_of(args), "args": args, "status": "ok", "error": ""}
     try:
         with warnings.catch_warnings():
@@ -145,6 +145,7 @@ def run_point(args: dict[str, Any]) -> dict[str, Any]:
                    baseline_loss=s["baseline_float32"]["loss"], baseline_accuracy=s["baseline_float32"]["accuracy"],
                    fp8_overflowed_elements=s["fp8"]["saturated_elements"] if s.get("fp8") else "")
     except Exception as err:  # a failing point is a result, not the end of the sweep
+        err = err.error if isinstance(err, StepFailed) else err  # the workload's own error
         row.update(status="error", error=f"{type(err).__name__}: {err}")
     return row
 

@@ -46,6 +46,7 @@ from typing import Any
 from sim import Device, Event
 
 from .detectors import UNMARKED
+from .errors import SettingValueError
 from .phases import begin_phase
 
 __all__ = ["one_f_one_b", "FORWARD", "BACKWARD", "Pipeline", "check_stages"]
@@ -121,12 +122,12 @@ class Pipeline:
 
     def _stage(self, e: Event) -> int:
         if e.tags.get("phase") not in (*FORWARD, *BACKWARD, "allreduce"):
-            raise ValueError(f"a pipeline places the phases {', '.join((*FORWARD, *BACKWARD))} on its stages; an "
-                             f"event came in phase {e.tags.get('phase')!r} (op {e.op}, label {e.label})")
+            raise SettingValueError(f"a pipeline places the phases {', '.join((*FORWARD, *BACKWARD))} on its stages; "
+                                    f"an event came in phase {e.tags.get('phase')!r} (op {e.op}, label {e.label})")
         s = e.tags.get("stage", 0)
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.p:
-            raise ValueError(f"an event's stage tag must be a stage 0..{self.p - 1}, got {s!r} (op {e.op}, "
-                             f"label {e.label})")
+            raise SettingValueError(f"an event's stage tag must be a stage 0..{self.p - 1}, got {s!r} (op {e.op}, "
+                                    f"label {e.label})")
         return s
 
     @staticmethod

@@ -120,6 +120,9 @@ class Summary:
     first_overflow: dict[str, Any] | None
     top_labels: dict[str, int]
     fp8: dict[str, Any] | None
+    #: The end-of-run evaluations that raised (``final``, ``baseline_float32``: its figures are then
+    #: NaN): "which: the error". The steps are kept whatever the evaluation does.
+    evaluation_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as ``{key: value}``, in field order."""

@@ -53,6 +53,7 @@ from .config import (
     settings,
 )
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
+from .errors import SettingError, SettingTypeError, SettingValueError
 from .fp8 import AmaxGroup, CurrentScaling, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
@@ -61,6 +62,7 @@ from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary, versions
 from .workloads import check_split, check_workload, make_workload
 
 __all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
+           "StepFailed",
            "RunConfig", "Row", "Summary", "check_arguments", "manager_arguments", "DEFAULTS"]
 
 
@@ -363,7 +365,7 @@ def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:
     (``Policy.capped`` False)."""
     where = f"manager {name} gave loss scale {scale!r} for step {t}" + (f" on rank {rank}" if rank else "")
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{where}: get_loss_scale() must return a real number (finite and above 0), "
+        raise SettingTypeError(f"{where}: get_loss_scale() must return a real number (finite and above 0), "
                         f"not a {type(scale).__name__}")
     value = float(scale)
     policy = getattr(manager, "policy", None)
@@ -371,7 +373,7 @@ def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:
                                        or (value == math.inf and not policy.capped)):
         return value
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{where}: a loss scale must be finite and above 0")
+        raise SettingValueError(f"{where}: a loss scale must be finite and above 0")
     return value
 
 
@@ -486,7 +488,9 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
     """The finished run: the rows, the event log and the summary (the settings, what the run ran
     on, the counts over the rows, the final losses)."""
     c, prof, managers = run.config, run.prof, run.managers
-    final, baseline = run.wl.evaluate(run.params[0]), run.wl.evaluate(run.base_params)
+    errors: list[str] = []
+    final, baseline = _evaluate(run.wl, run.params[0], "final", errors), _evaluate(run.wl, run.base_params,
+                                                                                 "baseline_float32", errors)
     policy = getattr(managers[0], "policy", None)
     fractions = [r.underflow_fraction for r in rows if r.underflow_fraction == r.underflow_fraction]
     named = isinstance(c.manager, str)
@@ -524,9 +528,20 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         events_recorded=len(events) if c.record_events else None,
         **(_event_summary(events) if c.record_events else {"first_overflow": None, "top_labels": {}}),
         fp8=_fp8_summary(run.recipe, run.fp8_rows),
+        evaluation_errors=errors,
     )
     fp8_rows = run.fp8_rows if run.side_by_side is None else sorted(run.fp8_rows, key=lambda r: (r["step"], r["rank"]))
     return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows)
+
+
+def _evaluate(wl: Any, params: Any, which: str, errors: list[str]) -> dict[str, float]:
+    """The workload's evaluation of ``params``; where it raises, NaN figures and the error noted in
+    ``errors`` (the finished steps are worth more than the figures)."""
+    try:
+        return wl.evaluate(params)
+    except Exception as err:  # the user's evaluation code: any error
+        errors.append(f"{which}: {type(err).__name__}: {err}")
+        return {"loss": float("nan"), "accuracy": float("nan")}
 
 
 def simulate(*args: Any, **kwargs: Any) -> Run:
@@ -537,27 +552,39 @@ def simulate(*args: Any, **kwargs: Any) -> Run:
 
     Ctrl-C (SIGINT, when called from the main thread) stops the run after the step in
     progress: :class:`Interrupted` is raised with the finished steps' :class:`Run`
-    (``summary["interrupted"]`` true). A second Ctrl-C interrupts at once.
+    (``summary["interrupted"]`` true). A second Ctrl-C interrupts at once. An error raised in a
+    step (the workload's model, loss or data) stops the run too: :class:`StepFailed` is raised
+    with the finished steps' :class:`Run` (``summary["stopped_early"]`` names the step and the
+    error), the error itself its cause.
     """
     run = _set_up(RunConfig.bind(*args, **kwargs))
     rows: list[Row] = []
     stopped = None
+    failed: tuple[int, Exception] | None = None
     with _stop_on_interrupt() as interrupt:
         for t in range(run.config.steps):
             if interrupt.requested:
                 break
             try:
                 step = _step(run, t)
+                grad_max, underflow = _grad_max(step), _underflow(run, t, step)
+                row = _classify(run, t, step, grad_max, underflow, _baseline(run, t))
             except policies.MinimumScaleError as err:
                 stopped = f"step {t}: {err}"
                 break
-            grad_max, underflow = _grad_max(step), _underflow(run, t, step)
-            rows.append(_classify(run, t, step, grad_max, underflow, _baseline(run, t)))
+            except SettingError:  # the run's own settings, checked during the step: raised as they are
+                raise
+            except Exception as err:  # the workload's code raised: the finished steps are kept
+                stopped, failed = f"step {t}: {type(err).__name__}: {err}", (t, err)
+                break
+            rows.append(row)
             if run.config.progress is not None:
                 run.config.progress(t + 1, run.config.steps)
     result = _finish(run, rows, stopped, interrupt.requested)
     if interrupt.requested:
         raise Interrupted(result)
+    if failed is not None:
+        raise StepFailed(result, *failed) from failed[1]
     return result
 
 
@@ -572,6 +599,15 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, run: Run) -> None:
         super().__init__(f"interrupted after {len(run.records)} steps")
         self.run = run
+
+
+class StepFailed(Exception):
+    """A step raised (the workload's model, loss or data): ``run`` holds the steps it finished,
+    ``step`` the step, ``error`` the exception (also ``__cause__``, with its traceback)."""
+
+    def __init__(self, run: Run, step: int, error: Exception) -> None:
+        super().__init__(f"step {step} raised {type(error).__name__}: {error}")
+        self.run, self.step, self.error = run, step, error
 
 
 class _Interrupt:
