@@ -217,5 +217,41 @@ def test_a_failing_evaluation_loses_no_step(capsys, failing) -> None:
     run = read_run(out)
     assert len(run.records) == 6
     assert run.summary["final"] == {"loss": None, "accuracy": None}  # NaN, as strict JSON writes it
-    assert [e.split(":")[0] for e in run.summary["evaluation_errors"]] == ["final", "baseline_float32"]
-    assert "must match the size of tensor b" in run.summary["evaluation_errors"][0]
+    assert [e.split(":")[0] for e in run.summary["evaluation_notes"]] == ["final", "baseline_float32"]
+    assert "must match the size of tensor b" in run.summary["evaluation_notes"][0]
+
+
+def test_a_causal_lm_whose_logits_do_not_fit_the_labels_keeps_its_run() -> None:
+    """The issue's case: a model with (N, T, V) logits whose loss takes the last position, against
+    (N,) labels: every step runs, the loss is evaluated, the accuracy is NaN with the reason in
+    the summary; metric_fn= gives one."""
+    torch = pytest.importorskip("torch")
+    from lossscale.simulate import simulate
+    from lossscale.workloads import TorchWorkload
+
+    class TinyLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return self.out(self.emb(x))  # (N, T, V)
+
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 16, (64, 5)), torch.randint(0, 16, (64,))
+
+    def loss_fn(out, target):
+        return torch.nn.functional.cross_entropy(out[:, -1].float(), target)
+
+    def workload(**kw):
+        return TorchWorkload(TinyLM(), loss_fn, (x, y), batch=16, **kw)
+
+    run = simulate(workload=workload(), steps=4, record_events=False)
+    s = run.summary
+    assert len(run.records) == 4 and s["final"]["loss"] == s["final"]["loss"]  # the loss is there
+    assert s["final"]["accuracy"] != s["final"]["accuracy"]  # NaN: not available
+    assert any(n.startswith("final: accuracy not available: the argmax of logits of shape (64, 5, 16)")
+               for n in s["evaluation_notes"])
+    last = simulate(workload=workload(metric_fn=lambda out, t: float((out[:, -1].argmax(-1) == t).float().mean())),
+                    steps=4, record_events=False).summary
+    assert 0 <= last["final"]["accuracy"] <= 1 and last["evaluation_notes"] == []

@@ -372,7 +372,7 @@ def _describe(run: Run) -> str:
         notes.append(f"stopped early at {s['stopped_early']}")
     if s.get("interrupted"):
         notes.append(f"interrupted: {s['steps_run']} of {s['arguments']['steps']} steps ran")
-    for error in s.get("evaluation_errors") or []:
+    for error in s.get("evaluation_notes") or []:
         notes.append(f"evaluation failed, its figures are nan: {error}")
     first = s.get("first_overflow")
     if first:

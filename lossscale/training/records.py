@@ -120,9 +120,10 @@ class Summary:
     first_overflow: dict[str, Any] | None
     top_labels: dict[str, int]
     fp8: dict[str, Any] | None
-    #: The end-of-run evaluations that raised (``final``, ``baseline_float32``: its figures are then
-    #: NaN): "which: the error". The steps are kept whatever the evaluation does.
-    evaluation_errors: list[str] = field(default_factory=list)
+    #: What the end-of-run evaluations (``final``, ``baseline_float32``) could not give, and why,
+    #: as "which: reason": an evaluation that raised (its figures are then NaN: the steps are kept
+    #: whatever it does), or a figure it reports as not available (a warning it gave).
+    evaluation_notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as ``{key: value}``, in field order."""

@@ -528,20 +528,25 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         events_recorded=len(events) if c.record_events else None,
         **(_event_summary(events) if c.record_events else {"first_overflow": None, "top_labels": {}}),
         fp8=_fp8_summary(run.recipe, run.fp8_rows),
-        evaluation_errors=errors,
+        evaluation_notes=errors,
     )
     fp8_rows = run.fp8_rows if run.side_by_side is None else sorted(run.fp8_rows, key=lambda r: (r["step"], r["rank"]))
     return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows)
 
 
-def _evaluate(wl: Any, params: Any, which: str, errors: list[str]) -> dict[str, float]:
+def _evaluate(wl: Any, params: Any, which: str, notes: list[str]) -> dict[str, float]:
     """The workload's evaluation of ``params``; where it raises, NaN figures and the error noted in
-    ``errors`` (the finished steps are worth more than the figures)."""
-    try:
-        return wl.evaluate(params)
-    except Exception as err:  # the user's evaluation code: any error
-        errors.append(f"{which}: {type(err).__name__}: {err}")
-        return {"loss": float("nan"), "accuracy": float("nan")}
+    ``notes`` (the finished steps are worth more than the figures), as are its warnings (a
+    figure it could not give)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = wl.evaluate(params)
+        except Exception as err:  # the user's evaluation code: any error
+            notes.append(f"{which}: {type(err).__name__}: {err}")
+            result = {"loss": float("nan"), "accuracy": float("nan")}
+    notes.extend(f"{which}: {w.message}" for w in caught)
+    return result
 
 
 def simulate(*args: Any, **kwargs: Any) -> Run:

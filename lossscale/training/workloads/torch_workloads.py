@@ -24,6 +24,7 @@ cross-entropy).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,7 +88,9 @@ class TorchWorkload(SampledWorkload):
     A model may return a tensor, a Hugging Face ``ModelOutput``, a tuple or a dict:
     ``loss_fn`` receives ``output_fn(output)`` (default: the output as the model returns it),
     and the accuracy is taken of its logits (:func:`logits_of`: the tensor itself, else the
-    ``logits`` key or attribute, else the first element).
+    ``logits`` key or attribute, else the first element) where their argmax has the targets'
+    shape; where it does not (a causal LM's (N, T, V) logits against (N,) labels), the accuracy
+    is NaN with a warning saying why. ``metric_fn(output, target)``, a float, replaces it.
     ``log_perplexity=True`` also computes, for logging, exp of the sum of the batch's losses
     (the mean times the number of targets) in the compute dtype on the device.
 
@@ -108,7 +111,8 @@ class TorchWorkload(SampledWorkload):
                  batch: int = 64, learning_rate: float = 0.1, momentum: float = 0.9, dtype: str = "float16",
                  seed: int = 0, name: str | None = None, accuracy: bool | None = None,
                  strict: bool = False, log_perplexity: bool = False,
-                 output_fn: Callable[[Any], Any] | None = None) -> None:
+                 output_fn: Callable[[Any], Any] | None = None,
+                 metric_fn: Callable[[Any, Any], float] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if dtype not in _DTYPES:
@@ -121,9 +125,10 @@ class TorchWorkload(SampledWorkload):
                           learning_rate=learning_rate, momentum=momentum, seed=seed)
         self.dtype, self._np = _DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype)
-        if output_fn is not None and not callable(output_fn):
-            raise TypeError(f"output_fn must be callable, got {type(output_fn).__name__}")
-        self.loss_fn, self.strict, self.output_fn = loss_fn, strict, output_fn
+        for what, fn in (("output_fn", output_fn), ("metric_fn", metric_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
+        self.loss_fn, self.strict, self.output_fn, self.metric_fn = loss_fn, strict, output_fn, metric_fn
         check_bool("log_perplexity", log_perplexity)
         self.log_perplexity = log_perplexity
         self.name = name or type(model).__name__
@@ -212,8 +217,23 @@ class TorchWorkload(SampledWorkload):
             out = self._seen(model(x.float() if x.is_floating_point() else x))
             model.train()
             loss = float(self.loss_fn(out, y))
-        acc = float((logits_of(out).argmax(dim=-1) == y).float().mean()) if self.has_accuracy else float("nan")
-        return {"loss": loss, "accuracy": acc}
+        return {"loss": loss, "accuracy": self._accuracy(out, y)}
+
+    def _accuracy(self, out: Any, y: torch.Tensor) -> float:
+        """``metric_fn``'s figure, else the argmax accuracy where the predictions have the targets'
+        shape (NaN with a warning where they do not), else NaN."""
+        if self.metric_fn is not None:
+            return float(self.metric_fn(out, y))
+        if not self.has_accuracy:
+            return float("nan")
+        logits = logits_of(out)
+        pred = logits.argmax(dim=-1)
+        if pred.shape != y.shape:
+            warnings.warn(f"accuracy not available: the argmax of logits of shape {tuple(logits.shape)} has shape "
+                          f"{tuple(pred.shape)}, the targets {tuple(y.shape)}; give TorchWorkload(metric_fn=...) "
+                          f"or an output_fn= whose logits fit the targets", stacklevel=2)
+            return float("nan")
+        return float((pred == y).float().mean())
 
 
 class _BuiltIn(TorchWorkload):
