@@ -120,7 +120,7 @@ def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
     out = tmp_path / "sweep"
     sweep = ["sweep", grid, "--out", out, "--workers", "1", "--quiet"]
     assert cli(capsys, *sweep)[0] == 0
-    assert own_files(out) == {"grid.toml", "points.jsonl", "results.csv", "sweep.png"}
+    assert own_files(out) == {"grid.toml", "points.jsonl", "results.csv", "sweep.png", ".lossscale-sweep.lock"}
     (out / "notes.txt").write_text("mine")
     assert cli(capsys, *sweep)[0] == 0  # resumed: nothing of the user's touched
     before = tree(out)
@@ -134,9 +134,9 @@ def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
     assert cli(capsys, "run", *FAST, "--out", run)[0] == 0
     refused(*cli(capsys, "sweep", grid, "--out", run, "--quiet"), "holds no sweep", "or --force")
     assert cli(capsys, "sweep", grid, "--out", run, "--quiet", "--force")[0] == 0  # lossscale's run, replaced
-    assert sorted(own_files(run)) == ["grid.toml", "points.jsonl", "results.csv", "sweep.png"]
-    assert sorted(p.name for p in run.iterdir()) == sorted([MANIFEST, "grid.toml", "points.jsonl", "results.csv",
-                                                            "sweep.png"])
+    assert sorted(own_files(run)) == [".lossscale-sweep.lock", "grid.toml", "points.jsonl", "results.csv", "sweep.png"]
+    assert sorted(p.name for p in run.iterdir()) == sorted([MANIFEST, ".lossscale-sweep.lock", "grid.toml",
+                                                            "points.jsonl", "results.csv", "sweep.png"])
 
 
 # -- a run whose workload raises keeps its finished steps (issue 31, items 2 and 3) --------------------
@@ -255,3 +255,23 @@ def test_a_causal_lm_whose_logits_do_not_fit_the_labels_keeps_its_run() -> None:
     last = simulate(workload=workload(metric_fn=lambda out, t: float((out[:, -1].argmax(-1) == t).float().mean())),
                     steps=4, record_events=False).summary
     assert 0 <= last["final"]["accuracy"] <= 1 and last["evaluation_notes"] == []
+
+
+def test_one_sweep_at_a_time_into_a_folder(capsys, tmp_path) -> None:
+    """A sweep writing into a folder holds its lock: a second one into it (the same grid, or --force)
+    is refused at once and writes nothing; once the first ends, the command resumes."""
+    fcntl = pytest.importorskip("fcntl")
+    from lossscale.app.sweep import LOCK
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SWEEP)
+    out = tmp_path / "sweep"
+    sweep = ["sweep", grid, "--out", out, "--workers", "1", "--quiet"]
+    assert cli(capsys, *sweep)[0] == 0
+    before = tree(out)
+    with open(out / LOCK, "a") as held:  # as the other sweep's process holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for extra in ([], ["--force"]):
+            refused(*cli(capsys, *sweep, *extra), "another lossscale sweep is writing into", "now")
+        assert tree(out) == before
+    assert cli(capsys, *sweep)[0] == 0 and tree(out)["points.jsonl"] == before["points.jsonl"]

@@ -29,6 +29,7 @@ order) and ``sweep.png`` (heat maps) are rebuilt, whole, at the end.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -218,10 +219,39 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     own = _check_folder(out, (fixed, axes), force)
     client = _connect(scheduler) if scheduler else None  # before anything is written
     out.mkdir(exist_ok=True)
+    with _locked(out):
+        return _sweep(out, grid, own, force, client, workers, grid_points, axes, progress, heatmap, report)
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """One sweep at a time into a folder: an exclusive lock on its lock file, held while the sweep
+    runs (the system releases it when the process ends, however it ends); a second sweep into
+    the folder is refused at once. Where the system has no ``fcntl`` (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(out / LOCK, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ValueError(f"another lossscale sweep is writing into {str(out)!r} now; wait for it to finish (this "
+                             f"command then resumes it) or choose another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _sweep(out: Path, grid: Path, own: set[str], force: bool, client: Any, workers: int,
+           grid_points: list[dict[str, Any]], axes: dict[str, list[Any]], progress, heatmap, report
+           ) -> list[dict[str, Any]]:
     log = out / "points.jsonl"
     if force:  # lossscale's own files only (_check_folder refused a folder holding anything else)
-        remove_own(out, own)
-        write_manifest(out, [])
+        remove_own(out, own - {LOCK})  # the lock this sweep holds stays
+        write_manifest(out, [LOCK])
     if log.exists() and log.stat().st_size and not log.read_bytes().endswith(b"\n"):
         with open(log, "a") as f:  # isolate a line torn by an interruption
             f.write("\n")
@@ -252,7 +282,8 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
 
 #: The files a sweep writes into its folder (a folder from before lossscale kept a manifest is
 #: known as a sweep's by its grid.toml).
-SWEEP_FILES = ("grid.toml", "points.jsonl", "results.csv", "sweep.png")
+SWEEP_FILES = ("grid.toml", "points.jsonl", "results.csv", "sweep.png", ".lossscale-sweep.lock")
+LOCK = SWEEP_FILES[-1]  #: the lock file of :func:`_locked`
 
 
 def _record(out: Path) -> None:
