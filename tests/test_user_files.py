@@ -275,3 +275,46 @@ def test_one_sweep_at_a_time_into_a_folder(capsys, tmp_path) -> None:
             refused(*cli(capsys, *sweep, *extra), "another lossscale sweep is writing into", "now")
         assert tree(out) == before
     assert cli(capsys, *sweep)[0] == 0 and tree(out)["points.jsonl"] == before["points.jsonl"]
+
+
+# -- bounds up front, and what a killed run left (issue 31, item 4) -----------------------------------
+def test_settings_beyond_their_bounds_are_refused_before_anything_is_made(capsys, tmp_path, monkeypatch) -> None:
+    """--steps 10**23 and --ranks 100000 are refused by the parser (one line, nothing written); a rank
+    count within the bound that leaves ranks without data is refused before a device is made."""
+    import lossscale.training.simulate as sim_module
+    from lossscale.simulate import simulate
+    from lossscale.training.config import MAX_RANKS, MAX_STEPS
+
+    monkeypatch.chdir(tmp_path)
+    refused(*cli(capsys, "run", "--steps", "99999999999999999999999", "--quiet"), "--steps", "at most 10,000,000")
+    refused(*cli(capsys, "run", "--ranks", "100000", "--quiet"), "--ranks", "at most 4,096")
+    assert list(tmp_path.iterdir()) == []
+    for bad in ({"steps": MAX_STEPS + 1}, {"ranks": MAX_RANKS + 1}, {"micro_batches": MAX_RANKS + 1}):
+        with pytest.raises(ValueError, match="at most"):
+            simulate(**bad)
+
+    def no_device(*args, **kwargs):
+        raise AssertionError("a device was made before the ranks were checked")
+
+    monkeypatch.setattr(sim_module, "Device", no_device)
+    with pytest.raises(ValueError, match="ranks=4000 leaves 3936 rank"):
+        simulate(ranks=4000, steps=3)
+
+
+def test_a_killed_runs_staging_folder_is_found(capsys, tmp_path) -> None:
+    """A run killed (SIGKILL) leaves its hidden staging folder; the next run into the same parent
+    removes an empty one and names one holding files, leaving it as it is."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    empty = tmp_path / f".a.{pid}.k2j4h5g6.writing"
+    full = tmp_path / f".b.{pid}.p0o9i8u7.writing"
+    other = tmp_path / ".c.xyz123.writing"  # not one of ours by name: left alone
+    for folder in (empty, full, other):
+        folder.mkdir()
+    (full / "trajectory.csv").write_text("step\n")
+    code, err = cli(capsys, "run", *FAST, "--out", tmp_path / "new")
+    assert code == 0 and not empty.exists() and (full / "trajectory.csv").exists() and other.exists()
+    assert f"removed {str(empty)!r}" in err and f"{str(full)!r} holds what a killed run wrote" in err

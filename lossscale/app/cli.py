@@ -71,15 +71,16 @@ def _pairs(items: list[str], what: str, words: bool = False) -> dict[str, Any]:
     return out
 
 
-def _integer(low: int):
-    """An argparse type: an integer of at least ``low``."""
+def _integer(low: int, high: int | None = None):
+    """An argparse type: an integer of at least ``low`` (and at most ``high``)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}, got {text!r}")
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}"
+                                             f"{f' and at most {high:,}' if high else ''}, got {text!r}")
         return value
     parse.__name__ = "integer"
     return parse
@@ -122,7 +123,7 @@ def _setting(p: argparse.ArgumentParser, f: Field, **override: Any) -> None:
         metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
         kwargs.update(action="append", metavar=metavar, default=[])
     elif meta["low"] is not None:
-        kwargs.update(type=_integer(meta["low"]))
+        kwargs.update(type=_integer(meta["low"], meta["high"]))
     elif isinstance(f.default, bool):
         kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
     if meta["choices"] is not None and meta["importable"]:

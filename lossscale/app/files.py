@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import fields
@@ -173,7 +174,8 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     out = Path(out)
     made = not out.parent.exists()
     out.parent.mkdir(parents=True, exist_ok=True)  # the default runs/ folder
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".writing"))
+    _stale_stages(out.parent)
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".writing"))
     os.chmod(stage, 0o777 & ~_UMASK)
     try:
         yield stage
@@ -189,6 +191,28 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
         raise
     write_manifest(stage)
     _publish(stage, out, force)
+
+
+def _stale_stages(parent: Path) -> None:
+    """The staging folders a killed run left in ``parent`` (its process id is in the name, and no
+    such process runs): an empty one is removed, one holding files is kept and named on stderr."""
+    for stage in parent.glob(".*.writing"):
+        try:
+            pid = int(stage.name.rsplit(".", 3)[-3])
+            os.kill(pid, 0)
+            continue  # its run is still running (or the id is another process's now: left alone)
+        except (ValueError, IndexError, PermissionError):
+            continue  # not named by this version, or another user's process
+        except ProcessLookupError:
+            pass
+        if stage.is_dir() and not any(stage.rglob("*")):
+            with contextlib.suppress(OSError):
+                stage.rmdir()
+                print(f"lossscale: note: removed {str(stage)!r}, the empty staging folder of a run that was killed",
+                      file=sys.stderr)
+        else:
+            print(f"lossscale: note: {str(stage)!r} holds what a killed run wrote before it was stopped; it was left "
+                  f"as it is", file=sys.stderr)
 
 
 def _publish(stage: Path, out: Path, force: bool) -> None:

@@ -143,15 +143,21 @@ def _check_positive(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a finite number above 0 (or unset: off), got {value!r}")
 
 
+#: The settings' upper bounds, checked before anything is made: a run holds its steps' batches and
+#: rows in memory, and makes a device per rank, stage and micro-batch split.
+MAX_STEPS, MAX_RANKS = 10_000_000, 4096
+
+
 def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
-            low: int | None = None, table: bool = False, words: bool = False, named: bool = False,
+            low: int | None = None, high: int | None = None, table: bool = False, words: bool = False,
+            named: bool = False,
             recorded: bool = True, listed_after: str | None = None, check: Check | None = None,
             importable: bool = False) -> Any:
     """A :class:`RunConfig` field and what the layers need to know of it.
 
     ``option``: the command-line option ("": ``--`` and the name with dashes; None: none);
     ``choices``: the valid names (command-line choices; with ``check`` unset, also checked);
-    ``low``: an integer of at least this; ``table``: arguments as a table (``KEY=VALUE`` on the
+    ``low``, ``high``: an integer of at least, at most, this; ``table``: arguments as a table (``KEY=VALUE`` on the
     command line, ``words`` keeping text values); ``named``: a name or an object, the summary
     records the name only; ``recorded``: part of what the run is (``summary.json``'s
     arguments, a sweep axis) rather than of how it runs; ``listed_after``: its place among the
@@ -159,7 +165,8 @@ def setting(default: Any, help: str, *, option: str | None = "", choices: Callab
     the domain check, given every setting; ``importable``: besides the choices, an import
     path ``package.module:attribute`` names a value of the user's.
     """
-    meta = {"help": help, "option": option, "choices": choices, "low": low, "table": table, "words": words,
+    meta = {"help": help, "option": option, "choices": choices, "low": low, "high": high, "table": table,
+            "words": words,
             "named": named, "recorded": recorded, "listed_after": listed_after, "check": check,
             "importable": importable}
     return field(default=default, metadata=meta)
@@ -193,8 +200,8 @@ class RunConfig:
         "INF/NaN mode)", choices=lambda: [*DETECTORS, *ALIASES], named=True,
         check=lambda get: get("detector") is None or make_detector(ALIASES.get(get("detector"), get("detector")),
                                                                   OverflowMode.INF_NAN))
-    ranks: int = setting(1, "data-parallel ranks (devices)", low=1)
-    steps: int = setting(300, "training steps", low=1)
+    ranks: int = setting(1, "data-parallel ranks (devices)", low=1, high=MAX_RANKS)
+    steps: int = setting(300, "training steps", low=1, high=MAX_STEPS)
     seed: int = setting(0, "the workload's seed", low=0)
     underflow_every: int = setting(10, "measure the gradients' underflow every N steps", low=1)
     workload_args: dict[str, Any] | None = setting(
@@ -222,7 +229,8 @@ class RunConfig:
         option="--fp8-arg", table=True, words=True)
     micro_batches: int = setting(
         1, "forward and backward passes per optimizer step on each rank (gradient accumulation: each rank's "
-        "part of the batch split into this many micro-batches, their binary16 gradients summed; 1: none)", low=1)
+        "part of the batch split into this many micro-batches, their binary16 gradients summed; 1: none)", low=1,
+        high=MAX_RANKS)
 
     clip_grad_norm: float | None = setting(
         None, "clip the unscaled gradients by their global norm (binary32, as torch.nn.utils.clip_grad_norm_) to "
@@ -232,7 +240,7 @@ class RunConfig:
     pipeline_stages: int = setting(
         1, "pipeline-parallel stages per rank, each its own device and float-status register, run in Megatron's "
         "1F1B order (needs micro_batches >= pipeline_stages; a workload's operations run on the stage its "
-        "device's stage tag names, else stage 0; 1: none)", low=1,
+        "device's stage tag names, else stage 0; 1: none)", low=1, high=MAX_RANKS,
         check=lambda get: check_stages(get("pipeline_stages"), get("micro_batches")))
 
     def __post_init__(self) -> None:
@@ -294,10 +302,14 @@ SIGNATURE = inspect.Signature(list(_parameters()), return_annotation="Run")
 
 
 def integer_problems(get: Callable[[str], Any]) -> list[str]:
-    """The integer settings (``get(name)``) that are not integers at least their bound."""
-    return [f"{f.name} must be an integer of at least {f.metadata['low']}, got {get(f.name)!r}" for f in settings()
-            if f.metadata["low"] is not None
-            and (isinstance(get(f.name), bool) or not isinstance(get(f.name), int) or get(f.name) < f.metadata["low"])]
+    """The integer settings (``get(name)``) that are not integers within their bounds."""
+    problems = []
+    for f in settings():
+        low, high, v = f.metadata["low"], f.metadata["high"], get(f.name)
+        if low is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low or (high and v > high)):
+            problems.append(f"{f.name} must be an integer of at least {low}{f' and at most {high:,}' if high else ''}"
+                            f", got {v!r}")
+    return problems
 
 
 def check_arguments(args: dict[str, Any]) -> list[str]:

@@ -203,6 +203,7 @@ def _set_up(config: RunConfig) -> _Training:
     optimizer per rank and the binary32 baseline; refuses bad settings before any step."""
     c = config
     wl = _workload(c)
+    check_split(wl, wl.batches(1)[0], c.ranks, c.micro_batches)  # before a device per rank is made
     label = c.workload if isinstance(c.workload, str) else str(getattr(wl, "name", type(wl).__name__))
     recipe = fp8_recipe(c.fp8, c.fp8_args)
     prof = profiles.get(c.profile)
