@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lossscale.app.cli import main
@@ -318,3 +319,20 @@ def test_a_killed_runs_staging_folder_is_found(capsys, tmp_path) -> None:
     code, err = cli(capsys, "run", *FAST, "--out", tmp_path / "new")
     assert code == 0 and not empty.exists() and (full / "trajectory.csv").exists() and other.exists()
     assert f"removed {str(empty)!r}" in err and f"{str(full)!r} holds what a killed run wrote" in err
+
+
+def test_batches_are_drawn_as_the_run_reaches_them() -> None:
+    """The built-in sampled workloads' batches: drawn in order when first asked for, the same values
+    as drawing every step's up front (so every run's data is what it was), none drawn ahead."""
+    from lossscale.training.workloads.base import Draws
+    from lossscale.workloads import make_workload
+
+    rng = np.random.default_rng(8)
+    upfront = np.stack([rng.choice(1000, 64, replace=False) for _ in range(50)])
+    lazy = Draws(1000, 64, 50, 8)
+    assert len(lazy) == 50 and np.array_equal(lazy[3], upfront[3]) and len(lazy._drawn) == 4
+    assert np.array_equal(lazy[-1], upfront[-1]) and np.array_equal(np.stack(lazy[10:20]), upfront[10:20])
+    with pytest.raises(IndexError):
+        lazy[50]
+    huge = make_workload("mlp", 0).batches(10_000_000)
+    assert len(huge) == 10_000_000 and huge[0].shape == (64,) and len(huge._drawn) == 1

@@ -72,6 +72,29 @@ PROTOCOL = ("name", "has_accuracy", "init_params", "optimizer", "batches", "shar
              "grads32", "evaluate")
 
 
+class Draws(Sequence):
+    """``steps`` batches of ``size`` indices into ``rows`` examples, each drawn without replacement
+    from ``numpy.random.default_rng(seed)`` in order, when first asked for: the t-th is the t-th
+    draw, the values drawing them all up front gives, but a long run holds only the batches it
+    reached (a run of 10**7 steps would otherwise build 5 GB of them before its first step)."""
+
+    def __init__(self, rows: int, size: int, steps: int, seed: int) -> None:
+        self.rows, self.size, self.steps = rows, size, steps
+        self._rng = np.random.default_rng(seed)
+        self._drawn: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, t):
+        if isinstance(t, slice):
+            return [self[i] for i in range(*t.indices(self.steps))]
+        t = range(self.steps)[t]  # IndexError beyond the steps, as a sequence's
+        while len(self._drawn) <= t:
+            self._drawn.append(self._rng.choice(self.rows, self.size, replace=False))
+        return self._drawn[t]
+
+
 class SampledWorkload:
     """What a workload on ``(inputs, targets)`` arrays shares: batches of indices sampled
     without replacement, split across ranks; momentum SGD; fixed initial binary32 parameters.
@@ -96,9 +119,8 @@ class SampledWorkload:
     def optimizer(self):
         return Momentum(self.learning_rate, self.momentum)
 
-    def batches(self, steps: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed + 1)
-        return np.stack([rng.choice(self._rows, self.batch, replace=False) for _ in range(steps)])
+    def batches(self, steps: int) -> Draws:
+        return Draws(self._rows, self.batch, steps, self.seed + 1)
 
     def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
         """Each rank's indices and its share of the global batch."""

@@ -13,7 +13,7 @@ from sim import binary32 as b32
 
 from ..optimizers import Adam, Momentum
 from ..phases import begin_phase
-from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, argument, check_workload_args, digits
+from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, Draws, argument, check_workload_args, digits
 
 __all__ = ["Mlp", "Trace"]
 
@@ -75,9 +75,8 @@ class Mlp:
     def optimizer(self):
         return Momentum(self.learning_rate, self.momentum)
 
-    def batches(self, steps: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed + 1)
-        return np.stack([rng.choice(len(self.train[1]), self.batch, replace=False) for _ in range(steps)])
+    def batches(self, steps: int) -> Draws:
+        return Draws(len(self.train[1]), self.batch, steps, self.seed + 1)
 
     def shards(self, batch: np.ndarray, ranks: int) -> list[tuple[np.ndarray, float]]:
         """Each rank's images and its share of the global batch."""
