@@ -336,3 +336,18 @@ def test_batches_are_drawn_as_the_run_reaches_them() -> None:
         lazy[50]
     huge = make_workload("mlp", 0).batches(10_000_000)
     assert len(huge) == 10_000_000 and huge[0].shape == (64,) and len(huge._drawn) == 1
+
+
+def test_a_resumed_sweep_writes_what_a_fresh_one_does(capsys, tmp_path) -> None:
+    """results.csv of a sweep whose points are all read back from points.jsonl (NaN metrics: the
+    trace workload's accuracy) is the fresh sweep's, byte for byte (issue 31, item 10)."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SWEEP)
+    out = tmp_path / "sweep"
+    sweep = ["sweep", grid, "--out", out, "--workers", "1", "--quiet"]
+    assert cli(capsys, *sweep)[0] == 0
+    fresh = (out / "results.csv").read_bytes()
+    assert b",nan," in fresh
+    (out / "results.csv").unlink()
+    assert cli(capsys, *sweep)[0] == 0  # every point reused
+    assert (out / "results.csv").read_bytes() == fresh

@@ -35,6 +35,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -159,8 +160,20 @@ def _read_done(path: Path) -> dict[str, dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line torn by an interruption: that point runs again
-            done[row["key"]] = row
+            done[row["key"]] = _metrics_back(row)
     return done
+
+
+def _metrics_back(row: dict[str, Any]) -> dict[str, Any]:
+    """A point read back from points.jsonl as it was when it ran: strict JSON wrote a NaN metric as
+    null and an infinite one as "inf" (so a resumed sweep's results.csv is a fresh one's, byte for byte)."""
+    for name in METRICS:
+        value = row.get(name)
+        if value is None and name in row:
+            row[name] = math.nan
+        elif value in ("inf", "-inf"):
+            row[name] = float(value)
+    return row
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:
