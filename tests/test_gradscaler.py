@@ -208,3 +208,44 @@ def test_the_trajectory_is_a_run_folder(tmp_path) -> None:
     assert [r.loss_scale for r in run.rows] == scales and [r.applied for r in run.rows] == applied
     assert run.summary.skipped_steps == applied.count(False) > 0 and run.summary.detector == "torch-npu"
     assert main(["plot", str(tmp_path / "run")]) == 0 and (tmp_path / "run" / "scale.png").stat().st_size > 0
+
+
+def test_state_dicts_load_both_ways_with_torchs_scaler() -> None:
+    """lossscale.torch.GradScaler and torch.amp.GradScaler load each other's state_dict through
+    torch.save/torch.load and continue bit for bit: the same scale and tracker after the same
+    overflow/finite steps (torch's own update kernel against the policy); a state_dict of torch's
+    scaler into a scaler on another policy is refused naming both (issue 31, item 7)."""
+    def saved_and_loaded(d):
+        buf = io.BytesIO()
+        torch.save(d, buf)
+        buf.seek(0)
+        return torch.load(buf)
+
+    def torch_steps(ts, finite):
+        for ok in finite:  # torch's own update: torch._amp_update_scale_, as GradScaler.update calls it
+            torch._amp_update_scale_(ts._scale, ts._growth_tracker, torch.tensor([0.0 if ok else 1.0]),
+                                     ts._growth_factor, ts._backoff_factor, ts._growth_interval)
+
+    finite = [True, True, False, True, True, True, True, False, True, True]
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_factor=3.0, backoff_factor=0.25,
+                                  growth_interval=3)
+    theirs._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    torch_steps(theirs, finite[:4])
+    ours = GradScaler(Device("atlas-a2"))
+    ours.load_state_dict(saved_and_loaded(theirs.state_dict()))
+    assert ours.get_scale() == theirs.get_scale() and ours.get_growth_factor() == 3.0
+    assert ours.state_dict()["_growth_tracker"] == theirs.state_dict()["_growth_tracker"]
+    torch_steps(theirs, finite[4:])
+    for ok in finite[4:]:
+        ours.manager.update_loss_scale(ok)
+    assert np.float32(ours.get_scale()).tobytes() == np.float32(theirs.get_scale()).tobytes()
+    back = torch.amp.GradScaler("cpu")
+    back.load_state_dict(saved_and_loaded(ours.state_dict()))
+    back._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    assert back.state_dict() == {k: ours.state_dict()[k] for k in back.state_dict()}
+    torch_steps(back, finite)
+    torch_steps(theirs, finite)
+    assert back.state_dict() == theirs.state_dict()
+    keras = GradScaler(Device("atlas-a2"), policy="keras")
+    with pytest.raises(ValueError, match="torch.amp.GradScaler's .policy TorchPolicy.; this scaler runs KerasPolicy"):
+        keras.load_state_dict(theirs.state_dict())

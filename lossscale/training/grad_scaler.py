@@ -42,10 +42,13 @@ from sim.torch import as_tensor as _tensor
 
 from ..policy import Manager, Policy, PolicyManager, describe
 from ..policy.core import check_scale
-from ..policy.frameworks import TorchGradScaler
+from ..policy.frameworks import TorchGradScaler, TorchPolicy
 from .config import make_manager
 from .detectors import UNMARKED, Detector, TorchNpu, make_detector
 from .records import Row, Run, Summary, versions
+
+#: The keys of ``torch.amp.GradScaler.state_dict()`` (torch/amp/grad_scaler.py).
+TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 __all__ = ["GradScaler"]
 
@@ -342,24 +345,49 @@ class GradScaler:
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The policy's checkpoint (:meth:`Manager.state_dict`: plain Python values, exact, so
-        JSON and ``torch.save`` keep it) and the step count; ``{}`` when disabled, as torch's."""
+        JSON and ``torch.save`` keep it) and the step count; ``{}`` when disabled, as torch's.
+        On torch's policy (and torch_npu's) also ``torch.amp.GradScaler.state_dict``'s keys
+        (``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+        ``_growth_tracker``), so that torch's scaler loads it and continues bit for bit."""
         if not self._enabled:
             return {}
-        return {**self.manager.state_dict(), "step": self._step_index}
+        own = {**self.manager.state_dict(), "step": self._step_index}
+        policy, state = self.manager.policy, getattr(self.manager, "state", None)
+        if not isinstance(policy, TorchPolicy) or state is None:
+            return own
+        return {"scale": float(state.scale), "growth_factor": float(policy.growth_factor),
+                "backoff_factor": float(policy.backoff_factor), "growth_interval": int(policy.growth_interval),
+                "_growth_tracker": int(state.counter), **own}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: the policy's arguments and state, and the step count
-        (the rows recorded so far stay)."""
+        """Continue from :meth:`state_dict`, or from ``torch.amp.GradScaler.state_dict()`` (its
+        scale, factors, interval and tracker, on torch's policy or torch_npu's: its scale becomes
+        the initial scale too, as torch's load makes it; the step count stays). A state_dict of
+        another policy is refused naming both; the rows recorded so far stay."""
         if not self._enabled:
             return
         if not isinstance(state_dict, Mapping) or not state_dict:
             raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled "
                                "instance of GradScaler.")
+        if "policy" not in state_dict and all(k in state_dict for k in TORCH_KEYS):
+            self.manager.load_state_dict(self._from_torch(state_dict))
+            return
         step = state_dict.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state_dict step must be a non-negative integer, got {step!r}")
-        self.manager.load_state_dict({k: v for k, v in state_dict.items() if k != "step"})
+        self.manager.load_state_dict({k: v for k, v in state_dict.items() if k != "step" and k not in TORCH_KEYS})
         self._step_index = step
+
+    def _from_torch(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """torch.amp.GradScaler's state_dict as this scaler's policy's checkpoint."""
+        policy = self.manager.policy
+        if not isinstance(policy, TorchPolicy):
+            raise ValueError(f"this state_dict is torch.amp.GradScaler's (policy TorchPolicy); this scaler runs "
+                             f"{type(policy).__name__}: load it into a GradScaler on torch's policy")
+        arguments = {**describe(policy), "init_scale": saved["scale"], "growth_factor": saved["growth_factor"],
+                     "backoff_factor": saved["backoff_factor"], "growth_interval": saved["growth_interval"]}
+        return {"policy": type(policy).__name__, "arguments": arguments,
+                "state": {"scale": saved["scale"], "counter": saved["_growth_tracker"]}}
 
     # -- the trajectory as a run ---------------------------------------------------------------
     def run(self) -> Run:
