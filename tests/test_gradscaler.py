@@ -249,3 +249,23 @@ def test_state_dicts_load_both_ways_with_torchs_scaler() -> None:
     keras = GradScaler(Device("atlas-a2"), policy="keras")
     with pytest.raises(ValueError, match="torch.amp.GradScaler's .policy TorchPolicy.; this scaler runs KerasPolicy"):
         keras.load_state_dict(theirs.state_dict())
+
+
+def test_grad_max_is_unscaled_on_skipped_and_applied_steps() -> None:
+    """The grad_max column means one thing in every run folder (issue 31, item 8): the largest
+    scaled gradient magnitude over the step's scale, also on a step torch_npu's scaler skips
+    and leaves its gradients scaled (they were written scaled before)."""
+    dev = Device("atlas-training")
+    scaler = GradScaler(dev, init_scale=2.0**16)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.0)
+    for grads, overflow in (([3 * 2.0**16, -2.0**16], True), ([5 * 2.0**16, 1.0], False)):
+        p.grad = torch.tensor(grads)
+        if overflow:
+            with DeviceMode(dev):
+                (torch.tensor([60000.0]).half() * 4).sum()  # saturates: the register is set
+        scaler.step(opt)
+        scaler.update()
+    skipped, applied = scaler.rows
+    assert not skipped.applied and skipped.grad_max == 3.0
+    assert applied.applied and applied.loss_scale == 2.0**15 and applied.grad_max == 10.0  # 5 * 2**16 / 2**15

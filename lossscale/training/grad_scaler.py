@@ -251,14 +251,17 @@ class GradScaler:
             with np.errstate(all="ignore"):
                 found = not all(bool(np.isfinite(a.astype(np.float32)).all()) for a in arrays)
         self._overflow_seen |= found
+        # grad_max: the largest scaled magnitude over the scale in binary64, as simulate() writes it,
+        # whether or not the gradients are unscaled in place (torch_npu keeps an overflowed step's)
+        with np.errstate(all="ignore"):
+            biggest = max((float(np.max(np.abs(a.astype(np.float32)))) for a in arrays if a.size), default=0.0)
+            biggest = float(np.float64(biggest) / np.float64(self.manager.state.scale))
+        self._grad_max = max(self._grad_max, biggest)
         inv = np.float32(1.0 / float(self.manager.state.scale)) if self.manager.state.scale else np.float32(np.inf)
         keep = found and isinstance(self.detector, TorchNpu) and self._reads_register()
         if inv != 1 and not keep:
             for a in arrays:
                 a[...] = _times(self.device, a, inv, a.dtype)
-        with np.errstate(all="ignore"):
-            biggest = max((float(np.max(np.abs(a.astype(np.float32)))) for a in arrays if a.size), default=0.0)
-        self._grad_max = max(self._grad_max, biggest)
         state.update(stage=_UNSCALED, found_inf=found)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:

@@ -32,7 +32,8 @@ class Row:
                                         "file writes them space-separated)")
     loss: float = _column("the training loss, summed over ranks")
     baseline_loss: float = _column("the binary32 baseline's training loss")
-    grad_max: float = _column("the largest unscaled gradient magnitude (rank 0)")
+    grad_max: float = _column("the largest unscaled gradient magnitude (rank 0): the largest scaled one over the "
+                              "step's scale, in binary64, on applied and skipped steps alike")
     underflow_fraction: float = _column("the fraction of gradients flushed to zero in binary16 (NaN: not measured)")
     update_error: float = _column("||applied update - binary32 reference update|| / ||reference|| (rank 0; "
                                   "1 on a skipped step)")
