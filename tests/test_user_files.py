@@ -351,3 +351,31 @@ def test_a_resumed_sweep_writes_what_a_fresh_one_does(capsys, tmp_path) -> None:
     (out / "results.csv").unlink()
     assert cli(capsys, *sweep)[0] == 0  # every point reused
     assert (out / "results.csv").read_bytes() == fresh
+
+
+def test_minor_inputs_get_one_line_errors(capsys, tmp_path, monkeypatch) -> None:
+    """Issue 31, item 11 (in part): a binary grid or log, a grid path that is a folder and an --out
+    under a file are one-line errors naming them; replay --out runs/NAME makes runs/ as run does; a
+    policy's np.float16 scale is a Python float in the summary."""
+    from lossscale.simulate import simulate
+
+    monkeypatch.chdir(tmp_path)
+    binary = tmp_path / "grid.toml"
+    binary.write_bytes(b"\xdd\xfe\x00binary")
+    refused(*cli(capsys, "sweep", binary, "--out", "s"), "grid.toml' is not text (not UTF-8)")
+    refused(*cli(capsys, "sweep", tmp_path, "--out", "s"), "is a folder; give the grid's TOML file")
+    refused(*cli(capsys, "replay", binary, "--format", "csv", "--out", "r"), "grid.toml' holds no loss-scale events")
+    (tmp_path / "afile.txt").write_text("x")
+    refused(*cli(capsys, "run", *FAST, "--out", "afile.txt/sub"), "'afile.txt' in the output path", "is a file")
+    assert cli(capsys, "replay", a_log(tmp_path), "--out", "runs/replay")[0] == 0
+    assert (tmp_path / "runs" / "replay" / "replay.csv").exists()
+
+    class Half:
+        def get_loss_scale(self):
+            return np.float16(1024)
+
+        def update_loss_scale(self, finite):
+            pass
+
+    scale = simulate(workload="trace", manager=Half(), steps=3, record_events=False).summary["final_loss_scale"]
+    assert type(scale) is float and scale == 1024.0

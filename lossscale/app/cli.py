@@ -531,7 +531,7 @@ def _read_log(path: Path, fmt: str) -> Any:
     if not path.is_file():
         raise UsageError(f"no log file {str(path)!r}" + (" (it is a folder)" if path.is_dir() else "") +
                          "; give the path of a training log")
-    log = read_log(path, fmt)
+    log = read_log(path, fmt)  # bytes that are not UTF-8 read as U+FFFD: a binary file holds no events
     if not log.events:
         where = (f"; {len(log.unparsed)} line(s) in its words not understood, the first at line {log.unparsed[0][0]}"
                  if log.unparsed else "")

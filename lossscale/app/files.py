@@ -56,9 +56,15 @@ def check_path(out: Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output path {str(out)!r} exists and is not a folder")
-    if not out.exists() and not out.parent.is_dir():
+    taken = next((p for p in reversed(out.parents) if p.exists() and not p.is_dir()), None)
+    if taken is not None:
+        raise ValueError(f"{str(taken)!r} in the output path {str(out)!r} is a file, not a folder")
+    default_root = out.parent.resolve() == Path("runs").resolve()  # the runs/ folder is made, as run makes it
+    if not out.exists() and not out.parent.is_dir() and not default_root:
         raise ValueError(f"the folder {str(out.parent)!r} for output {str(out)!r} does not exist; create it first")
     for folder in (out.parent, out) if out.exists() else (out.parent,):
+        if not folder.exists():  # runs/, made when the run is written
+            continue
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ValueError(f"cannot write to the folder {str(folder)!r} (permission denied) for output {str(out)!r}; "
                              f"choose an --out you can write to")

@@ -68,10 +68,14 @@ RESULT_COLUMNS = ("index", "key", *AXES, "status", "error", *METRICS)
 
 def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The fixed arguments and the axes of a grid file."""
+    if Path(path).is_dir():
+        raise ValueError(f"grid file {str(path)!r} is a folder; give the grid's TOML file")
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"grid file {str(path)!r} not found") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"grid file {str(path)!r} is not text (not UTF-8); give the grid's TOML file") from None
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"grid file {str(path)!r} is not valid TOML: {err}") from None
     fixed, axes = data.pop("sweep", {}), data.pop("grid", {})

@@ -510,7 +510,7 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         versions=versions(),
         steps_run=len(rows), stopped_early=stopped, interrupted=interrupted,
         final=final, baseline_float32=baseline,
-        final_loss_scale=run.opts[0].get_loss_scale(),
+        final_loss_scale=float(run.opts[0].get_loss_scale()),  # a user policy's np.float16 as a Python float
         skipped_steps=sum(not r.applied for r in rows),
         overflow_steps=sum(r.overflow for r in rows),
         undetected_overflow_steps=sum(r.undetected_overflow for r in rows),
