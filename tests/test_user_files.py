@@ -379,3 +379,28 @@ def test_minor_inputs_get_one_line_errors(capsys, tmp_path, monkeypatch) -> None
 
     scale = simulate(workload="trace", manager=Half(), steps=3, record_events=False).summary["final_loss_scale"]
     assert type(scale) is float and scale == 1024.0
+
+
+def test_help_says_each_default_once_and_what_the_command_line_takes(capsys) -> None:
+    """run --help: no "(default: None)" after a help that gives the default itself, and --manager and
+    --workload described as the command line takes them (names, import paths), not as Python
+    objects (issue 31, item 11)."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: [])" not in text
+    assert "(default: the profile's)" in text and "(default: 300)" in text
+    assert "a Policy value" not in text and "an object following" not in text
+    assert "the loss-scale manager, by name" in text and "package.module:factory for a workload of yours" in text
+
+
+def test_torch_workload_takes_torchs_dtypes() -> None:
+    torch = pytest.importorskip("torch")
+    from lossscale.workloads import TorchWorkload
+
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    for given, want in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16), ("bfloat16", torch.bfloat16)):
+        wl = TorchWorkload(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, (x, y), batch=4, dtype=given)
+        assert wl.dtype == want
+    with pytest.raises(ValueError, match="dtype must be one of float16, bfloat16 .or torch's., got torch.float64"):
+        TorchWorkload(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, (x, y), batch=4, dtype=torch.float64)

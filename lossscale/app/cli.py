@@ -114,11 +114,20 @@ def _dest(f: Field) -> str:
     return _option(f)[2:].replace("-", "_")
 
 
+#: The settings whose declared help speaks of Python values (objects, classes), as the command
+#: line takes them: by name, or by import path.
+_CLI_HELP = {
+    "manager": "the loss-scale manager, by name (lossscale managers lists them with their arguments)",
+    "workload": "the model and data: a name, or package.module:factory for a workload of yours "
+                "(factory(seed=SEED, **workload_args) returns it)",
+}
+
+
 def _setting(p: argparse.ArgumentParser, f: Field, **override: Any) -> None:
     """A run setting's option, read from its declaration (see ``RunConfig``); ``override``
     replaces what a command needs otherwise (a default, the help)."""
     meta = f.metadata
-    kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"]}
+    kwargs: dict[str, Any] = {"default": f.default, "help": _CLI_HELP.get(f.name, meta["help"])}
     if meta["table"]:
         metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
         kwargs.update(action="append", metavar=metavar, default=[])
@@ -128,7 +137,7 @@ def _setting(p: argparse.ArgumentParser, f: Field, **override: Any) -> None:
         kwargs.update(action=argparse.BooleanOptionalAction if f.default else "store_true")
     if meta["choices"] is not None and meta["importable"]:
         kwargs.update(type=_name_or_path(list(meta["choices"]())), metavar="{NAME,MODULE:FACTORY}",
-                      help=f"{meta['help']}; NAME is one of {', '.join(meta['choices']())}")
+                      help=f"{kwargs['help']}; NAME is one of {', '.join(meta['choices']())}")
     elif meta["choices"] is not None:
         kwargs.update(choices=list(meta["choices"]()))
     p.add_argument(_option(f), **{**kwargs, **override})
@@ -168,9 +177,20 @@ def _workload_listing() -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, unless the help says it already or there is none
+    to say (None, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default == []:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..version import __version__
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _Help
     parser = _Parser(prog="lossscale", description="Loss scaling on simulated Ascend NPUs: train a workload in "
                      "binary16 on a simulated Atlas device under a framework's loss scaler and overflow check.",
                      formatter_class=fmt)

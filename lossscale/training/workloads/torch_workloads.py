@@ -115,8 +115,9 @@ class TorchWorkload(SampledWorkload):
                  metric_fn: Callable[[Any, Any], float] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, dtype)  # torch's dtypes too
         if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or torch's), got {dtype!r}")
         x, y = (torch.as_tensor(np.asarray(v)) for v in data)
         self.x, self.y = (x.float() if x.is_floating_point() else x), y
         self.test = tuple(torch.as_tensor(np.asarray(v)) for v in test) if test is not None else (self.x, self.y)
