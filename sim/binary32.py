@@ -189,7 +189,6 @@ def apply(name: str, *operands, params: tuple[float, ...] = ()) -> np.ndarray:
 # multiply-adds and no reassociation), so the same bits as the decompositions' separate tensor
 # operations, without a pass over memory for each. A NaN result is the canonical quiet NaN: which
 # NaN an operation propagates differs between CPUs (x86's default NaN is negative, Arm's positive).
-_QNAN = np.float32(np.nan)
 @K.jit
 def norm_apply(x, mean, scale, w, b, has_w, has_b, per_row, out):
     """out = ((x - mean) * scale) [* w] [+ b] over x (A, C, B): mean and scale per channel c
@@ -206,7 +205,7 @@ def norm_apply(x, mean, scale, w, b, has_w, has_b, per_row, out):
                     o = o * (w[j] if per_row else w[c])
                 if has_b:
                     o = o + (b[j] if per_row else b[c])
-                out[a, c, j] = o if o == o else _QNAN
+                out[a, c, j] = o if o == o else _NAN
 
 
 @K.jit
@@ -230,7 +229,7 @@ def batch_norm_grad_input(g, x, mean, proj_scale, grad_mean, grad_scale, train, 
             m, ps, gm, gs = mean[c], proj_scale[c], grad_mean[c], grad_scale[c]
             for j in range(nb_):
                 o = ((g[a, c, j] - (x[a, c, j] - m) * ps) - gm) * gs if train else g[a, c, j] * gs
-                out[a, c, j] = o if o == o else _QNAN
+                out[a, c, j] = o if o == o else _NAN
 
 
 @K.jit
@@ -257,4 +256,4 @@ def layer_norm_grad_input(gxh, x_hat, rstd, row_sum, row_dot, n, out):
         scale, bs, ds = rstd[m] / n, row_sum[m], row_dot[m]
         for j in range(nn):
             o = scale * ((gxh[m, j] * n - bs) - x_hat[m, j] * ds)
-            out[m, j] = o if o == o else _QNAN
+            out[m, j] = o if o == o else _NAN

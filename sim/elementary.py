@@ -37,6 +37,7 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -907,13 +908,19 @@ _CFG32 = config(BINARY32)
 _LAYOUT = {np.dtype(np.float16): (np.uint16, 10), np.dtype(np.float32): (np.uint32, 23)}  # else bfloat16
 
 
+def _bits(x: np.ndarray) -> tuple[Any, Any, Any, Any]:
+    """x's bit layout: its unsigned integer type, the magnitude mask (all but the sign), the
+    bits of Inf, and the quiet bit."""
+    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
+    width = 8 * x.dtype.itemsize
+    return uint, uint((1 << (width - 1)) - 1), uint(((1 << (width - 1 - man)) - 1) << man), uint(1 << (man - 1))
+
+
 def specials(x: np.ndarray) -> int:
     """0 where x (binary16, bfloat16 or binary32) is all finite, 1 where it holds an Inf but no
     NaN, 2 where it holds a NaN."""
-    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
-    width = 8 * x.dtype.itemsize
-    inf = ((1 << (width - 1 - man)) - 1) << man
-    top = int(K.largest_magnitude(x.reshape(-1).view(uint), uint((1 << (width - 1)) - 1)))
+    uint, mask, inf, _ = _bits(x)
+    top = K.largest_magnitude(x.reshape(-1).view(uint), mask)
     return 0 if top < inf else 1 if top == inf else 2
 
 
@@ -921,12 +928,9 @@ def signaling(x: np.ndarray) -> np.ndarray | None:
     """Where x (binary16, bfloat16 or binary32) holds a signaling NaN, or None if nowhere."""
     if x.dtype == np.float64 or specials(x) < 2:
         return None
-    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
-    width = 8 * x.dtype.itemsize
-    u = x.view(uint)
-    mag = u & uint((1 << (width - 1)) - 1)
-    nan = mag > uint(((1 << (width - 1 - man)) - 1) << man)
-    return nan & ((mag & uint(1 << (man - 1))) == 0)
+    uint, mask, inf, quiet = _bits(x)
+    mag = x.view(uint) & mask
+    return (mag > inf) & ((mag & quiet) == 0)
 
 
 @functools.lru_cache(maxsize=256)

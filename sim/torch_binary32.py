@@ -820,10 +820,6 @@ def _all32(*ts) -> bool:
     return all(t is None or (t.dtype == _F32 and t.device.type == "cpu") for t in ts)
 
 
-def _rsqrt(mode, x: torch.Tensor) -> torch.Tensor:
-    return _cr(mode, "rsqrt", x)
-
-
 def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
     """decompositions._unsqueeze_to_dim: trailing unit dimensions until x has ``dim``."""
     for _ in range(dim - x.dim()):
