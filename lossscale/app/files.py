@@ -28,7 +28,8 @@ from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, Even
 from ..training.replay import Decision, Log
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
-           "KeepWritten", "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files", "remove_own",
+           "KeepWritten", "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files",
+           "foreign_error", "remove_own",
            "json_text", "staged", "cell", "replay_columns", "replay_rows", "replay_csv", "read_replay"]
 
 _UMASK = os.umask(0)
@@ -134,9 +135,12 @@ def foreign_files(folder: Path, own: set[str] | None = None) -> list[str]:
     return sorted(found)
 
 
-def _listing(names: list[str], at_most: int = 5) -> str:
-    shown = ", ".join(names[:at_most])
-    return shown + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
+def foreign_error(out: Path, foreign: list[str], force: bool) -> ValueError:
+    """The refusal of an output folder holding files lossscale did not write (the first five named)."""
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    return ValueError(f"output folder {str(out)!r} holds files lossscale did not write ({shown})"
+                      f"{'; --force replaces only what lossscale wrote' if force else ''}: nothing was changed; "
+                      f"choose another --out, or move those files away")
 
 
 def check_out(out: Path, force: bool) -> Path:
@@ -152,9 +156,7 @@ def check_out(out: Path, force: bool) -> Path:
     if out.is_dir() and any(out.iterdir()):
         foreign = foreign_files(out)
         if foreign:
-            raise ValueError(f"output folder {str(out)!r} holds files lossscale did not write ({_listing(foreign)})"
-                             f"{'; --force replaces only what lossscale wrote' if force else ''}: nothing was "
-                             f"changed; choose another --out, or move those files away")
+            raise foreign_error(out, foreign, force)
         if not force:
             raise ValueError(f"output folder {str(out)!r} holds an earlier lossscale output; use --force to "
                              f"replace it, or choose another --out")

@@ -47,7 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from ..training.config import check_arguments, recorded
-from .files import check_path, foreign_files, json_text, own_files, remove_own, write_atomic, write_manifest
+from .files import (
+    check_path,
+    foreign_error,
+    foreign_files,
+    json_text,
+    own_files,
+    remove_own,
+    write_atomic,
+    write_manifest,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -325,10 +334,7 @@ def _check_folder(out: Path, grid: tuple[dict, dict], force: bool) -> set[str]:
     foreign = foreign_files(out, own)
     if force:
         if foreign:
-            raise ValueError(f"{str(out)!r} holds files lossscale did not write ({', '.join(foreign[:5])}"
-                             f"{f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''}); --force replaces "
-                             f"only what lossscale wrote: nothing was changed; choose another --out, or move "
-                             f"those files away")
+            raise foreign_error(out, foreign, force)
         return own
     again = "" if foreign else ", or --force to start it over with this grid"
     if previous is None:
