@@ -245,6 +245,7 @@ class Device:
                       BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, seed=4 * self.seed + 2, **kw)}
         self._register = np.zeros(8, np.int32)
         self._status = 0
+        self._operations = 0
         self._label: str | None = None
         self._tags: Mapping[str, Any] = _NO_TAGS  # replaced, never changed: events share it
         self._observers: tuple[Observer, ...] = ()
@@ -413,10 +414,18 @@ class Device:
         with self._lock:
             self._status = 0
 
+    @property
+    def operations(self) -> int:
+        """How many operations this device has run (events or not; never reset): a driver
+        compares two readings to learn whether anything ran on the device between them, as a
+        loss scaler does to tell a backward pass run off the device."""
+        return self._operations
+
     def _record(self, status: int, op: str, elements: int) -> None:
         """One operation's flags: into the IEEE status, and its events into the register
         (and the log and the observers)."""
         with self._lock:
+            self._operations += 1
             self._status |= status
             if status & _EVENTS:
                 self._event(status, op, elements)

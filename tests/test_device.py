@@ -527,3 +527,18 @@ def test_event_count_is_slot_3_of_the_register() -> None:
     assert dev.event_count == 2 == dev.get_float_status()[3]
     dev.clear_float_status()
     assert dev.event_count == 0
+
+
+def test_operations_counts_every_call_and_never_resets() -> None:
+    """``operations``: one per device call, with or without an event, whatever its size (a matmul,
+    a sum, a cast, a scalar), kept across clears of the register and the status."""
+    dev = Device("atlas-training")
+    calls = [lambda: dev.add(np.ones(5, H), np.ones(5, H)), lambda: dev.mul(np.full(2, 300, H), np.full(2, 300, H)),
+             lambda: dev.matmul(np.ones((3, 4), H), np.ones((4, 2), H)), lambda: dev.sum(np.ones(9, H)),
+             lambda: dev.cast(np.ones(3, np.float32), H), lambda: dev.scalar(2.5, H), lambda: dev.exp(np.ones(4, H))]
+    for n, call in enumerate(calls, 1):
+        call()
+        assert dev.operations == n
+        dev.clear_float_status()
+        dev.clear_status()
+    assert dev.event_count == 0 and dev.operations == len(calls)

@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import lossscale  # noqa: E402
 from lossscale.policy import trajectory  # noqa: E402
 from lossscale.policy.frameworks import KerasPolicy  # noqa: E402
 from lossscale.torch import GradScaler  # noqa: E402
+from lossscale.training.detectors import DETECTORS, TorchNpu  # noqa: E402
 from sim import Device  # noqa: E402
 from sim.torch import DeviceMode  # noqa: E402
 
@@ -261,11 +263,158 @@ def test_grad_max_is_unscaled_on_skipped_and_applied_steps() -> None:
     opt = torch.optim.SGD([p], lr=0.0)
     for grads, overflow in (([3 * 2.0**16, -2.0**16], True), ([5 * 2.0**16, 1.0], False)):
         p.grad = torch.tensor(grads)
-        if overflow:
-            with DeviceMode(dev):
-                (torch.tensor([60000.0]).half() * 4).sum()  # saturates: the register is set
+        scaler.scale(torch.tensor(1.0))
+        with DeviceMode(dev):  # the stand-in for the backward pass; 60000 * 4 saturates: the register is set
+            (torch.tensor([60000.0 if overflow else 1.0]).half() * 4).sum()
         scaler.step(opt)
         scaler.update()
     skipped, applied = scaler.rows
     assert not skipped.applied and skipped.grad_max == 3.0
     assert applied.applied and applied.loss_scale == 2.0**15 and applied.grad_max == 10.0  # 5 * 2**16 / 2**15
+
+
+class Recording(torch.optim.SGD):
+    """SGD (lr 0: the parameters stay) that records whether step() was called."""
+
+    def __init__(self, param) -> None:
+        super().__init__([param], lr=0.0)
+        self.stepped = False
+
+    def step(self, closure=None):
+        self.stepped = True
+        return super().step(closure)
+
+
+def _event(dev: Device) -> None:
+    """A register event on ``dev`` in either mode: 60000 * 4 overflows binary16."""
+    dev.mul(np.float16(60000), np.float16(4))
+
+
+_ACCEPTED = [name for name, cls in DETECTORS.items() if cls.clears_at in (None, "scale")]
+_MODES = {"saturation": "atlas-training", "inf-nan": "atlas-a2"}
+
+
+def _begin(scaler: GradScaler, grads: list[list[float]]) -> list[Recording]:
+    """A step's start: scale() a loss, the stand-in backward pass (one device operation, no event)
+    and each optimizer's gradients, given scaled."""
+    opts = [Recording(torch.nn.Parameter(torch.zeros(len(g)))) for g in grads]
+    scaler.scale(torch.tensor(1.0))
+    scaler.device.add(np.float16(1), np.float16(2))
+    for opt, g in zip(opts, grads, strict=True):
+        opt.param_groups[0]["params"][0].grad = torch.tensor(g)
+    return opts
+
+
+def _reads(scaler: GradScaler) -> bool:
+    return scaler.detector.reads_register(scaler.device)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("detector", _ACCEPTED)
+@pytest.mark.parametrize("order", ["unscale-both-then-step", "step-first-before-second-unscale"])
+def test_register_set_between_two_unscales(detector, mode, order) -> None:
+    """Issue 31, item 13: the register is set between the first and the second optimizer's
+    unscale_. By torch_npu's GradScaler (each unscale_ runs the kernel, which reads the register
+    and clears it if set; any found_inf sets the scaler-wide _has_overflow, which skips every later
+    step): where the check reads the register, the second optimizer finds it and is skipped, and the
+    first is skipped unless its step() came before; torch_npu's kernel keeps the second's gradients
+    scaled; a detector that clears after a read leaves the register clear. A check of the
+    gradients' values (finite here) applies both."""
+    S = 2.0**10
+    scaler = GradScaler(Device(_MODES[mode]), init_scale=S, detector=detector)
+    a, b = _begin(scaler, [[3 * S, -S], [5 * S, S]])
+    scaler.unscale_(a)
+    if order == "step-first-before-second-unscale":
+        scaler.step(a)
+    _event(scaler.device)
+    scaler.unscale_(b)
+    scaler.step(b)
+    if order == "unscale-both-then-step":
+        scaler.step(a)
+    register_after = bool(scaler.device.get_float_status().any())
+    scaler.update()
+
+    reads, kernel = _reads(scaler), isinstance(scaler.detector, TorchNpu)
+    assert a.stepped == (not reads or order == "step-first-before-second-unscale")
+    assert b.stepped == (not reads)
+    assert scaler.get_scale() == (S / 2 if reads else S)
+    assert a.param_groups[0]["params"][0].grad.tolist() == [3.0, -1.0]
+    assert b.param_groups[0]["params"][0].grad.tolist() == ([5 * S, S] if reads and kernel else [5.0, 1.0])
+    assert register_after == (not reads or detector == "mindspore")  # mindspore reads without clearing
+    assert scaler.rows[-1].applied == (not reads) and scaler.rows[-1].overflow
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("detector", _ACCEPTED)
+def test_one_overflowing_optimizer_and_the_other(detector, mode) -> None:
+    """The first optimizer's gradient is Inf, no register event: a check of the values finds it.
+    Then torch_npu's scaler-wide flag skips the second optimizer too (torch-npu and megatron-npu,
+    whose kernel also keeps the overflowed gradients scaled), while torch's rule, per optimizer,
+    applies the finite one. A register check saw nothing and applies both."""
+    S = 2.0**10
+    scaler = GradScaler(Device(_MODES[mode]), init_scale=S, detector=detector)
+    a, b = _begin(scaler, [[np.inf, S], [2 * S, S]])
+    scaler.step(a)
+    scaler.step(b)
+    scaler.update()
+    reads, kernel = _reads(scaler), isinstance(scaler.detector, TorchNpu)
+    assert a.stepped == reads and b.stepped == (reads or not kernel)
+    unscaled_inf = float(np.finfo(np.float32).max) if mode == "saturation" else np.inf  # binary32 saturates too
+    assert a.param_groups[0]["params"][0].grad.tolist() == ([unscaled_inf, 1.0] if reads or not kernel else [np.inf, S])
+    assert b.param_groups[0]["params"][0].grad.tolist() == [2.0, 1.0]
+    assert scaler.get_scale() == (S if reads else S / 2)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("detector", _ACCEPTED)
+def test_one_optimizer_event_before_and_after_unscale(detector, mode) -> None:
+    """One optimizer: an event before unscale_ skips the step where the check reads the register;
+    one after unscale_ does not (the decision was taken there) and is left in the register, where
+    the next step sees it unless the detector clears at scale() or cleared it by reading."""
+    S = 2.0**10
+    scaler = GradScaler(Device(_MODES[mode]), init_scale=S, detector=detector)
+    stepped = []
+    for when in ("before", "after", None):
+        (opt,) = _begin(scaler, [[S, 2 * S]])
+        if when == "before":
+            _event(scaler.device)
+        scaler.unscale_(opt)
+        if when == "after":
+            _event(scaler.device)
+        scaler.step(opt)
+        scaler.update()
+        stepped.append(opt.stepped)
+    reads = _reads(scaler)
+    carried = reads and scaler.detector.clears_at is None  # tf-npu, mindspore-all-finite, megatron-npu
+    assert stepped == [not reads, True, not carried]
+
+
+def test_off_device_backward_warns_and_step_needs_scale() -> None:
+    """Issue 31, item 6: in saturation mode a backward pass outside DeviceMode leaves the register
+    blind (its float16 gradients reach Inf on the host): the scaler warns when nothing ran on the
+    device between scale() and unscale_(), whichever way scale() ran; a backward pass on the device
+    does not warn. step() and unscale_() without scale() raise, as torch's scaler does."""
+    for backward_on_device in (False, True):
+        dev = Device("atlas-training")
+        scaler = GradScaler(dev, init_scale=2.0**16)
+        w = torch.nn.Parameter(torch.full((4,), 2.0))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for scale_on_device in (True, False):
+            opt.zero_grad()
+            with DeviceMode(dev):
+                loss = ((w.half() * 30000.0).float() ** 2).sum()
+                scaled = scaler.scale(loss) if scale_on_device else None
+            scaled = scaled if scaled is not None else scaler.scale(loss)
+            with DeviceMode(dev) if backward_on_device else contextlib.nullcontext():
+                scaled.backward()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                scaler.step(opt)
+            scaler.update()
+            blind = [w for w in caught if "no device operation ran between scale() and unscale_()" in str(w.message)]
+            assert len(blind) == (0 if backward_on_device else 1), (backward_on_device, scale_on_device)
+    opt.zero_grad()
+    with pytest.raises(AssertionError, match="scale.. was not called since the last update"):
+        scaler.step(opt)
+    with pytest.raises(AssertionError, match="Attempted unscale_"):
+        scaler.unscale_(opt)

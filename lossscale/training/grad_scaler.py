@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -74,20 +75,24 @@ def _result_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _DeviceScale(torch.autograd.Function):
     """``x * scale`` computed on the device, and its backward (the gradient times the scale,
-    rounded into ``x``'s dtype) too."""
+    rounded into ``x``'s dtype) too; the backward's device operations are counted as the
+    scaler's own (:meth:`GradScaler._off_device`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, device: Device, scale: np.float32) -> torch.Tensor:  # type: ignore[override]
-        ctx.device, ctx.scale, ctx.dtype = device, scale, x.dtype
+    def forward(ctx, x: torch.Tensor, scaler: GradScaler, scale: np.float32) -> torch.Tensor:  # type: ignore[override]
+        ctx.scaler, ctx.scale, ctx.dtype = scaler, scale, x.dtype
         if x.dtype not in _NUMPY:
             x = x.float()
-        return _tensor(_times(device, _array(x), scale, _NUMPY[_result_dtype(x)]))
+        return _tensor(_times(scaler.device, _array(x), scale, _NUMPY[_result_dtype(x)]))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         if grad.dtype not in _NUMPY or ctx.dtype not in _NUMPY:
             return None, None, None
-        return _tensor(_times(ctx.device, _array(grad), ctx.scale, _NUMPY[ctx.dtype])), None, None
+        device, before = ctx.scaler.device, ctx.scaler.device.operations
+        out = _tensor(_times(device, _array(grad), ctx.scale, _NUMPY[ctx.dtype]))
+        ctx.scaler._own_operations += device.operations - before
+        return out, None, None
 
 
 def _routing_mode(device: Device) -> DeviceMode | None:
@@ -166,8 +171,11 @@ class GradScaler:
 
     def _new_step(self) -> None:
         self._per_optimizer: dict[int, dict[str, Any]] = {}
-        self._events, self._cleared, self._loss, self._register = 0, False, math.nan, None
+        self._events, self._scaled, self._loss, self._register = 0, False, math.nan, None
         self._grad_max, self._overflow_seen = 0.0, False
+        # device.operations after the last scale(), and how many since were the scaler's own
+        self._mark: int | None = None
+        self._own_operations = 0
 
     # -- torch's interface ---------------------------------------------------------------------
     def is_enabled(self) -> bool:
@@ -193,20 +201,22 @@ class GradScaler:
         step clears it, as torch_npu's ``scale()`` does."""
         if not self._enabled:
             return outputs
-        if self.detector.clears_at == "scale" and not self._cleared and self._reads_register():
+        if self.detector.clears_at == "scale" and not self._scaled and self._reads_register():
             self.device.clear_float_status()
-        self._cleared = True
+        self._scaled = True
         scale = np.float32(self.manager.state.scale)
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             self._loss = float(_array(outputs.float() if outputs.dtype not in _NUMPY else outputs).reshape(()))
-        return self._apply(outputs, scale)
+        scaled = self._apply(outputs, scale)
+        self._mark, self._own_operations = self.device.operations, 0
+        return scaled
 
     def _apply(self, x: Any, scale: np.float32) -> Any:
         if isinstance(x, torch.Tensor):
             mode = _routing_mode(self.device)
             if mode is not None and x.dtype in mode.dtypes and _result_dtype(x) == torch.float32:
                 return x * torch.full((), float(scale), dtype=torch.float32)
-            return _DeviceScale.apply(x, self.device, scale)
+            return _DeviceScale.apply(x, self, scale)
         if isinstance(x, (list, tuple)):
             return type(x)(self._apply(v, scale) for v in x)
         if isinstance(x, Iterable):
@@ -216,14 +226,57 @@ class GradScaler:
     def _state(self, optimizer: Any) -> dict[str, Any]:
         return self._per_optimizer.setdefault(id(optimizer), {"stage": _READY, "found_inf": False})
 
+    def _step_wide(self) -> bool:
+        """Whether an overflow found by one optimizer's unscale_ marks the whole step (torch_npu's
+        ``_has_overflow``: its detector, in either mode, and any check that reads the register,
+        which is the device's, one per step) rather than that optimizer alone (torch's
+        ``found_inf_per_device``: a check of each optimizer's own gradients)."""
+        return isinstance(self.detector, TorchNpu) or self._reads_register()
+
+    def _require_scale(self, call: str) -> None:
+        if not self._scaled:
+            raise AssertionError(f"Attempted {call} but scale() was not called since the last update(). This may "
+                                 f"indicate your script did not use scaler.scale(loss or outputs) earlier in the "
+                                 f"iteration.")
+
+    def _off_device(self) -> None:
+        """Warn, at the step's first unscale_, when the decision rests on the register and no
+        device operation but the scaler's own ran since the last scale(): the backward pass ran
+        off the device (outside DeviceMode), so the register saw none of its overflows."""
+        if self._mark is None:
+            return
+        mark, self._mark = self._mark, None
+        if self._checks() and self._reads_register() and self.device.operations == mark + self._own_operations:
+            warnings.warn(f"GradScaler step {self._step_index}: no device operation ran between scale() and "
+                          f"unscale_(), so the backward pass ran off the simulated device (outside DeviceMode) and "
+                          f"the float-status register the {self.detector.name!r} detector reads saw none of its "
+                          f"overflows: run scaler.scale(loss).backward() inside `with DeviceMode(device):`",
+                          RuntimeWarning, stacklevel=3)
+
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Check the optimizer's gradients by the detector's rule, then multiply them by the
         binary32 inverse scale on the device (torch's kernel: in binary32, rounded back into each
-        gradient's dtype). The register detectors read the register after the backward pass;
-        the step's overflow is then the same for every optimizer (torch_npu's ``_has_overflow``),
-        and torch_npu's kernel leaves the gradients scaled when it reports one."""
+        gradient's dtype); torch_npu's kernel (the ``torch-npu`` and ``megatron-npu`` detectors)
+        leaves them scaled when its check reports an overflow.
+
+        The check runs in every unscale_ (a detector that clears the register after a read clears
+        it there). With several optimizers, by torch_npu's ``GradScaler`` (``_unscale_grads_``,
+        ``_maybe_opt_step``): where the decision rests on the register, or the detector is
+        torch-npu's in either mode, an overflow found by any unscale_ marks the step: every later
+        :meth:`step` is skipped, also that of an optimizer unscaled before and found finite; one
+        stepped before stays stepped. So when the register is set between the first and the second
+        optimizer's unscale_, the first is skipped if its step() comes after the second's unscale_
+        and applied if before, and the second is skipped. A check of the gradients' values
+        (``isfinite``, the norms, and the register detectors but torch-npu's in INF/NaN mode)
+        decides each optimizer by its own gradients, as ``torch.amp.GradScaler`` does.
+        :meth:`update` backs off if any optimizer found one.
+
+        When the decision rests on the register and nothing ran on the device since
+        :meth:`scale` (a backward pass outside DeviceMode), a RuntimeWarning says so. Raises
+        AssertionError, as torch's scaler does, if :meth:`scale` was not called this step."""
         if not self._enabled:
             return
+        self._require_scale("unscale_")
         state = self._state(optimizer)
         if state["stage"] == _UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
@@ -242,15 +295,13 @@ class GradScaler:
                                      f"{'sparse ' if p.grad.is_sparse else ''}{p.grad.dtype} gradient")
                 grads.append(p.grad)
         arrays = [_array(g) for g in grads]
+        self._off_device()
         self._register = tuple(int(v) for v in self.device.get_float_status())
-        if not self._checks():
-            found = False
-        elif self._reads_register():
-            found = self._overflow_seen or not self.detector.check([self.device], [arrays])[0]
-        else:
-            with np.errstate(all="ignore"):
-                found = not all(bool(np.isfinite(a.astype(np.float32)).all()) for a in arrays)
-        self._overflow_seen |= found
+        kernel = False
+        if self._checks():
+            self.detector.scales = [float(self.manager.state.scale)]
+            kernel = not self.detector.check([self.device], [arrays])[0]
+        self._overflow_seen |= kernel
         # grad_max: the largest scaled magnitude over the scale in binary64, as simulate() writes it,
         # whether or not the gradients are unscaled in place (torch_npu keeps an overflowed step's)
         with np.errstate(all="ignore"):
@@ -258,26 +309,27 @@ class GradScaler:
             biggest = float(np.float64(biggest) / np.float64(self.manager.state.scale))
         self._grad_max = max(self._grad_max, biggest)
         inv = np.float32(1.0 / float(self.manager.state.scale)) if self.manager.state.scale else np.float32(np.inf)
-        keep = found and isinstance(self.detector, TorchNpu) and self._reads_register()
-        if inv != 1 and not keep:
+        if inv != 1 and not (kernel and isinstance(self.detector, TorchNpu)):
             for a in arrays:
                 a[...] = _times(self.device, a, inv, a.dtype)
-        state.update(stage=_UNSCALED, found_inf=found)
+        state.update(stage=_UNSCALED, found_inf=kernel)  # a step-wide overflow is step()'s to apply
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless :meth:`unscale_` ran this step) and call ``optimizer.step(*args,
-        **kwargs)`` unless an overflow was found; its return value, or None when skipped."""
+        **kwargs)`` unless an overflow was found (:meth:`unscale_` says which, with several
+        optimizers); its return value, or None when skipped."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._require_scale("step")
         state = self._state(optimizer)
         if state["stage"] == _STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if state["stage"] == _READY:
             self.unscale_(optimizer)
         state["stage"] = _STEPPED
-        if state["found_inf"] or (self._overflow_seen and self._reads_register()):
+        if state["found_inf"] or (self._overflow_seen and self._step_wide()):
             state["found_inf"] = True
             return None
         return optimizer.step(*args, **kwargs)
