@@ -10,6 +10,8 @@ policy that follows the protocol (``get_loss_scale()``,
 from __future__ import annotations
 
 import math
+import numbers
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -137,6 +139,50 @@ class _Raised(Exception):
         self.fed: list[bool] = []
 
 
+class _NotANumber(Exception):
+    """``get_loss_scale()`` returned something that is not a number (turned into a PolicyError)."""
+
+    def __init__(self, index: int, value: Any) -> None:
+        super().__init__(index, value)
+        self.index, self.value = index, value
+
+    def sentence(self) -> str:
+        after = f"after {self.index} update{'s' if self.index != 1 else ''}" if self.index else "before any update"
+        return (f"get_loss_scale() returned {self.value!r} (a {type(self.value).__name__}) {after}: a scale is a "
+                f"number (a float, an int or a numpy scalar), which check_policy does not coerce")
+
+
+def _scale(m: Any, index: int) -> float:
+    """``m.get_loss_scale()`` as a float: a real number (Python's or numpy's, or a 0-d array or
+    tensor); a string, a bool or anything else is refused rather than coerced."""
+    value = m.get_loss_scale()
+    if isinstance(value, (str, bytes, bool, np.bool_)) or not (
+            isinstance(value, numbers.Real) or (hasattr(type(value), "__float__") and getattr(value, "ndim", 1) == 0)):
+        raise _NotANumber(index, value)
+    return float(value)
+
+
+def _global_generators() -> tuple[Any, Any]:
+    """The states of Python's and numpy's global random generators, the ones a policy may draw from."""
+    state = np.random.get_state()  # noqa: NPY002 - the legacy global generator is what is watched
+    return random.getstate(), (state[0], state[1].tobytes(), *state[2:])
+
+
+def _draws(fn: Callable[[], Any]) -> bool:
+    """Whether ``fn()`` draws from Python's or numpy's global random generator."""
+    before = _global_generators()
+    fn()
+    return _global_generators() != before
+
+
+#: What instances disagreeing on the same steps means: drawing from the global generators
+#: (seen directly, as their state moving), or state outside the instance.
+_CHANCE = ("not deterministic: fed the same steps, instances disagree, and it draws from Python's or numpy's "
+           "global random generator: give each instance its own seeded generator (random.Random(seed) in __init__)")
+_OUTSIDE = ("two instances share state: fed the same steps, they disagree (hidden shared state, such as a class "
+            "attribute or a global, a clock, or an unseeded generator)")
+
+
 def _update(m: Any, finite: bool, step: int, raises: tuple[type[BaseException], ...]) -> bool:
     """``m.update_loss_scale(finite)``; False where it raised one of ``raises`` (the sequence ends)."""
     try:
@@ -152,7 +198,7 @@ def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[B
             interleave: Callable[[], Any] | None = None) -> list[float]:
     m = make()
     other = interleave() if interleave else None
-    out = [float(m.get_loss_scale())]
+    out = [_scale(m, 0)]
     for i, finite in enumerate(steps):
         try:
             if not _update(m, bool(finite), i, raises):
@@ -162,7 +208,7 @@ def _scales(make: Callable[[], Any], steps: Sequence[bool], raises: tuple[type[B
         except _Raised as raised:
             raised.fed = [bool(f) for f in steps[:i + 1]]
             raise
-        out.append(float(m.get_loss_scale()))
+        out.append(_scale(m, i + 1))
     return out
 
 
@@ -170,28 +216,51 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def _agree(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Two trajectories are equal, NaN equal to NaN (the NaN itself is its own property)."""
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+
+
 def _shares_state(make: Callable[[], Any], raises: tuple[type[BaseException], ...], steps: int) -> str | None:
     """Whether separate instances share state, seen directly: one instance is updated (overflows,
     then finite steps) while another is watched, and a third is made afterwards. The sentence
     saying what changed, or None."""
     watched = make()
-    start = float(watched.get_loss_scale())
+    start = _scale(watched, 0)
     busy = make()
     for i, finite in enumerate([False] * 16 + [True] * steps):
         if not _update(busy, finite, i, raises):
             break
-        now = float(watched.get_loss_scale())
+        now = _scale(watched, 0)
         if not _same(now, start):
             return (f"two instances share state: updating one instance changed another's scale from {start} to "
                     f"{now} (after {i + 1} update{'s' if i else ''})")
-    fresh = float(make().get_loss_scale())
+    fresh = _scale(make(), 0)
     if not _same(fresh, start):
+        if _draws(lambda: _scale(make(), 0)):
+            return f"{_CHANCE} (a new instance starts at {fresh}, another at {start})"
         return f"two instances share state: a new instance starts at {fresh} after another was updated, not at {start}"
     return None
 
 
-def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped: bool | None = None,
-                 grows: bool | None = None, lowers: bool | None = None, growth_within: int = 5000,
+def _checked_arguments(floor: Any, cap: Any, flags: dict[str, Any]) -> None:
+    """check_policy's own arguments, each named with what is valid, before anything runs."""
+    for name, value, low in (("floor", floor, "at least 0"), ("cap", cap, "above 0 (inf: none)")):
+        if value is None:
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or value != value:
+            raise ValueError(f"{name} must be None or a number {low}, got {value!r}")
+        if (name == "floor" and not 0 <= value < math.inf) or (name == "cap" and not value > 0):
+            raise ValueError(f"{name} must be None or a {'finite ' if name == 'floor' else ''}number {low}, "
+                             f"got {value!r}")
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be None (what the policy declares) or a bool, got {value!r}")
+
+
+def check_policy(make: Callable[[], Any], *, floor: float | None = None, cap: float | None = None,
+                 capped: bool | None = None, grows: bool | None = None, lowers: bool | None = None,
+                 growth_within: int = 5000,
                  backoff_within: int = 16, raises: tuple[type[BaseException], ...] = (),
                  max_examples: int = 150, max_steps: int = 400) -> None:
     """Property-test the policy that ``make()`` builds; raise :class:`PolicyError`
@@ -199,17 +268,21 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
 
     Properties, for every sequence, tested in this order (the first that fails is
     reported, so that a policy which raises the scale on overflow is not reported as one
-    that never grows): the scale stays positive (or at least ``floor``; ``floor=0`` allows
-    reaching zero) and, if ``capped``, finite and at most binary32's MAX; an overflow step
-    never increases it; ``backoff_within`` overflows in a row lower it unless it is at its
-    floor (``lowers=False``: a fixed scale); two instances fed the same steps agree, also
-    when other instances are updated in between (no hidden shared state);
-    ``growth_within`` finite steps in a row grow it unless it is within 2**8 of binary32's
-    MAX (or zero, where ``floor=0`` allows that; ``grows=False``: a fixed scale).
-    ``floor``, ``capped``, ``grows`` and ``lowers`` default to what the policy declares (its
-    ``policy.floor_value()``, ``policy.capped``, ``policy.grows``, ``policy.lowers``), else
-    0 < scale, capped, growing and lowering. ``raises`` lists exceptions the policy may raise
-    by design (they end the sequence).
+    that never grows): ``get_loss_scale()`` is a number (a string such as ``"65536"`` is
+    refused, not coerced) and never NaN; two instances fed the same steps agree, also when
+    other instances are updated in between (no hidden shared state; where reseeding Python's
+    and numpy's global random generators makes them agree, the policy is named as not
+    deterministic instead); an overflow step never increases the scale; ``backoff_within``
+    overflows in a row lower it unless it is at its floor (``lowers=False``: a fixed
+    scale); it stays positive (or at least ``floor``; ``floor=0`` allows reaching zero), at
+    most ``cap`` and, if ``capped``, finite and at most binary32's MAX; ``growth_within``
+    finite steps in a row grow it unless it is at ``cap``, within 2**8 of binary32's MAX, or
+    zero where ``floor=0`` allows that (``grows=False``: a fixed scale). ``floor``, ``cap``,
+    ``capped``, ``grows`` and ``lowers`` default to what the policy declares (its
+    ``policy.floor_value()``, ``policy.cap_value()``, ``policy.capped``, ``policy.grows``,
+    ``policy.lowers``: apex's ``max_loss_scale`` is its cap), else 0 < scale, no cap,
+    capped, growing and lowering. ``raises`` lists exceptions the policy may raise by
+    design (they end the sequence). Every argument is checked before anything runs.
 
     An FP8 scaling recipe's face (``scale_for(amax)`` and ``update(amax)``, as
     :class:`lossscale.fp8.TensorScaler`) is checked by :func:`check_recipe` instead.
@@ -217,6 +290,7 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
     for arg, value in (("max_examples", max_examples), ("max_steps", max_steps), ("growth_within", growth_within),
                        ("backoff_within", backoff_within)):
         check_period(arg, value)
+    _checked_arguments(floor, cap, {"capped": capped, "grows": grows, "lowers": lowers})
     if not isinstance(raises, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in raises):
         raise ValueError(f"raises must be a tuple of exception classes, such as (MinimumScaleError,), got {raises!r}")
     if callable(make) and _is_recipe(_try_make(make)):
@@ -225,6 +299,8 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
     policy = getattr(probe, "policy", None)
     if floor is None:
         floor = policy.floor_value() if policy is not None else None
+    if cap is None and policy is not None and math.isfinite(policy.cap_value()):
+        cap = policy.cap_value()
     if capped is None:
         capped = getattr(policy, "capped", True)
     if grows is None:
@@ -247,14 +323,22 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
                 err = raised.error
                 fail(f"update_loss_scale raised {type(err).__name__} at step {raised.step}: {err}; if the policy "
                      f"raises it by design, pass raises=({type(err).__name__},)", raised.fed, [])
+            except _NotANumber as bad:
+                fail(bad.sentence(), steps[:bad.index], [])
         checked.__name__ = check.__name__
         return checked
+
+    def never_nan(steps: list[bool]) -> None:
+        scales = _scales(make, steps, raises)
+        for i, s in enumerate(scales):
+            if math.isnan(s):
+                fail(f"the scale became NaN {f'at step {i - 1}' if i else 'before any update'}", steps[:i], scales)
 
     def bounds(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
         for i, s in enumerate(scales):
-            if math.isnan(s):
-                fail(f"the scale is NaN after step {i}", steps, scales)
+            if cap is not None and s > cap:
+                fail(f"the scale {s} rose above the cap {cap} after step {i}", steps, scales)
             if floor is None and not s > 0:
                 fail(f"the scale reached {s} after step {i}", steps, scales)
             if floor is not None and s < floor:
@@ -280,9 +364,12 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
 
     def no_shared_state(steps: list[bool]) -> None:
         scales = _scales(make, steps, raises)
-        if _scales(make, steps, raises) != scales:
-            fail("two instances share state: fed the same steps, they disagree (hidden shared state)", steps, scales)
-        if _scales(make, steps, raises, interleave=make) != scales:
+        chance = _draws(lambda: _scales(make, steps, raises))
+        if not _agree(_scales(make, steps, raises), scales):
+            fail(_CHANCE if chance else _OUTSIDE, steps, scales)
+        if not _agree(_scales(make, steps, raises, interleave=make), scales):
+            if chance:
+                fail(_CHANCE, steps, scales)
             fail("two instances share state: updating another instance changed this one's scales (hidden shared "
                  "state)", steps, scales)
 
@@ -294,20 +381,25 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
             if capped and not all(math.isfinite(x) and x <= F32_MAX for x in tail):
                 fail(f"a run of finite steps after the sequence made the scale {max(tail)} (not finite)",
                      steps, scales)
-            if 0 < last < F32_MAX / 2**8 and max(tail[len(steps):]) <= last:
-                fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}",
-                     steps, scales)
+            if 0 < last < min(F32_MAX / 2**8, cap if cap is not None else math.inf) and \
+                    max(tail[len(steps):]) <= last:
+                hint = f"; if {last} is the policy's ceiling, give cap={last}" if cap is None else ""
+                fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}{hint} "
+                     f"(grows=False for a fixed scale)", steps, scales)
 
     try:
         shared = _shares_state(make, raises, min(growth_within, 2000))
     except _Raised as raised:
         shared = None  # reported below, with the shrunk sequence that raises
         del raised
+    except _NotANumber as bad:
+        raise PolicyError(f"{name}: {bad.sentence()}") from None
     if shared:
-        raise PolicyError(f"{name}: {shared} (hidden shared state, as in a class attribute)")
+        cause = "" if shared.startswith(_CHANCE) else " (hidden shared state, as in a class attribute)"
+        raise PolicyError(f"{name}: {shared}{cause}")
     # Most specific first: shared state makes every other result meaningless; an overflow that
     # raises the scale is named as such, not as the non-finite scale it leads to.
-    checks = [no_shared_state, overflow_never_raises] + ([overflows_lower] if lowers else []) + [bounds] + (
+    checks = [never_nan, no_shared_state, overflow_never_raises] + ([overflows_lower] if lowers else []) + [bounds] + (
         [finite_runs_grow] if grows else [])
     for check in checks:
         run = settings(max_examples=max_examples, deadline=None, database=None,
@@ -318,7 +410,8 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, capped:
         except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
             inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
             raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
-                              f"policy depends on state outside its instances (hidden shared state)\n{inner}") from None
+                              f"policy depends on state outside its instances (hidden shared state) or on chance "
+                              f"(random numbers, a clock)\n{inner}") from None
 
 
 def _try_make(make: Callable[[], Any]) -> Any:

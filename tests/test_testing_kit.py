@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -188,3 +190,84 @@ def test_an_exception_by_design_is_explained_not_leaked() -> None:
 def test_bad_settings_are_refused_before_hypothesis_runs(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         check_policy(lambda: Halving(), floor=1.0, **kwargs)
+
+
+class NanOnOverflow(Halving):
+    """Its overflow rule computes 0 * inf: the scale becomes NaN at the first overflow."""
+
+    def update_loss_scale(self, finite):
+        if not finite:
+            self.scale = self.scale * 0.0 * float("inf")
+        else:
+            super().update_loss_scale(True)
+
+
+class CappedAt24(Halving):
+    """A correct policy capped at 2**24, apex's default max_loss_scale."""
+
+    def update_loss_scale(self, finite):
+        super().update_loss_scale(finite)
+        self.scale = min(self.scale, 2.0**24)
+
+
+class Coin(Halving):
+    """Grows when a coin from the global generator says so: independent instances, not deterministic."""
+
+    def update_loss_scale(self, finite):
+        if finite and random.random() < 0.5:
+            self.scale *= 2
+        elif not finite:
+            self.scale = max(self.scale / 2, 1.0)
+
+
+class CoinAtBirth(Halving):
+    """Starts at a random scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = float(2 ** np.random.randint(4, 20))  # noqa: NPY002 - the global generator, on purpose
+
+
+class Text(Halving):
+    def get_loss_scale(self):
+        return str(int(self.scale))
+
+
+def test_each_failure_names_its_own_property() -> None:
+    """Issue 31, item 9: a NaN scale is NaN (not shared state, NaN != NaN), a policy capped at
+    2**24 passes with cap= and says so when it is missing, a coin-tossing policy is named not
+    deterministic (not shared state), and a string scale is refused, not coerced."""
+    with pytest.raises(PolicyError) as info:
+        check_policy(NanOnOverflow, floor=1.0, growth_within=50, max_examples=60)
+    assert "the scale became NaN at step" in str(info.value) and "share" not in str(info.value)
+    with pytest.raises(PolicyError, match=r"never grew the scale from 16777216.0; if 16777216.0 is the policy's "
+                                          r"ceiling, give cap=16777216.0"):
+        check_policy(CappedAt24, floor=1.0, growth_within=50, max_examples=60)
+    check_policy(CappedAt24, floor=1.0, cap=2.0**24, growth_within=50, max_examples=60)
+    with pytest.raises(PolicyError, match=r"rose above the cap 65536.0"):
+        check_policy(CappedAt24, floor=1.0, cap=2.0**16, growth_within=50, max_examples=60)
+    check_policy(lambda: make_manager("apex", {"max_loss_scale": 2.0**24, "scale_window": 20}), growth_within=100,
+                 max_examples=30)  # its declared max_loss_scale is the cap
+    with pytest.raises(PolicyError) as info:
+        check_policy(Coin, floor=1.0, growth_within=50, max_examples=60)
+    assert "Coin: not deterministic" in str(info.value) and "share state" not in str(info.value)
+    with pytest.raises(PolicyError, match=r"^CoinAtBirth: not deterministic: fed the same steps"):
+        check_policy(CoinAtBirth, floor=1.0)
+    with pytest.raises(PolicyError, match=r"^Text: get_loss_scale\(\) returned '1024' \(a str\) before any update: "
+                                          r"a scale is a number"):
+        check_policy(Text, floor=1.0)
+    check_policy(lambda: type("F32", (Halving,), {"get_loss_scale": lambda self: np.float32(self.scale)})(),
+                 floor=1.0, growth_within=50, max_examples=20)  # numpy scalars are numbers
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"floor": -1}, "floor must be None or a finite number at least 0, got -1"),
+    ({"floor": float("nan")}, "floor must be None or a number at least 0, got nan"),
+    ({"floor": "1"}, "floor must be None or a number at least 0, got '1'"),
+    ({"cap": 0}, "cap must be None or a number above 0 .inf: none., got 0"),
+    ({"capped": "no"}, "capped must be None .what the policy declares. or a bool, got 'no'"),
+    ({"grows": 1}, "grows must be None .what the policy declares. or a bool, got 1"),
+])
+def test_bad_bounds_are_refused_up_front(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_policy(lambda: Halving(), **kwargs)

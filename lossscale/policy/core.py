@@ -63,6 +63,11 @@ class Policy:
         value = getattr(self, self.floor) if isinstance(self.floor, str) else self.floor
         return float(type(self.initial().scale)(value))
 
+    def cap_value(self) -> float:
+        """The ceiling the policy's growth stops at (inf: none but binary32's range, where
+        ``capped``), as apex's ``max_loss_scale``."""
+        return math.inf
+
 
 def trajectory(policy: Policy, finite: Iterable[bool]) -> list[float]:
     """The scale before each step and after the last, for a finite/overflow sequence of bools

@@ -419,6 +419,9 @@ class ApexPolicy(Policy):
     def floor_value(self) -> float:
         return float(self.min_loss_scale)
 
+    def cap_value(self) -> float:
+        return float(self.max_loss_scale)
+
     def initial(self) -> ApexState:
         return ApexState(float(min(self.max_loss_scale, self.init_scale)))
 
