@@ -144,3 +144,27 @@ def test_the_example_grid_has_a_second_axis_that_shows_a_difference() -> None:
     pair = [p for p in grid if p["manager"] == "torch" and p["seed"] == 0]
     skipped = {p["detector"]: run_point(p)["skipped_steps"] for p in pair}
     assert skipped["isfinite"] == 0 < skipped["tf-npu"]
+
+
+def test_a_heat_map_never_averages_a_varying_setting_unsaid() -> None:
+    """Issue 31, item 10: profile x manager x detector, drawn over the first two, says in the
+    title that each cell averages over the detector (tf-npu with isfinite); a grid whose only
+    other varying axis is the seed says nothing, and its default axes put the seed last."""
+    from lossscale.app.plots import figure_heatmaps
+    from lossscale.app.sweep import AXES, heatmap_axes
+
+    rows = [{"manager": m, "profile": p, "detector": d, "seed": s, "status": "ok", "skipped_steps": 1,
+             "final_loss": 0.5} for m in ("torch", "keras") for p in ("atlas-a2", "atlas-training")
+            for d in ("tf-npu", "isfinite") for s in (0, 1)]
+    axes = heatmap_axes(rows)
+    assert axes == ("manager", "profile")
+    title = figure_heatmaps(rows, *axes, over=AXES)._suptitle
+    assert title is not None and "each cell averages over detector (tf-npu, isfinite)" in title.get_text()
+    assert "seed" not in title.get_text()
+    assert figure_heatmaps(rows, "manager", "detector", over=AXES)._suptitle.get_text().startswith(
+        "each cell averages over profile (atlas-a2, atlas-training)")
+    two = [r for r in rows if r["detector"] == "tf-npu" and r["profile"] == "atlas-a2"]
+    assert heatmap_axes(two) == ("manager", "seed")
+    assert figure_heatmaps(two, "manager", None, over=AXES)._suptitle is None
+    micro = [{"seed": s, "micro_batches": k, "status": "ok"} for s in (0, 1) for k in (1, 2)]
+    assert heatmap_axes(micro) == ("micro_batches", "seed")

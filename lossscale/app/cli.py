@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--format", choices=FORMATS, default="png", help="the image format")
     plot.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
                       help="a sweep's heat-map axes, such as detector,overflow_mode (default: the first two that "
-                           "vary)")
+                           "vary; the title names any other varying axis the cells average over)")
     command("profiles", "the Atlas products, their overflow modes and SoC names",
             "The Atlas products of the NPULossScaleOptimizer support table, their overflow modes and SoC names.")
     command("managers", "every manager: the framework it reproduces, its arguments and defaults",
@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start over: forget the points already done, or replace another lossscale output "
                             "(only lossscale's own files: a folder holding anything else is refused)")
     sweep.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
-                       help="the heat maps' axes, such as detector,overflow_mode (default: the first two that vary)")
+                       help="the heat maps' axes, such as detector,overflow_mode (default: the first two that vary; "
+                            "the title names any other varying axis the cells average over)")
     sweep.add_argument("--quiet", action="store_true", help="no progress display")
     _replay_parser(command("replay", "check a training log's loss scales against its framework's policy; replay "
                            "other managers on it",

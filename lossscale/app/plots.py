@@ -219,17 +219,35 @@ def _number(value) -> float:
 
 
 def heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
-             metrics: Sequence[str] = ("skipped_steps", "final_loss"), fmt: str = "png") -> bytes:
+             metrics: Sequence[str] = ("skipped_steps", "final_loss"), fmt: str = "png",
+             over: Sequence[str] = ()) -> bytes:
     """Sweep results as heat maps, one per metric: see :func:`figure_heatmaps`."""
-    return _png(figure_heatmaps(rows, row_axis, col_axis, metrics), fmt)
+    return _png(figure_heatmaps(rows, row_axis, col_axis, metrics, over), fmt)
+
+
+def _averaged(rows: Sequence[dict], over: Sequence[str], drawn: Sequence[str | None]) -> str:
+    """The sentence naming the axes of ``over`` that vary across ``rows`` but are not drawn (each
+    cell averages over them), seeds apart; "" when there are none but seeds."""
+    label = lambda v: "" if v is None else str(v)  # noqa: E731
+    hidden = []
+    for axis in over:
+        values = list(dict.fromkeys(label(r.get(axis)) for r in rows))
+        if axis not in drawn and axis != "seed" and len(values) > 1:
+            shown = ", ".join(values[:4]) + (f", ... ({len(values)} values)" if len(values) > 4 else "")
+            hidden.append(f"{axis} ({shown})")
+    if not hidden:
+        return ""
+    return f"each cell averages over {'; '.join(hidden)}: pick the axes with --heatmap ROW,COL"
 
 
 def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
-                    metrics: Sequence[str] = ("skipped_steps", "final_loss")) -> Figure:
+                    metrics: Sequence[str] = ("skipped_steps", "final_loss"), over: Sequence[str] = ()) -> Figure:
     """One heat map per metric over two axes of a sweep (``col_axis`` None: one column): each
     cell the mean over the points that share its two values (seeds, other axes), written with
     the spread (min-max) when they differ; cells whose points all failed say so, and a cell
-    with some failed points counts them."""
+    with some failed points counts them. Of ``over`` (the sweep's axes), those that vary but
+    are not drawn, seeds apart, are named in the figure's title: a cell never averages a
+    varying setting unsaid."""
     label = lambda v: "" if v is None else str(v)  # noqa: E731
     row_values = list(dict.fromkeys(label(r.get(row_axis)) for r in rows))
     col_values = list(dict.fromkeys(label(r.get(col_axis)) for r in rows)) if col_axis else ["all"]
@@ -273,6 +291,9 @@ def figure_heatmaps(rows: Sequence[dict], row_axis: str, col_axis: str | None,
         ax.set_title(f"{metric.replace('_', ' ')}\nmean per cell" + (f", min-max of up to {n} points" if n > 1 else ""),
                      fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8, label=f"mean {metric.replace('_', ' ')}")
+    averaged = _averaged(rows, over, (row_axis, col_axis))
+    if averaged:
+        fig.suptitle(averaged, fontsize=9, color="firebrick")
     fig.tight_layout()
     return fig
 

@@ -401,7 +401,8 @@ def _csv(rows: list[dict[str, Any]]) -> bytes:
 
 def heatmap_axes(rows: list[dict[str, Any]], axes: tuple[str, str] | None = None) -> tuple[str, str | None]:
     """The two axes a sweep's heat maps are drawn over: ``axes`` (checked), else the first two
-    that vary across the points (manager and profile first), else what there is."""
+    that vary across the points (manager and profile first, seed last: the cells average over
+    seeds), else what there is. A varying axis left out is named in the figure's title."""
     if axes is not None:
         for name in axes:
             if name not in AXES:
@@ -415,7 +416,8 @@ def heatmap_axes(rows: list[dict[str, Any]], axes: tuple[str, str] | None = None
                 warnings.warn(f"heat-map axis {name!r} does not vary in this sweep (one value: {values.pop()!r}); "
                               f"axes that do: {', '.join(varying) or 'none'}", UserWarning, stacklevel=2)
         return axes[0], axes[1]
-    varying = [a for a in ("manager", "profile", *AXES) if len({str(r.get(a)) for r in rows}) > 1]
+    varying = [a for a in ("manager", "profile", *(a for a in AXES if a != "seed"), "seed")
+               if len({str(r.get(a)) for r in rows}) > 1]
     varying = list(dict.fromkeys(varying))
     if not varying:
         return "manager", None
@@ -426,4 +428,4 @@ def _heatmaps(rows: list[dict[str, Any]], fmt: str = "png", axes: tuple[str, str
     """Skipped steps and final loss over two axes (failed points marked, not averaged)."""
     from .plots import heatmaps
     row_axis, col_axis = heatmap_axes(rows, axes)
-    return heatmaps(rows, row_axis, col_axis, fmt=fmt)
+    return heatmaps(rows, row_axis, col_axis, fmt=fmt, over=AXES)
