@@ -149,3 +149,36 @@ def test_runs_repeat_bit_for_bit_and_leave_torch_random_state_alone() -> None:
     two = simulate(workload="torch-transformer", profile="atlas-training", steps=3, manager="fixed")
     assert [r["loss"] for r in one.records] == [r["loss"] for r in two.records]
     assert one.summary["final"] == two.summary["final"]
+
+
+def test_the_trained_model_comes_back() -> None:
+    """Issue 31, item 11: a run keeps rank 0's trained parameters and the baseline's
+    (``Run.params``, ``Run.baseline_params``), and ``TorchWorkload.trained_model`` makes a float32
+    module of them with the BatchNorm statistics that trained with them: it evaluates to the
+    summary's figures exactly, and the model given to the workload is unchanged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    given = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((128, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 128)
+    ce = lambda out, t: torch.nn.functional.cross_entropy(out.float(), t)  # noqa: E731
+    wl = TorchWorkload(model, ce, (x, y), batch=32, learning_rate=0.05)
+    run = simulate(workload=wl, manager="fixed", profile="atlas-training", steps=6)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in given.items())  # the user's model untouched
+    for params, figures in ((run.params, run.summary["final"]), (run.baseline_params, run.summary["baseline_float32"])):
+        trained = wl.trained_model(params)
+        assert all(np.array_equal(p.detach().numpy(), v) for p, v in zip(trained.parameters(), params, strict=True))
+        bn = trained[1]
+        assert not torch.equal(bn.running_mean, given["1.running_mean"]) and int(bn.num_batches_tracked) == 6
+        trained.eval()
+        with torch.no_grad(), Binary32Mode():
+            out = trained(torch.from_numpy(x))
+            loss = float(ce(out, torch.from_numpy(y)))
+        assert loss == figures["loss"]
+        assert float((out.argmax(-1).numpy() == y).mean()) == figures["accuracy"]
+    assert not np.array_equal(run.params[0], run.baseline_params[0])
+    with pytest.raises(ValueError, match=r"params must be this workload's parameter list \(a run's .params: 6 "
+                                         r"arrays of the model's shapes\), got tuple"):
+        wl.trained_model(tuple(run.params))

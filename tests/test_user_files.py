@@ -381,6 +381,21 @@ def test_minor_inputs_get_one_line_errors(capsys, tmp_path, monkeypatch) -> None
     assert type(scale) is float and scale == 1024.0
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="a Linux /proc")
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_out_nothing_can_be_written_in_is_refused_up_front(capsys, tmp_path, monkeypatch, command) -> None:
+    """Issue 31, item 11: /proc passes os.access but takes no new folder: a one-line error naming
+    the folder, before anything runs, and no staging or probe folder is left anywhere."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.toml").write_text(SWEEP)
+    args = [*FAST] if command == "run" else ["grid.toml", "--workers", "1", "--quiet"]
+    refused(*cli(capsys, command, *args, "--out", "/proc/lossscale-x"), "cannot write to the folder '/proc' for "
+            "output '/proc/lossscale-x'", "choose an --out you can write to")
+    assert not list(Path("/proc").glob(".lossscale*")) and not list(tmp_path.glob(".*"))
+    assert cli(capsys, "run", *FAST, "--out", "ok")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "ok"]  # the probe went with its check
+
+
 def test_help_says_each_default_once_and_what_the_command_line_takes(capsys) -> None:
     """run --help: no "(default: None)" after a help that gives the default itself, and --manager and
     --workload described as the command line takes them (names, import paths), not as Python

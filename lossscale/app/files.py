@@ -69,6 +69,11 @@ def check_path(out: Path) -> Path:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ValueError(f"cannot write to the folder {str(folder)!r} (permission denied) for output {str(out)!r}; "
                              f"choose an --out you can write to")
+        try:  # what the write will do, tried: /proc and /sys pass os.access and refuse a new folder
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".lossscale-probe."))
+        except OSError as err:
+            raise ValueError(f"cannot write to the folder {str(folder)!r} for output {str(out)!r} "
+                             f"({err.strerror or err}); choose an --out you can write to") from None
     return out
 
 
@@ -183,9 +188,13 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     made = not out.parent.exists()
     out.parent.mkdir(parents=True, exist_ok=True)  # the default runs/ folder
     _stale_stages(out.parent)
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".writing"))
-    os.chmod(stage, 0o777 & ~_UMASK)
     try:
+        stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".writing"))
+    except OSError as err:
+        raise ValueError(f"cannot write the output folder {str(out)!r} ({err.strerror or err}); choose an --out "
+                         f"you can write to") from None
+    try:
+        os.chmod(stage, 0o777 & ~_UMASK)
         yield stage
     except (KeyboardInterrupt, KeepWritten):
         write_manifest(stage)

@@ -143,6 +143,11 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.fp8.FP8_COLUMNS`).
     fp8: list[dict[str, Any]] = field(default_factory=list)
+    #: Rank 0's parameters after the last step (the arrays the workload trained, in its order) and
+    #: the binary32 baseline's: the trained model is not thrown away (``TorchWorkload.trained_model``
+    #: makes a torch module of them). None for a run read from a folder (a folder keeps no weights).
+    params: Any = field(default=None, compare=False, repr=False)
+    baseline_params: Any = field(default=None, compare=False, repr=False)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.records])

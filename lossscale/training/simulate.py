@@ -532,7 +532,8 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         evaluation_notes=errors,
     )
     fp8_rows = run.fp8_rows if run.side_by_side is None else sorted(run.fp8_rows, key=lambda r: (r["step"], r["rank"]))
-    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows)
+    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows, params=run.params[0],
+               baseline_params=run.base_params)
 
 
 def _evaluate(wl: Any, params: Any, which: str, notes: list[str]) -> dict[str, float]:

@@ -211,14 +211,34 @@ class TorchWorkload(SampledWorkload):
         with torch.no_grad(), Binary32Mode():
             for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(torch.from_numpy(v))
-            owned = self._owned.get(id(params))
-            _load(model, owned.buffers if owned is not None and owned.params is params else self._buffers0)
+            _load(model, self._buffers_of(params))
             x, y = self.test
             model.eval()
             out = self._seen(model(x.float() if x.is_floating_point() else x))
             model.train()
             loss = float(self.loss_fn(out, y))
         return {"loss": loss, "accuracy": self._accuracy(out, y)}
+
+    def trained_model(self, params: list[np.ndarray]) -> torch.nn.Module:
+        """A new float32 copy of the model holding ``params`` (a run's :attr:`Run.params`, the
+        device-trained weights, or :attr:`Run.baseline_params`) and the buffers (BatchNorm running
+        statistics) that trained with that list; the model given to the workload is never changed.
+        ``simulate(workload=wl, ...).params`` then ``wl.trained_model(run.params)``."""
+        shapes = [tuple(p.shape) for p in self.model32.parameters()]
+        if not isinstance(params, list) or [tuple(np.shape(v)) for v in params] != shapes:
+            raise ValueError(f"params must be this workload's parameter list (a run's .params: {len(shapes)} arrays "
+                             f"of the model's shapes), got {type(params).__name__}")
+        model = copy.deepcopy(self.model32)
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), params, strict=True):
+                p.copy_(torch.from_numpy(np.asarray(v, np.float32)))
+        _load(model, self._buffers_of(params))
+        return model
+
+    def _buffers_of(self, params: list[np.ndarray]) -> list[torch.Tensor]:
+        """The buffers that trained with ``params`` (the initial ones for a list not seen)."""
+        owned = self._owned.get(id(params))
+        return owned.buffers if owned is not None and owned.params is params else self._buffers0
 
     def _accuracy(self, out: Any, y: torch.Tensor) -> float:
         """``metric_fn``'s figure, else the argmax accuracy where the predictions have the targets'
