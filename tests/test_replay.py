@@ -107,7 +107,8 @@ def test_deepspeed_lines_parse_to_their_events() -> None:
                                  delayed_shift=2, consecutive_hysteresis=False))
     assert log.framework == "deepspeed" and log.complete and not log.unparsed
     assert [(e.step, e.overflow, e.scale, e.next_scale, e.hysteresis) for e in log.events] == [
-        (1, True, 65536, 65536, 2), (2, True, 65536, 32768, None), (3, False, None, None, None)]
+        (1, True, 65536, 65536, 2), (2, True, 65536, 32768, 1),  # a reduction: hysteresis 1
+        (3, False, None, None, None)]
     assert [e.line for e in log.events] == [1, 3, 5]  # an overflow step is its overflow line
 
 
@@ -385,3 +386,111 @@ def test_replay_refuses_a_full_folder_without_force(capsys, tmp_path) -> None:
     assert code == 2 and "use --force" in err
     assert replay(capsys, str(path), "--out", str(out), "--force")[0] == 0
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "replay.csv", "replay.png", "summary.json"]
+
+
+# -- more of the frameworks' own lines (issue 32, items 5-10) ------------------------------------------
+
+_DS_FMT = "[2024-01-01 00:00:00,000] [INFO] [{}] {}"
+
+
+def test_deepspeed_fp16_optimizer_lines() -> None:
+    """DeepSpeed's FP16_Optimizer without ZeRO (``runtime/fp16/fused_optimizer.py``, ``_update_scale``
+    with ``verbose``): ``logger.info(f"\\nGrad overflow on iteration {cur_iter}")`` (the newline
+    breaks the record in two), ``Reducing dynamic loss scale from {prev} to {cur}``; on growth
+    ``No Grad overflow for {window} iterations`` and ``Increasing dynamic loss scale from ..``;
+    cur_iter counts the steps before this one. The older ``[Rank 0] Overflow detected. Skipping
+    step. Attempted loss scale: S, reducing to T`` too."""
+    where = "fused_optimizer.py:413:_update_scale"
+    text = "\n".join([
+        _DS_FMT.format(where, ""), "Grad overflow on iteration 12",
+        _DS_FMT.format(where, "Reducing dynamic loss scale from 65536 to 32768.0"),
+        _DS_FMT.format(where, "No Grad overflow for 4 iterations"),
+        _DS_FMT.format(where, "Increasing dynamic loss scale from 32768.0 to 65536.0"),
+        "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 65536.0, reducing to 32768.0", ""])
+    log = read_log(text)
+    assert log.framework == "deepspeed" and not log.unparsed
+    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events] == [
+        (13, True, 65536, 32768), (None, False, 32768, 65536), (None, True, 65536, 32768)]
+    check = consistency(log)
+    assert check.consistent and check.compared > 0, check.verdict()
+
+
+def test_deepspeed_hysteresis_is_carried_between_unplaced_overflow_lines() -> None:
+    """The real DynamicLossScaler with delayed_shift 2, its step counters dropped (a log of overflow
+    lines only): each 'reducing to' line follows a 'Reducing hysteresis to 1' one, and its own update
+    (a reduction happens only at hysteresis 1) is the policy's: consistent, no departure."""
+    text = deepspeed_log(SEQ, **DS)
+    sparse = "\n".join(line for line in text.splitlines() if "step=" not in line) + "\n"
+    log = read_log(sparse)
+    assert not log.complete and sum(e.overflow for e in log.events) == sum(SEQ)
+    check = consistency(log)
+    assert check.consistent and check.compared >= sum(SEQ), check.verdict()
+
+
+def test_apex_fp16_utils_lines() -> None:
+    """``apex/fp16_utils/fp16_optimizer.py``, ``FP16_Optimizer.step``: ``print("OVERFLOW! Skipping
+    step. Attempted loss scale: {}, reducing to {}".format(scale, self.loss_scale))`` (the
+    DynamicLossScaler of ``fp16_utils/loss_scaler.py`` halves on overflow); not DeepSpeed's line."""
+    text = ("OVERFLOW! Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648\n"
+            "Epoch: [0][10/500]\tTime 0.5\tLoss 6.9\n"
+            "OVERFLOW! Skipping step. Attempted loss scale: 2147483648, reducing to 1073741824\n")
+    log = read_log(text)
+    assert log.framework == "apex" and not log.unparsed
+    assert [(e.overflow, e.scale, e.next_scale) for e in log.events] == [(True, 2**32, 2**31), (True, 2**31, 2**30)]
+    assert consistency(log).consistent
+    assert read_log("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4\n"
+                    ).framework == "deepspeed"
+
+
+def _megatron_line(it: int, scale: float, skipped: int, colons: bool = True) -> str:
+    c = ":" if colons else ""
+    return (f" iteration {it:8d}/{1000:8d} | consumed samples: {it * 8:12d} | loss scale{c} {scale:.1f} | "
+            f"number of skipped iterations{c} {skipped:3d} | number of nan iterations{c} {0:3d} |")
+
+
+def test_megatron_interval_logs_bf16_and_the_2019_form(capsys, tmp_path) -> None:
+    """``megatron/training/training.py``, ``training_log`` every ``log_interval`` iterations: the
+    replay no longer dies on MegatronPolicy's missing default window (Megatron's
+    ``--loss-scale-window`` is 1000); a bf16 run's constant ``loss scale: 1.0`` is said to be
+    constant, never 'consistent'; the 2019 form without colons is read."""
+    text = "\n".join(_megatron_line(it, s, k) for it, s, k in [(10, 2.0**31, 3), (20, 2.0**30, 1), (30, 2.0**30, 0)])
+    path = tmp_path / "megatron.log"
+    path.write_text(text + "\n")
+    code, out, err = replay(capsys, str(path), "--out", str(tmp_path / "r"))
+    assert code == 0 and "megatron log" in out, err
+    bf16 = read_log("\n".join(_megatron_line(it, 1.0, 0) for it in (10, 20, 30)) + "\n")
+    check = consistency(bf16)
+    assert not check.consistent and "a constant loss scale 1 and no overflow" in check.verdict()
+    old = read_log(_megatron_line(100, 65536.0, 2, colons=False) + "\n")
+    assert [(e.step, e.overflow, e.next_scale) for e in old.events] == [(100, True, 65536.0)] and not old.unparsed
+
+
+def test_mindformers_mindyolo_and_colossalai_lines() -> None:
+    """MindFormers' ``MFLossMonitor.print_output_info`` (``mindformers/core/callback/callback.py``:
+    ``"{ Epoch:[%3d/%3d], step:[%5d/%5d], loss: %5.3f, per_step_time: %dms, lr: %s, overflow cond:
+    %s, loss_scale: %s"``, the scale in binary32, steps numbered within the epoch); MindYOLO's
+    ``overflow, still update, loss scale adjust to S``; Colossal-AI's ``Found overflow. Skip step``
+    (no scale)."""
+    text = ("{ Epoch:[  1/  2], step:[    4/  125], loss: 10.123, per_step_time: 512ms, lr: 1e-05, overflow cond: "
+            "True, loss_scale: 268435460.0\n"
+            "{ Epoch:[  2/  2], step:[    1/  125], loss: 9.876, per_step_time: 511ms, lr: 1e-05, overflow cond: "
+            "False, loss_scale: 134217730.0\n")
+    log = read_log(text)
+    assert log.framework == "mindspore" and not log.unparsed
+    assert [(e.step, e.overflow, e.scale) for e in log.events] == [(4, True, 268435460.0), (126, False, 134217730.0)]
+    yolo = read_log("2024-01-01 00:00:00,000 [WARNING] overflow, still update, loss scale adjust to 32768.0\n")
+    assert [(e.overflow, e.next_scale) for e in yolo.events] == [(True, 32768.0)]
+    colossal = read_log("[01/01/24 00:00:00] WARNING colossalai - colossalai - WARNING: Found overflow. Skip step\n")
+    assert colossal.framework == "colossalai" and [(e.overflow, e.scale) for e in colossal.events] == [(True, None)]
+    assert "no framework policy" in consistency(colossal).verdict()
+
+
+def test_unread_overflow_lines_are_counted_whatever_the_format_and_nothing_compared_is_not_consistent() -> None:
+    text = ("[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.\n"
+            "rank 3: gradient overflow in layer 7, loss scale unchanged\n")
+    log = read_log(text, format="deepspeed")
+    assert [n for n, _ in log.unparsed] == [2] and len(log.events) == 1
+    check = consistency(log)
+    assert not check.consistent and "nothing" in check.verdict()
+    yolo = read_log("overflow cond: maybe, loss_scale: lots\n", format="mindspore")
+    assert [n for n, _ in yolo.unparsed] == [1]

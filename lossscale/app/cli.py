@@ -532,8 +532,8 @@ def _policy_text(policy: Any, names: Any = None) -> str:
 
 def _verdict(check: Any) -> list[str]:
     """The consistency verdict in one or two lines."""
-    if check.policy is None:
-        return [f"{check.framework} log: no framework policy to check it against (the scales are the log's own)"]
+    if check.unchecked:
+        return [f"{check.framework} log: {check.unchecked}"]
     who = f"{check.framework}'s policy ({_policy_text(check.policy, check.inferred)})"
     scope = "" if check.complete else " (each overflow's own update and the growth between overflows: the log " \
         "does not place every step)"

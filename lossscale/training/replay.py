@@ -7,19 +7,31 @@ Formats read (the format strings are the frameworks' own; the tests cite file an
   to T`` and its hysteresis form (``deepspeed/runtime/fp16/loss_scaler.py``,
   ``DynamicLossScaler.update_scale``); the older ``[deepspeed] fp16 dynamic loss scale overflow!
   ...`` and ``[deepscale] OVERFLOW! ...`` (fused and unfused optimizers, ZeRO 1/2/3 of earlier
-  releases); ``step=N, skipped=M`` (``engine.py``, ``_report_progress``);
+  releases); ``step=N, skipped=M`` (``engine.py``, ``_report_progress``); the FP16_Optimizer's
+  ``Grad overflow on iteration N`` with ``Reducing``/``Increasing dynamic loss scale from S to T``
+  or ``Using static loss scale of: S`` (``runtime/fp16/fused_optimizer.py`` and
+  ``unfused_optimizer.py``, ``_update_scale``) and the older ``Overflow detected. Skipping step.
+  Attempted loss scale: S, reducing to T``;
 - ``apex``: ``Gradient overflow.  Skipping step, loss scaler K reducing loss scale to T``
   (``apex/amp/handle.py``, ``scale_loss``) and ``fp16_utils``' form without ``loss scaler K``;
+  ``OVERFLOW! Skipping step. Attempted loss scale: S, reducing to T``
+  (``apex/fp16_utils/fp16_optimizer.py``, ``FP16_Optimizer.step``);
 - ``fairseq``: ``NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: T``
   (``fairseq/trainer.py``, ``train_step``; ``WARNING: overflow detected, ...`` of older
   releases) and the progress lines' ``loss_scale`` and ``num_updates`` (simple and JSON bars);
 - ``megatron``: ``iteration N/ M | ... loss scale: T | ... number of skipped iterations: K |``
-  (``megatron/training/training.py``, ``training_log``);
+  (``megatron/training/training.py``, ``training_log``; the 2019 form has no colons);
 - ``mindspore``: ``epoch: E, step: N, loss is L, overflow is B, loss scale is S`` (the model zoo's
-  ``LossCallBack.step_end``, printing ``TrainOneStepWithLossScaleCell``'s outputs);
+  ``LossCallBack.step_end``, printing ``TrainOneStepWithLossScaleCell``'s outputs); MindFormers'
+  ``{ Epoch:[E/n], step:[N/m], ..., overflow cond: B, loss_scale: S`` (``MFLossMonitor``); MindYOLO's
+  ``overflow, still update, loss scale adjust to S``;
+- ``colossalai``: ``Found overflow. Skip step`` (an overflow, its scale not printed);
 - ``csv``: ``step,scale,overflow`` (the scale each step ran at; overflow 0/1 or true/false).
 
 Progress-bar counters (tqdm's ``| N/M [``) give step numbers to the overflow lines between them.
+Whatever the format, a line that speaks of an overflow or a loss scale and is not read is counted
+in ``Log.unparsed`` with its number. A verdict is "consistent" only where at least one logged scale
+was compared; a constant scale with no overflow (a bf16 run) is said to be one.
 
 Where the log places every step (each step is an event or implied by its counters:
 ``Log.complete``), the policy is replayed step by step; otherwise only each overflow's own update
@@ -70,7 +82,9 @@ MAX_STATES = 256
 class LogEvent:
     """One step of a log: its number where the log says it (None where not), whether it
     overflowed, the scale it ran at and the scale after it (None where the log does not print
-    them), its 1-based line; ``hysteresis``: DeepSpeed's hysteresis before the step, where printed."""
+    them), its 1-based line; ``hysteresis``: DeepSpeed's hysteresis before the step, where printed or
+    implied (a line that reduces the scale says it was 1: ``DynamicLossScaler.update_scale`` reduces
+    only then)."""
 
     step: int | None
     overflow: bool
@@ -103,29 +117,56 @@ _DS_HYST = re.compile(r"\[(?:deepspeed|deepscale)\] OVERFLOW!(?: Rank \d+)? Skip
 _DS_BARE = re.compile(r"\[deepspeed\] OVERFLOW!(?: Rank \d+)? Skipping step\.(?: Gradients are non-finite, "
                       r"weights were not updated\.)?\s*$")
 _DS_STEP = re.compile(r"\bstep=(\d+), skipped=(\d+)")
+# DeepSpeed's FP16_Optimizer (fused_optimizer.py, unfused_optimizer.py: _update_scale, verbose), and its
+# older "Overflow detected" form; the iteration is cur_iter, the number of steps before this one
+_DS_ITER = re.compile(r"Grad overflow on iteration:? (\d+)")
+_DS_FROM = re.compile(r"(Reducing|Increasing) dynamic loss scale from " + _NUM + r" to " + _NUM)
+_DS_STATIC = re.compile(r"Using static loss scale of:? " + _NUM)
+_DS_QUIET = re.compile(r"No Grad overflow for \d+ iterations")  # said before an Increasing line
+_DS_DETECTED = re.compile(r"Overflow detected\. Skipping step\. Attempted loss scale: " + _NUM +
+                          r", reducing to " + _NUM)
 _APEX = re.compile(r"Gradient overflow\.\s+Skipping step, (?:loss scaler (\d+) )?reducing loss scale to " + _NUM)
+# apex/fp16_utils/fp16_optimizer.py, FP16_Optimizer.step (and the copies of it in NVIDIA's examples)
+_APEX_FP16 = re.compile(r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted loss scale: " + _NUM +
+                        r", reducing to " + _NUM)
 _FS_OVERFLOW = re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected, (?:ignoring gradient, )?"
                           r"setting loss scale to: " + _NUM)
 _FS_SIMPLE = re.compile(r"\bloss_scale=" + _NUM + r"\b.*\bnum_updates=(\d+)")
 _FS_JSON = re.compile(r"(\{.*\"loss_scale\".*\})")
-_MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale: " + _NUM + r" \|(?:.* number of skipped "
-                       r"iterations:\s*(\d+) \|)?")
+_MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale:? " + _NUM + r" \|(?:.* number of skipped "
+                       r"iterations:?\s*(\d+) \|)?")  # the 2019 form has no colons
+# MindFormers' MFLossMonitor.print_output_info (mindformers/core/callback/callback.py): one line per
+# sink of steps, the step within the epoch, the scale the step ran at (scaling_sens) in binary32
+_MINDFORMERS = re.compile(r"Epoch:\[\s*(\d+)/\s*\d+\], step:\[\s*(\d+)/\s*(\d+)\],.*?overflow cond: (True|False), "
+                          r"loss_scale: \[?" + _NUM)
+# MindYOLO's train step (mindyolo/utils/train_step_factory.py): an overflow it applies anyway
+_MINDYOLO = re.compile(r"overflow, still update, loss scale adjust to " + _NUM)
+# Colossal-AI's naive AMP optimizer: an overflow, the scale not printed
+_COLOSSAL = re.compile(r"Found overflow\. Skip step")
 _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
 
 #: What marks a line as the format's (format detection), and the words that make an unmatched
 #: line count as unparsed rather than unrelated.
 _SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
-    "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)"),
+    "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)|"
+                             r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step"),
                   re.compile(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
-    "apex": (re.compile(r"Gradient overflow\.\s+Skipping step"), re.compile(r"Gradient overflow|reducing loss scale")),
+    "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
+                        r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
+             re.compile(r"Gradient overflow|reducing loss scale|OVERFLOW")),
     "fairseq": (re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected|\bloss_scale=|\"loss_scale\""),
                 re.compile(r"overflow detected|loss_scale")),
-    "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale: "),
+    "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
                  re.compile(r"iteration\s+\d+/|loss scale:|skipped iterations")),
-    "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is"),
-                  re.compile(r"overflow is|loss scale is")),
+    "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is|overflow cond: (?:True|False), "
+                             r"loss_scale:|overflow, still update, loss scale adjust to"),
+                  re.compile(r"overflow is|loss scale is|overflow cond|loss_scale")),
+    "colossalai": (_COLOSSAL, re.compile(r"overflow")),
 }
 FORMATS = (*_SIGNS, "csv")
+#: Words that make a line count as unread, whatever the format: it speaks of an overflow or a
+#: loss scale and the format read nothing in it.
+_ANY_WORDS = re.compile(r"overflow|loss[ _]?scale", re.IGNORECASE)
 
 
 def _detect(lines: Sequence[str]) -> str:
@@ -240,15 +281,30 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
             bar = _BAR.search(part)
             if bar and "%" in part[:bar.start()]:
                 b.counter(int(bar[1]), i, "all")
-            elif words.search(part):
+            elif words.search(part) or _ANY_WORDS.search(part):
                 b.unparsed.append((i, part))
     return b.build()
 
 
 def _deepspeed(lines: Sequence[str]) -> Log:
+    iteration: list[int | None] = [None]  # FP16_Optimizer's "Grad overflow on iteration N", awaiting its scales
+
     def handle(b: _Builder, i: int, text: str) -> bool:
-        if m := _DS_REDUCE.search(text):
-            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
+        if m := _DS_ITER.search(text):
+            iteration[0] = int(m[1])
+        elif m := _DS_FROM.search(text):
+            grow = m[1] == "Increasing"
+            step = None if grow or iteration[0] is None else iteration[0] + 1
+            b.overflow(LogEvent(step, not grow, _float(m[2]), _float(m[3]), i, None if grow else 1))
+            iteration[0] = None
+        elif m := _DS_STATIC.search(text):  # a static scale: the overflow's step is skipped, the scale kept
+            step = None if iteration[0] is None else iteration[0] + 1
+            b.overflow(LogEvent(step, True, _float(m[1]), _float(m[1]), i))
+            iteration[0] = None
+        elif _DS_QUIET.search(text):
+            pass
+        elif m := _DS_REDUCE.search(text) or _DS_DETECTED.search(text):  # a reduction: the hysteresis was 1
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i, 1))
         elif m := _DS_HYST.search(text):
             b.overflow(LogEvent(None, True, _float(m[1]), _float(m[1]), i, int(m[2])))
         elif _DS_BARE.search(text):
@@ -268,6 +324,9 @@ def _apex(lines: Sequence[str]) -> Log:
         if m := _APEX.search(text):
             ids.add(m[1] or "0")
             b.overflow(LogEvent(None, True, None, _float(m[2]), i))
+            return True
+        if m := _APEX_FP16.search(text):
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
             return True
         return False
     log = _scan(lines, "apex", handle)
@@ -306,6 +365,10 @@ def _per_step(framework: str, rows: Iterable[tuple[int, int, bool, float | None,
     """A log with one line per step (or per logging interval): complete where the steps run on by one."""
     events, complete, last = [], True, None
     for line, step, overflow, scale, next_scale in rows:
+        if step is None:  # a line that does not number its step
+            complete = False
+            events.append(LogEvent(None, overflow, scale, next_scale, line))
+            continue
         if last is not None and step != last + 1:
             complete = False
             notes.append(f"line {line}: step {step} follows step {last}; the steps between are not in the log")
@@ -323,7 +386,7 @@ def _megatron(lines: Sequence[str]) -> Log:
             if skipped > 1:
                 notes.append(f"line {i}: {skipped} skipped iterations in one logging interval")
             rows.append((i, int(m[1]), skipped > 0, None, _float(m[2])))
-        elif words.search(text):
+        elif words.search(text) or _ANY_WORDS.search(text):
             unparsed.append((i, text))
     return _per_step("megatron", rows, unparsed, notes)
 
@@ -334,9 +397,23 @@ def _mindspore(lines: Sequence[str]) -> Log:
     for i, text in enumerate(lines, start=1):
         if m := _MINDSPORE.search(text):
             rows.append((i, int(m[1]), m[2] == "True", _float(m[3]), None))
-        elif words.search(text):
+        elif m := _MINDFORMERS.search(text):  # the step within its epoch, numbered through the epochs
+            rows.append((i, (int(m[1]) - 1) * int(m[3]) + int(m[2]), m[4] == "True", _float(m[5]), None))
+        elif m := _MINDYOLO.search(text):
+            rows.append((i, None, True, None, _float(m[1])))
+        elif words.search(text) or _ANY_WORDS.search(text):
             unparsed.append((i, text))
     return _per_step("mindspore", rows, unparsed, [])
+
+
+def _colossalai(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    for i, text in enumerate(lines, start=1):
+        if _COLOSSAL.search(text):
+            rows.append((i, None, True, None, None))
+        elif _ANY_WORDS.search(text):
+            unparsed.append((i, text))
+    return _per_step("colossalai", rows, unparsed, [])
 
 
 def _read_csv(lines: Sequence[str]) -> Log:
@@ -359,7 +436,7 @@ def _read_csv(lines: Sequence[str]) -> Log:
 
 
 _PARSERS = {"deepspeed": _deepspeed, "apex": _apex, "fairseq": _fairseq, "megatron": _megatron,
-            "mindspore": _mindspore}
+            "mindspore": _mindspore, "colossalai": _colossalai}
 
 
 # -- consistency: the log's own policy replayed on its overflow sequence ------------------------------
@@ -375,6 +452,11 @@ _POLICIES: dict[str, tuple[type[Policy], str, str, str | None, dict[str, Any]]] 
                  {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5}),
     "mindspore": (MindSporePolicy, "init_loss_scale", "scale_window", None, {}),
 }
+
+
+#: The growth window where the policy class has no default: Megatron-LM's ``--loss-scale-window``
+#: (``megatron/training/arguments.py``, default 1000; ``MegatronPolicy`` takes every argument).
+_DEFAULT_WINDOW = {"megatron": 1000}
 
 
 def _matches(framework: str, replayed: float, logged: float) -> bool:
@@ -435,15 +517,18 @@ class Consistency:
     scales: tuple[float | None, ...]
     complete: bool
     fits: int = 1
+    #: Why nothing was checked, where nothing was (no policy, no event, no scale compared, a constant scale).
+    unchecked: str = ""
 
     @property
     def consistent(self) -> bool:
-        return self.policy is not None and not self.departures
+        """The policy reproduced every logged scale, and there was at least one to compare."""
+        return self.policy is not None and self.compared > 0 and not self.departures
 
     def verdict(self) -> str:
         """The consistency verdict in a few lines."""
-        if self.policy is None:
-            return f"{self.framework} log: no framework policy to check it against"
+        if self.unchecked:
+            return f"{self.framework} log: {self.unchecked}"
         args = ", ".join(f"{k}={_show(v) if isinstance(v, float) else v}" for k, v in describe(self.policy).items())
         how = "; ".join(f"{k} {v}" for k, v in self.inferred.items())
         scope = ("every step" if self.complete else
@@ -573,7 +658,8 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str]]:
     if log.framework not in _POLICIES:
         return [], {}
     cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
-    default_window = next(f.default for f in dataclasses.fields(cls) if f.name == window_name)
+    default_window = _DEFAULT_WINDOW.get(log.framework) or next(
+        f.default for f in dataclasses.fields(cls) if f.name == window_name)
     windows, window_how = _windows(log, default_window) if log.complete else ([default_window], "not inferred "
                                                                               "(the log does not place every step)")
     hysteresis: list[int | None] = [None]
@@ -675,11 +761,24 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
     overflow sequence, every logged scale compared; the first departure explained."""
     inferred: dict[str, str] = {}
     fits: list[Policy] = []
+    nothing = tuple(None for _ in log.events)
+    values = {v for e in log.events for v in (e.scale, e.next_scale) if v is not None}
+    if not log.events:
+        return Consistency(log.framework, None, {}, 0, (), (), log.complete, unchecked="no loss-scale event read: "
+                           "nothing to check")
+    if log.framework not in _POLICIES and policy is None:
+        return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked="no framework policy "
+                           "to check it against (the scales are the log's own)")
+    if len(values) == 1 and not any(e.overflow for e in log.events):
+        return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked=(
+            f"a constant loss scale {_show(values.pop())} and no overflow (a bf16 run, or a constant scaler): "
+            f"nothing for a dynamic policy to check"))
     if policy is None:
         fits, inferred = _fits(log)
         policy = fits[0] if fits else None
     if policy is None:
-        return Consistency(log.framework, None, inferred, 0, (), tuple(None for _ in log.events), log.complete)
+        return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked="no logged scale: "
+                           "nothing to check")
     if log.complete:
         departures, scales, compared = _replay(policy, log)
         cut = departures[0].line if departures else math.inf
@@ -696,8 +795,9 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
     else:
         departures, compared = _chain(policy, log)
         scales = [None] * len(log.events)
+    unchecked = "" if compared else f"no logged scale could be compared with {type(policy).__name__}: nothing checked"
     return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete,
-                       max(1, len(fits)))
+                       max(1, len(fits)), unchecked)
 
 
 # -- counterfactual: another policy on the bounds the log sets on each step's gradients ---------------
