@@ -36,7 +36,8 @@ from hypothesis import strategies as st
 from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST
 from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
-from lossscale.replay import LogEvent, bounds, consistency, counterfactual, read_log
+from lossscale.policy.ascend import FixedLossScale
+from lossscale.replay import LogEvent, bounds, consistency, counterfactual, log_steps, read_log
 
 MAX = 65504.0
 
@@ -117,7 +118,9 @@ def test_older_deepspeed_and_step_less_lines() -> None:
             "[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 2147483648.0, "
             "reducing to 1073741824.0\n")
     log = read_log(text)
-    assert [(e.step, e.scale, e.next_scale) for e in log.events] == [(None, 2**32, 2**31), (None, 2**31, 2**30)]
+    assert [(e.step, e.scale, e.next_scale) for e in log.events if not e.gap] == [(None, 2**32, 2**31),
+                                                                                  (None, 2**31, 2**30)]
+    assert [e.span for e in log.events if e.gap] == [(0, None)] * 2  # unknown: no counter counts the steps
     assert not log.complete  # nothing numbers the steps: only the chain is checked
     assert consistency(log).consistent
 
@@ -143,7 +146,7 @@ def test_older_deepspeed_and_step_less_lines() -> None:
 def test_each_format_parses(text: str, framework: str, expected: list) -> None:
     log = read_log(text)
     assert log.framework == framework and not log.unparsed
-    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events] == expected
+    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events if not e.gap] == expected
 
 
 def test_malformed_lines_are_counted_with_their_numbers() -> None:
@@ -275,7 +278,7 @@ def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> Non
     rows = list(csv.DictReader((out / "replay.csv").open()))
     managers = {"torch": TorchPolicy(growth_interval=3),  # the framework's defaults otherwise
                 "exponential": ExponentialUpdate(init_loss_scale=2.0**20, incr_every_n_steps=4)}
-    assert tuple(rows[0]) == ("step", "line", "overflow", "scale", *(f"{m}_{c}" for m in managers
+    assert tuple(rows[0]) == ("step", "line", "overflow", "scale", "steps", *(f"{m}_{c}" for m in managers
                                                                      for c in ("decision", "scale_low", "scale_high")))
     assert [int(r["step"]) for r in rows] == list(range(1, len(SEQ) + 1))
     assert [r["overflow"] == "1" for r in rows] == SEQ  # what the real scaler was told
@@ -293,7 +296,8 @@ def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> Non
         entry = next(m for m in summary["managers"] if m["name"] == name)
         assert entry["decisions"] == {k: sum(d.decision == k for d in direct) for k in ("overflow", "clean", "unknown")}
     assert seen == {"clean", "overflow", "unknown"}  # not a comparison of all-unknown columns
-    assert summary["consistency"]["consistent"] and summary["steps"] == len(SEQ) and summary["unparsed_lines"] == 0
+    assert summary["consistency"]["consistent"] and summary["placed_steps"] == len(SEQ)
+    assert summary["unparsed_lines"] == 0 and summary["counted_steps"] == summary["unknown_gaps"] == 0
     assert summary["overflow_steps"] == sum(SEQ) and summary["format"] == "deepspeed"
     # lossscale plot redraws the figure, byte for byte
     first = (out / "replay.png").read_bytes()
@@ -302,10 +306,14 @@ def test_replay_command_writes_what_counterfactual_says(capsys, tmp_path) -> Non
 
 
 def test_replay_decisions_worked_by_hand(capsys, tmp_path) -> None:
-    """DeepSpeed at 2**16 (no hysteresis): clean, clean, overflow (to 2**15), clean. torch from 2**10: clean
-    where its scale is at most the logged one; at the overflow its lower scale may or may not overflow
-    (unknown), so it holds 2**9 or 2**10, both at most 2**15: clean. fixed at 2**16: overflow where the log
-    overflowed at 2**16, unknown at the last step (2**16 above the logged 2**15 on a clean step)."""
+    """DeepSpeed at 2**16 (no hysteresis): clean, clean, overflow (to 2**15), clean. The log pins the
+    scale of steps 3 and 4 only; a clean step at most doubles it, so step 1 ran at 2**14 to 2**16 and
+    step 2 at 2**15 to 2**16 (a growth window of 1 from 2**14 fits the log as well as DeepSpeed's
+    1000). torch from 2**10: clean where its scale is at most the least the logged one can be; at
+    the overflow its lower scale may or may not overflow (unknown), so it holds 2**9 or 2**10, both
+    at most 2**15: clean. fixed at 2**16: unknown on steps 1 and 2 (the logged scale may have been
+    below it), overflow where the log overflowed at 2**16, unknown at the last step (2**16 above the
+    logged 2**15 on a clean step)."""
     text, truth = deepspeed_run([False, False, True, False], init_scale=2**16, scale_window=1000, min_scale=1,
                                 delayed_shift=1, consecutive_hysteresis=False)
     assert truth == [2**16, 2**16, 2**16, 2**15]
@@ -315,10 +323,10 @@ def test_replay_decisions_worked_by_hand(capsys, tmp_path) -> None:
     code, _, err = replay(capsys, str(path), "--manager", "torch", "--manager", "fixed", "--manager-arg",
                           "torch:init_scale=2**10", "--manager-arg", "fixed:loss_scale=2**16", "--out", str(out))
     assert code == 0, err
-    rows = [tuple(r.values())[4:] for r in csv.DictReader((out / "replay.csv").open())]
+    rows = [tuple(r.values())[5:] for r in csv.DictReader((out / "replay.csv").open())]
     a, b, c = "1024.0", "512.0", "65536.0"
-    assert rows == [("clean", a, a, "clean", c, c), ("clean", a, a, "clean", c, c), ("unknown", a, a, "overflow", c, c),
-                    ("clean", b, a, "unknown", c, c)]
+    assert rows == [("clean", a, a, "unknown", c, c), ("clean", a, a, "unknown", c, c),
+                    ("unknown", a, a, "overflow", c, c), ("clean", b, a, "unknown", c, c)]
 
 
 def test_replay_names_the_departure(capsys, tmp_path) -> None:
@@ -354,7 +362,6 @@ def test_replay_of_a_csv_log_has_no_framework_policy(capsys, tmp_path) -> None:
     (["ds.log", "--manager-arg", "init_scale=2"], "--manager-arg goes with a --manager"),
     (["ds.log", "--manager", "torch", "--manager-arg", "window=2"], "manager 'torch' takes no argument 'window'"),
     (["ds.log", "--manager", "torch", "--manager-arg", "apex:scale_window=2"], "names manager 'apex', which this"),
-    (["steps.log", "--manager", "torch"], "'steps.log' does not place every step"),
     (["ds.log"], "the following arguments are required: --out"),
 ])
 def test_replay_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, monkeypatch, argv, message) -> None:
@@ -409,7 +416,7 @@ def test_deepspeed_fp16_optimizer_lines() -> None:
         "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 65536.0, reducing to 32768.0", ""])
     log = read_log(text)
     assert log.framework == "deepspeed" and not log.unparsed
-    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events] == [
+    assert [(e.step, e.overflow, e.scale, e.next_scale) for e in log.events if not e.gap] == [
         (13, True, 65536, 32768), (None, False, 32768, 65536), (None, True, 65536, 32768)]
     check = consistency(log)
     assert check.consistent and check.compared > 0, check.verdict()
@@ -436,7 +443,8 @@ def test_apex_fp16_utils_lines() -> None:
             "OVERFLOW! Skipping step. Attempted loss scale: 2147483648, reducing to 1073741824\n")
     log = read_log(text)
     assert log.framework == "apex" and not log.unparsed
-    assert [(e.overflow, e.scale, e.next_scale) for e in log.events] == [(True, 2**32, 2**31), (True, 2**31, 2**30)]
+    assert [(e.overflow, e.scale, e.next_scale) for e in log.events if not e.gap] == [(True, 2**32, 2**31),
+                                                                                      (True, 2**31, 2**30)]
     assert consistency(log).consistent
     assert read_log("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4\n"
                     ).framework == "deepspeed"
@@ -479,9 +487,10 @@ def test_mindformers_mindyolo_and_colossalai_lines() -> None:
     assert log.framework == "mindspore" and not log.unparsed
     assert [(e.step, e.overflow, e.scale) for e in log.events] == [(4, True, 268435460.0), (126, False, 134217730.0)]
     yolo = read_log("2024-01-01 00:00:00,000 [WARNING] overflow, still update, loss scale adjust to 32768.0\n")
-    assert [(e.overflow, e.next_scale) for e in yolo.events] == [(True, 32768.0)]
+    assert [(e.overflow, e.next_scale) for e in yolo.events if not e.gap] == [(True, 32768.0)]
     colossal = read_log("[01/01/24 00:00:00] WARNING colossalai - colossalai - WARNING: Found overflow. Skip step\n")
-    assert colossal.framework == "colossalai" and [(e.overflow, e.scale) for e in colossal.events] == [(True, None)]
+    assert colossal.framework == "colossalai" and [(e.overflow, e.scale) for e in colossal.events
+                                                   if not e.gap] == [(True, None)]
     assert "no framework policy" in consistency(colossal).verdict()
 
 
@@ -489,8 +498,135 @@ def test_unread_overflow_lines_are_counted_whatever_the_format_and_nothing_compa
     text = ("[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.\n"
             "rank 3: gradient overflow in layer 7, loss scale unchanged\n")
     log = read_log(text, format="deepspeed")
-    assert [n for n, _ in log.unparsed] == [2] and len(log.events) == 1
+    assert [n for n, _ in log.unparsed] == [2] and len([e for e in log.events if not e.gap]) == 1
     check = consistency(log)
     assert not check.consistent and "nothing" in check.verdict()
     yolo = read_log("overflow cond: maybe, loss_scale: lots\n", format="mindspore")
     assert [n for n, _ in yolo.unparsed] == [1]
+
+
+# -- sparse logs (issue 32, items 1, 2 and 12): gaps replayed, never a guess -------------------------------
+
+def _ds_text(grads: list[float], policy: DeepSpeedPolicy, every: int | None, drop: frozenset[int] = frozenset(),
+             bare: frozenset[int] = frozenset()) -> tuple[str, list[bool], list[bool]]:
+    """A DeepSpeed run on the gradient maxima: its own lines (``loss_scaler.py``, ``update_scale``:
+    each overflow's line, the hysteresis form while hysteresis is left) and, every ``every`` steps
+    (None: never), the engine's ``step=N, skipped=M`` report; the overflow lines of the steps in
+    ``drop`` (0-based) left out where a later counter counts them (a paste missing lines), those
+    in ``bare`` printed without scales (``[deepspeed] OVERFLOW! Skipping step. Gradients are
+    non-finite, weights were not updated.``, ``update_scale``'s other branch). The outcomes, and
+    which steps printed a line."""
+    state, out, skipped, overflows, printed = policy.initial(), [], 0, [], []
+    last = len(grads) // every * every if every else 0
+    for t, g in enumerate(grads, start=1):
+        s = float(state.scale)
+        overflow = g * s > MAX
+        hysteresis = state.cur_hysteresis
+        state = policy.next(state, not overflow)
+        shown = overflow and not (t - 1 in drop and t <= last)
+        if overflow:
+            skipped += 1
+        if shown and t - 1 in bare:
+            out.append("[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.")
+        elif shown:
+            if policy.delayed_shift == 1 or hysteresis == 1:
+                out.append(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, reducing to "
+                           f"{float(state.scale)}")
+            else:
+                out.append(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, but hysteresis "
+                           f"is {hysteresis}. Reducing hysteresis to {hysteresis - 1}")
+        if every and t % every == 0:
+            out.append(f"[Rank 0] step={t}, skipped={skipped}, lr=[0.001], mom=[(0.9, 0.999)]")
+        overflows.append(overflow)
+        printed.append(shown)
+    return "\n".join(out) + "\n", overflows, printed
+
+
+def _covered(log, printed: list[bool], every: int | None) -> list[tuple[int, list[int]]]:
+    """The true steps (0-based) each event of the log stands for, from how the log was written, and
+    the first step of its window: a
+    placed step its own; overflow lines in order the overflow steps; a gap the clean steps of its
+    window (since the last counter, or, with no counter, since the last overflow line)."""
+    over = [i for i, o in enumerate(printed) if o]
+    every = every if every and len(printed) >= every else None  # no counter printed: overflow lines only
+    out, done, since = [], -1, 0
+    for e in log.events:
+        if not e.gap:
+            i = e.step - 1 if e.step is not None else next(i for i in over if i > done)
+            out.append((i, [i]))
+            done = i
+            if not every or e.step is not None:
+                since = i + 1
+            continue
+        if every:
+            end = e.step if e.step is not None else len(printed)
+        else:
+            end = next((i for i in over if i > done), len(printed))
+        first = since if every else done + 1  # the window's first step: its steps, those that printed no line
+        out.append((first, [i for i in range(first, end) if not printed[i]]))
+        since = end if every else since
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-30, 12), min_size=1, max_size=40), st.sampled_from([None, 1, 2, 3, 5]),
+       st.integers(1, 4), st.integers(1, 2), st.sampled_from([12, 16]), st.integers(1, 4), st.sampled_from([8, 16]),
+       st.frozensets(st.integers(0, 39), max_size=4), st.frozensets(st.integers(0, 39), max_size=8))
+def test_a_sparse_log_is_replayed_and_never_certain_where_it_is_open(log2g, every, window, shift, init_log,
+                                                                      other_window, other_log, drop, bare) -> None:
+    """For random gradient maxima, a DeepSpeed run logged with counters every k steps (or overflow
+    lines only): every step is placed or counted in a gap, each gap's length is what the counters
+    say (overflow lines missing from a paste are counted as overflows of unknown place), and the
+    other policy's replay holds the true state before every row and is never certain of an outcome
+    the truth contradicts, in a placed step or anywhere in a gap; with counters at every step it is
+    the complete replay."""
+    grads = [2.0**x for x in log2g]
+    logging_policy = DeepSpeedPolicy(init_scale=2.0**init_log, scale_window=window, delayed_shift=shift,
+                                     raise_error_at_min_scale=False)
+    text, overflows, printed = _ds_text(grads, logging_policy, every, drop, bare)
+    if not text.strip():
+        return  # nothing printed
+    log = read_log(text)
+    if every == 1 and printed == overflows and not bare:
+        assert log.complete and not any(e.gap for e in log.events)
+    steps = log_steps(log)
+    if every and len(grads) >= every:  # a counter printed: every gap is counted or bounded
+        last = len(grads) // every * every
+        assert steps["unknown_gaps"] == 0 and steps["placed_steps"] + steps["counted_steps"] <= len(grads)
+        assert steps["placed_steps"] + steps["counted_steps"] >= last  # every step up to the last counter
+    other = TorchPolicy(init_scale=2.0**other_log, growth_interval=other_window)
+    decisions = counterfactual(log, other)
+    truth, states = other.initial(), []
+    for g in grads:  # the other policy's true path on the same gradients
+        states.append(truth)
+        truth = other.next(truth, not g * float(truth.scale) > MAX)
+    for e, d, (first, covered) in zip(log.events, decisions, _covered(log, printed, every), strict=True):
+        if d.scales and first < len(grads):  # the state before the step, or as the gap's window begins
+            assert float(states[first].scale) in d.scales, (e, d, first)
+        if d.decision != "unknown":
+            for i in covered:
+                assert d.decision == ("overflow" if grads[i] * float(states[i].scale) > MAX else "clean"), (e, d, i)
+
+
+@pytest.mark.parametrize("grads, window, every, drop, bare, fixed, row, truth", [
+    # the scale grows (window 1: the second clean step after an overflow) between a pinned one (2048)
+    # and an overflow line that prints none: step 4 ran at 4096; 3072 * 20 is clean there, so fixed
+    # 3072 is not certain to overflow where the log overflowed
+    ([20.0, 1.0, 1.0, 20.0], 1, 1, (), (3,), 3072.0, 3, "clean"),
+    # a counter counts an overflow whose line is missing: after it the scale may be lower than the last
+    # one printed (1024, not 2048), so fixed 1536 on the clean steps after it is not certain to be clean
+    ([20.0, 40.0, 50.0, 50.0], 1000, 2, (1,), (), 1536.0, 2, "overflow"),
+    # an overflow line with no scale among a window's steps: the window's clean steps may come before it
+    # and grow the scale (to 4096), so fixed 3072 is not certain to overflow where the log overflowed
+    ([20.0, 1.0, 1.0, 20.0], 1, 4, (), (3,), 3072.0, 1, "clean"),
+])
+def test_sparse_bounds_worked_by_hand(grads, window, every, drop, bare, fixed, row, truth) -> None:
+    """DeepSpeed from 4096 with no hysteresis: each row's logged scale as the log bounds it, and a
+    fixed scale replayed on them, left unknown where the truth is the other outcome than the log's."""
+    policy = DeepSpeedPolicy(init_scale=4096.0, scale_window=window, delayed_shift=1, raise_error_at_min_scale=False)
+    text, overflows, printed = _ds_text(grads, policy, every, frozenset(drop), frozenset(bare))
+    log = read_log(text)
+    decisions = counterfactual(log, FixedLossScale(loss_scale=fixed))
+    assert decisions[row].decision == "unknown", (log.events, decisions)
+    covered = _covered(log, printed, every)[row][1]
+    assert covered and {"overflow" if grads[i] * fixed > MAX else "clean" for i in covered} == {truth}

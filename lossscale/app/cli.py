@@ -546,6 +546,18 @@ def _verdict(check: Any) -> list[str]:
             f"departs at {check.departures[0]}"]
 
 
+def _steps_text(steps: dict[str, int]) -> str:
+    """What the log says of its steps, in a few words."""
+    parts = [f"{steps['placed_steps']} steps placed"]
+    if steps["counted_steps"]:
+        parts.append(f"{steps['counted_steps']} more counted in {steps['counted_gaps']} gaps")
+    if steps["bounded_gaps"]:
+        parts.append(f"{steps['bounded_gaps']} gaps of bounded length")
+    if steps["unknown_gaps"]:
+        parts.append(f"{steps['unknown_gaps']} gaps of unknown length")
+    return ", ".join(parts)
+
+
 def _read_log(path: Path, fmt: str) -> Any:
     """The log at ``path``; UsageError naming a missing file or a log with no events."""
     from ..training.replay import FORMATS, read_log
@@ -566,7 +578,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
     from ..policy.core import describe
     from ..training.config import make_manager
-    from ..training.replay import consistency, counterfactual, logged_scales
+    from ..training.replay import consistency, counterfactual, log_steps, logged_scales
     from .files import check_out, json_text, replay_csv, replay_rows, staged, write_atomic
     from .plots import plot_replay
     names = list(dict.fromkeys(args.manager))
@@ -575,20 +587,18 @@ def cmd_replay(args: argparse.Namespace) -> None:
     policies = {name: make_manager(name, _manager_args(args, name), args.defaults).policy for name in names}
     check_out(args.out, args.force)
     log = _read_log(args.log, args.format)
-    if names and not log.complete:
-        raise UsageError(f"{str(args.log)!r} does not place every step (no step counter at every step, or gaps "
-                         f"between them), so no manager can be replayed on it; leave out --manager for the "
-                         f"consistency check alone")
     check = consistency(log)
     scales = logged_scales(log, check)
-    decisions = {name: counterfactual(log, policy, scales) for name, policy in policies.items()}
+    decisions = {name: counterfactual(log, policy, check=check) for name, policy in policies.items()}
     rows = replay_rows(log, scales, decisions)
     verdict = _verdict(check)
     counts = {name: {k: sum(d.decision == k for d in ds) for k in ("overflow", "clean", "unknown")}
               for name, ds in decisions.items()}
+    steps = log_steps(log)
     summary = {
-        "log": str(args.log), "format": log.framework, "complete": log.complete, "steps": len(log.events),
-        "overflow_steps": sum(e.overflow for e in log.events), "unparsed_lines": len(log.unparsed),
+        "log": str(args.log), "format": log.framework, "complete": log.complete, **steps,
+        "overflow_steps": sum(e.overflow for e in log.events) + sum(e.overflows or 0 for e in log.events),
+        "unparsed_lines": len(log.unparsed),
         "unparsed": [{"line": n, "text": t} for n, t in log.unparsed[:20]], "notes": list(log.notes),
         "consistency": {"verdict": "\n".join(verdict), "consistent": check.consistent, "compared": check.compared,
                         "policy": type(check.policy).__name__ if check.policy is not None else None,
@@ -602,7 +612,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         write_atomic(stage / "summary.json", (json_text(summary) + "\n").encode())
         write_atomic(stage / "replay.png", plot_replay(rows, summary))
     unread = f", {len(log.unparsed)} lines not understood (first: line {log.unparsed[0][0]})" if log.unparsed else ""
-    print(f"{args.log}: {log.framework} log, {len(log.events)} steps read{unread}")
+    print(f"{args.log}: {log.framework} log, {_steps_text(steps)}{unread}")
     print("\n".join(verdict))
     for name, policy in policies.items():
         c = counts[name]

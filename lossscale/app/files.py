@@ -413,15 +413,27 @@ REPLAY_MANAGER_COLUMNS = ("decision", "scale_low", "scale_high")
 
 def replay_columns(managers: list[str]) -> tuple[str, ...]:
     """replay.csv's columns: the log's step, line, overflow and the scale the step ran at (empty
-    where the log does not say), then each manager's (see :data:`REPLAY_MANAGER_COLUMNS`)."""
-    return ("step", "line", "overflow", "scale", *(f"{m}_{c}" for m in managers for c in REPLAY_MANAGER_COLUMNS))
+    where the log does not say); ``steps``, how many steps the row stands for (1; a gap's count,
+    ``low-high`` where bounded, ``low+`` where the log gives no bound; ``overflow`` on a gap row:
+    some of its steps overflowed); then each manager's (see :data:`REPLAY_MANAGER_COLUMNS`; on a
+    gap row, its decision for every step of the gap and the scales it may hold as the gap begins)."""
+    return ("step", "line", "overflow", "scale", "steps",
+            *(f"{m}_{c}" for m in managers for c in REPLAY_MANAGER_COLUMNS))
+
+
+def _steps(e: Any) -> str:
+    if e.span is None:
+        return "1"
+    lo, hi = e.span
+    return f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def replay_rows(log: Log, scales: list[float | None], decisions: dict[str, list[Decision]]) -> list[dict[str, Any]]:
     """One row per step of the log (see :func:`replay_columns`)."""
     rows = []
     for i, (e, s) in enumerate(zip(log.events, scales, strict=True)):
-        row: dict[str, Any] = {"step": e.step, "line": e.line, "overflow": e.overflow, "scale": s}
+        row: dict[str, Any] = {"step": e.step, "line": e.line, "overflow": e.overflow or bool(e.gap and e.overflows),
+                               "scale": s, "steps": _steps(e)}
         for m, ds in decisions.items():
             held = ds[i].scales
             row.update({f"{m}_decision": ds[i].decision, f"{m}_scale_low": min(held) if held else None,
@@ -446,7 +458,7 @@ def read_replay(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise ValueError(f"{str(folder)!r} holds no replay: summary.json is missing") from None
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"{str(folder / 'summary.json')!r} is not a replay's summary ({err})") from None
-    kinds = dict(zip(replay_columns(managers), [int, int, bool, float, *[
+    kinds = dict(zip(replay_columns(managers), [int, int, bool, float, str, *[
         str if c == "decision" else float for _ in managers for c in REPLAY_MANAGER_COLUMNS]], strict=True))
     path = folder / "replay.csv"
     return _rows(path, path.read_text(), kinds), summary

@@ -415,8 +415,9 @@ def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def figure_replay(rows: Sequence[dict], summary: dict) -> Figure:
     """A replay (``replay.csv``'s rows, ``summary.json``): the scale each logged step ran at, its
-    overflows marked, and each manager's scale on the log's bounds (a band where unknown steps left
-    it several states), its certain overflows marked and its unknown steps shaded; log2 axis."""
+    overflows marked, the log's gaps shaded grey, and each manager's scale on the log's bounds (a
+    band where unknown steps left it several states), its certain overflows marked and its unknown
+    steps shaded; log2 axis."""
     managers = [m["name"] for m in summary["managers"]]
     numbered = all(r["step"] is not None for r in rows)
     x = np.array([r["step"] if numbered else i for i, r in enumerate(rows)], dtype=float)
@@ -426,8 +427,12 @@ def figure_replay(rows: Sequence[dict], summary: dict) -> Figure:
     logged = log2("scale")
     ax.step(x, logged, where="post", color="black", lw=1.6, label=f"logged ({summary['format']})")
     over = np.array([r["overflow"] for r in rows], dtype=bool)
+    gap = np.array([r.get("steps", "1") not in ("1", 1, None) for r in rows], dtype=bool)
     if over.any():
-        ax.plot(x[over], logged[over], "x", color="black", ls="none", label="logged overflow")
+        ax.plot(x[over & ~gap], logged[over & ~gap], "x", color="black", ls="none", label="logged overflow")
+    if gap.any():  # steps the log does not print one by one: counted, bounded or of unknown number
+        ax.broken_barh([(v - 0.5, 1.0) for v in x[gap]], (0, 1), facecolor="0.5", alpha=0.25,
+                       transform=ax.get_xaxis_transform(), label="gap (steps not printed)")
     for i, name in enumerate(managers):
         color, low, high = f"C{i}", log2(f"{name}_scale_low"), log2(f"{name}_scale_high")
         ax.step(x, low, where="post", color=color, lw=1.2, ls=_STYLES[i % len(_STYLES)], label=name)

@@ -35,16 +35,35 @@ was compared; a constant scale with no overflow (a bf16 run) is said to be one.
 
 Where the log places every step (each step is an event or implied by its counters:
 ``Log.complete``), the policy is replayed step by step; otherwise only each overflow's own update
-and the growth between overflows are checked, and the counterfactual replay is refused.
+and the growth between overflows are checked.
+
+Sparse logs: the steps a log does not print one by one are *gaps* (``LogEvent.span``): counted
+where counters give their number (DeepSpeed's ``step=N, skipped=M`` every ``steps_per_print``
+steps: the overflow lines since the last report, and ``M`` minus the last report's skipped
+overflows, of which those without a line are overflows of unknown place; fairseq's
+``num_updates``: applied updates), bounded (the overflow lines after the last counter lie within
+one counter interval of it) or of unknown length (overflow lines with no counter: any number of
+clean steps before each). A gap's steps lie anywhere around the overflow lines between its two
+counters (``LogEvent.among``), in their order. Every framework prints each overflow, so a gap
+between two lines holds clean steps only; a counter that counts fewer skipped steps than there
+are lines since the last one (several ranks printing) leaves its steps unknown.
 
 Counterfactual replay, the model: a step overflows at scale S when its unscaled gradient maximum
 g exceeds MAX / S (MAX: the gradient format's largest finite value, 65504 for binary16); so an
 overflow at S says g > MAX / S and a clean step g <= MAX / S. Another policy at scale T then
 certainly overflows where T >= S on an overflow step and is certainly clean where T <= S on a
-clean step; every other step is unknown. After an unknown step the other policy's state branches
-(it overflowed, or not): the replay keeps the set of states it may be in (a step is certain only
-when it is certain in every one), up to ``MAX_STATES``; past that the state is lost and every later
-step is unknown.
+clean step; every other step is unknown. Where the log does not give S, it bounds it
+(:func:`scale_bounds`: a clean step multiplies the scale by 1 to the growth factor, an overflow
+by the backoff factor to 1, from every scale the log prints, forward and backward), and the
+certainty takes the bound that holds for every S within it. After an unknown step the other
+policy's state branches (it overflowed, or not): the replay keeps the set of states it may be in
+(a step is certain only when it is certain in every one), up to ``MAX_STATES``; past that the
+state is lost and every later step is unknown. Through a gap it follows every order of the gap's
+steps around its overflow lines and every length the gap may have (a gap of unknown length
+usually loses the state: the other policy may have grown without bound). A gap's row holds the
+decision that is certain for every one of its steps, and the scales the policy may hold as the
+gap's window begins. The framework's own scales are taken from its replay only where every growth
+window the log allows was tried and they agree; elsewhere from the log's own numbers.
 """
 
 from __future__ import annotations
@@ -71,7 +90,8 @@ from ..policy.frameworks import (
 )
 
 __all__ = ["LogEvent", "Log", "read_log", "FORMATS", "Departure", "Consistency", "consistency", "Decision",
-           "counterfactual", "bounds", "MAX_STATES", "BINARY16_MAX", "framework_policy", "logged_scales"]
+           "counterfactual", "bounds", "MAX_STATES", "BINARY16_MAX", "framework_policy", "logged_scales",
+           "log_steps", "scale_bounds"]
 
 BINARY16_MAX = 65504.0
 #: The most states a counterfactual replay follows after unknown steps before it calls the state lost.
@@ -92,6 +112,19 @@ class LogEvent:
     next_scale: float | None
     line: int
     hysteresis: int | None = None
+    #: A gap: steps the log does not print one by one, ``(low, high)`` of them (high None: no
+    #: bound); ``step`` is its last step and ``next_scale`` the scale after it, where printed.
+    span: tuple[int, int | None] | None = None
+    #: Of a gap's steps, how many overflowed (in positions the log does not give; None: the log
+    #: says nothing of their outcomes); the others are clean.
+    overflows: int | None = 0
+    #: How many events just before a gap are among its steps, in their order but with the gap's
+    #: steps anywhere around them (the overflow lines between two step counters).
+    among: int = 0
+
+    @property
+    def gap(self) -> bool:
+        return self.span is not None
 
 
 @dataclass(frozen=True)
@@ -149,7 +182,8 @@ _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\
 #: line count as unparsed rather than unrelated.
 _SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
     "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)|"
-                             r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step"),
+                             r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step|"
+                             r"\bstep=\d+, skipped=\d+"),
                   re.compile(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
     "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
                         r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
@@ -226,7 +260,8 @@ class _Builder:
         self.notes: list[str] = []
         self.last: int | None = None
         self.kind = "all"
-        self.skipped: int | None = None
+        self.skipped_before: int | None = 0  # a skipped counter starts at 0 with the run
+        self.interval = 1  # the most steps between two counters
         self.complete = True
 
     def overflow(self, event: LogEvent) -> None:
@@ -234,36 +269,104 @@ class _Builder:
 
     def counter(self, n: int, line: int, kind: str, next_scale: float | None = None,
                 skipped: int | None = None) -> None:
+        if n == 0 and self.last is None:  # a bar's first frame, before any step
+            self.last = 0
+            return
         pending, self.pending, self.kind = self.pending, [], kind
         last = self.last if self.last is not None else (0 if n == 1 else None)
-        if skipped is not None and self.skipped is not None and skipped - self.skipped != len(pending):
-            self.notes.append(f"line {line}: skipped={skipped} counts {skipped - self.skipped} overflows since the "
-                              f"last report; the log shows {len(pending)}")
-        self.skipped = skipped if skipped is not None else self.skipped
+        before = self.skipped_before
+        counted = skipped - before if skipped is not None and before is not None else None
+        if counted is not None and counted != len(pending) and self.last is not None:
+            self.notes.append(f"line {line}: skipped={skipped} counts {counted} overflows since the last report; the "
+                              f"log shows {len(pending)}")
         if last is not None and n == last and not pending:
             return  # the same counter again (a bar redrawn)
-        if last is not None and n == last + 1 and (kind == "clean" or len(pending) <= 1):
+        if last is not None and n == last + 1 and (kind == "clean" or len(pending) <= 1) and \
+                counted in (None, len(pending)):
             if kind == "all" and pending:
                 self.events.append(replace(pending[0], step=n))
             else:
                 self.events.extend(pending)
                 self.events.append(LogEvent(n, False, None, next_scale, line))
-        else:  # a gap (or a log that starts after step 1): the steps between are not all in the log
-            self.events.extend(pending)
-            if pending or self.last is not None:
-                self.complete = False
+        elif last is None:  # the first counter, after step 1 (printing every k steps, or a pasted tail)
+            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before)
+        else:  # the steps since the last counter: the overflow lines among clean steps the log does not print
+            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before)
+        self.skipped_before = skipped if skipped is not None else self.skipped_before
+        self.interval = max(self.interval, n - (self.last or 0))  # the first counter's window: from step 1
         self.last = n
+
+    def _window(self, pending: list[LogEvent], n: int, steps: int | None, line: int, kind: str,
+                next_scale: float | None, skipped: int | None, before: int | None) -> None:
+        """The steps up to counter ``n`` (``steps`` of them; None: from an unknown start): the
+        pending overflow lines in their order, with the clean steps (and, where the counter's
+        skipped count is higher, unprinted overflows) around them as one gap."""
+        self.complete = False
+        k = len(pending)
+        counted = skipped - before if skipped is not None and before is not None else None
+        if kind == "clean":  # fairseq: the counter counts applied updates; its own step is the last
+            clean = steps - 1 if steps is not None else None
+            gap = LogEvent(n - 1, False, None, None, line, span=(clean or 0, clean), among=k)
+            self.events.extend(pending)
+            if clean != 0:
+                self.events.append(gap)
+            self.events.append(LogEvent(n, False, None, next_scale, line))
+            return
+        if counted is not None and counted < k:
+            self.notes.append(f"line {line}: {k} overflow lines since the last counter, which counts {counted} "
+                              f"skipped steps (several ranks printing, or a duplicated paste?): their steps are left "
+                              f"unknown")
+            self.events.extend(pending)
+            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
+            return
+        if steps is None and counted is None:  # a pasted tail, no skipped count: the lines cut off are unknown
+            self.events.extend(pending)
+            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, n - k), overflows=None, among=k))
+            return
+        anonymous = counted - k if counted is not None else 0
+        low = high = n if steps is None else steps  # the first counter's window: from the run's first step
+        if low - k < anonymous or high - k < anonymous:
+            self.notes.append(f"line {line}: more overflows than steps since the last counter; their steps are "
+                              f"left unknown")
+            self.events.extend(pending)
+            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
+            return
+        if low == high == k + anonymous and not anonymous:  # every step is an overflow line: each placed
+            self.events.extend(replace(e, step=n - k + 1 + i) for i, e in enumerate(pending))
+            return
+        self.events.extend(pending)
+        self.events.append(LogEvent(n, False, None, next_scale, line, span=(low - k, high - k), overflows=anonymous,
+                                    among=k))
 
     def build(self) -> Log:
         pending = self.pending
-        if self.last is None:  # no counters: nothing numbers the steps, nor the clean ones between
+        if self.last is None:  # no counters: nothing numbers the steps, nor counts the clean ones between
             self.complete = False
-            self.events.extend(pending)
-        elif self.kind == "all" and len(pending) == 1:  # the step after the last counter
-            self.events.append(replace(pending[0], step=self.last + 1))
-        else:
-            self.events.extend(pending)
-            self.complete = self.complete and (self.kind == "clean" or not pending)
+            previous: LogEvent | None = None
+            for e in pending:
+                if previous is not None and previous.step is not None and e.step is not None:
+                    between = e.step - previous.step - 1  # numbered overflow lines: the clean steps between
+                    if between > 0:
+                        self.events.append(LogEvent(e.step - 1, False, None, None, e.line, span=(between, between)))
+                else:
+                    self.events.append(LogEvent(None, False, None, None, e.line, span=(0, None)))
+                self.events.append(e)
+                previous = e
+        elif pending:  # overflow lines after the last counter: within one counter interval of it
+            k, every = len(pending), self.kind == "all"
+            room = self.interval - k if every else self.interval - 1
+            if room < 0:
+                self.notes.append(f"{k} overflow lines after the last counter, which comes every {self.interval} "
+                                  f"steps: their steps are left unknown")
+                self.events.append(LogEvent(None, False, None, None, pending[0].line, span=(0, None)))
+                self.events.extend(pending)
+                self.complete = False
+            elif room == 0:  # each the next step
+                self.events.extend(replace(e, step=self.last + 1 + i) if every else e for i, e in enumerate(pending))
+            else:
+                self.events.extend(pending)
+                self.events.append(LogEvent(None, False, None, None, pending[-1].line, span=(0, room), among=k))
+                self.complete = False
         return Log(self.framework, tuple(self.events), tuple(self.unparsed), self.complete and bool(self.events),
                    tuple(self.notes))
 
@@ -602,7 +705,7 @@ def _initial(framework: str, log: Log, window: int | None, hysteresis: int | Non
     return None
 
 
-def _windows(log: Log, default: int) -> tuple[list[int], str]:
+def _windows(log: Log, default: int) -> tuple[list[int], str, bool]:
     """Growth windows to try. Each run of clean steps whose scale is known before and after it
     grew k times (a doubling per window), so its length L bounds the window: about L / (k + 1) to
     L / k (one more or less, as the frameworks count from different steps); with no growth, above
@@ -633,14 +736,14 @@ def _windows(log: Log, default: int) -> tuple[list[int], str]:
                 high = min(high, length // k + 1)
         i = j + 1
     if high < low:
-        return [default], "the framework's default (the log's growths fit no single window)"
+        return [default], "the framework's default (the log's growths fit no single window)", False
     if high == math.inf:
         return [max(default, low)], f"{'the default' if default >= low else low} (no growth in the log; any " \
-            f"value from about {low} fits)"
+            f"value from about {low} fits)", False
     span = list(range(low, int(high) + 1))
     picked = span if len(span) <= 64 else sorted({*span[:: max(1, len(span) // 64)], *(
         [default] if low <= default <= high else [])})
-    return picked, f"from the growths in the log (windows {low} to {int(high)} tried)"
+    return picked, f"from the growths in the log (windows {low} to {int(high)} tried)", len(span) <= 64
 
 
 def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
@@ -648,20 +751,21 @@ def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
     inferred: the initial scale from the first logged scale, the hysteresis from DeepSpeed's
     hysteresis lines (Megatron's: tried from 1 to 4), the growth window from the first growth; among
     the candidates, the one whose replay departs least (and latest)."""
-    fits, how = _fits(log)
+    fits, how, _ = _fits(log)
     return (fits[0] if fits else None), how
 
 
-def _fits(log: Log) -> tuple[list[Policy], dict[str, str]]:
+def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
     """The candidates of :func:`framework_policy` that fit the log equally well (the first is the
-    one it returns; a short log often fits several growth windows), and how each argument was found."""
+    one it returns; a short log often fits several growth windows), how each argument was found, and
+    whether every window the log allows was tried (else the replayed scales are not the log's)."""
     if log.framework not in _POLICIES:
-        return [], {}
+        return [], {}, False
     cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
     default_window = _DEFAULT_WINDOW.get(log.framework) or next(
         f.default for f in dataclasses.fields(cls) if f.name == window_name)
-    windows, window_how = _windows(log, default_window) if log.complete else ([default_window], "not inferred "
-                                                                              "(the log does not place every step)")
+    windows, window_how, pinned = _windows(log, default_window) if log.complete else (
+        [default_window], "not inferred (the log does not place every step)", False)
     hysteresis: list[int | None] = [None]
     how: dict[str, str] = {}
     if log.framework == "deepspeed":
@@ -685,9 +789,9 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str]]:
             elif key == best[0]:
                 best[1].append(policy)
     if best is None:
-        return [], {"initial scale": "not found (no logged scale)"}
+        return [], {"initial scale": "not found (no logged scale)"}, False
     how = {init_name: "from the first logged scale", window_name: window_how, **how}
-    return best[1], how
+    return best[1], how, pinned
 
 
 def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
@@ -698,7 +802,8 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     departures, compared, after = [], 0, None
     for e in log.events:
         if not e.overflow:
-            after = e.next_scale if e.next_scale is not None else after
+            unseen = e.gap and e.overflows != 0 and e.next_scale is None  # overflows the log does not print
+            after = e.next_scale if e.next_scale is not None else None if unseen else after
             continue
         starts = [e.scale] if e.scale is not None else (
             [after * factor**k for k in range(0, 64)] if after is not None else [])
@@ -773,15 +878,17 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
         return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked=(
             f"a constant loss scale {_show(values.pop())} and no overflow (a bf16 run, or a constant scaler): "
             f"nothing for a dynamic policy to check"))
+    pinned = policy is not None  # a policy given is the log's, as given
     if policy is None:
-        fits, inferred = _fits(log)
+        fits, inferred, pinned = _fits(log)
         policy = fits[0] if fits else None
     if policy is None:
         return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked="no logged scale: "
                            "nothing to check")
     if log.complete:
         departures, scales, compared = _replay(policy, log)
-        cut = departures[0].line if departures else math.inf
+        # not pinned (windows the log allows were left untried): the log's own scales only
+        cut = -math.inf if not pinned else departures[0].line if departures else math.inf
         scales = [s if e.line < cut else None for s, e in zip(scales, log.events, strict=True)]
         if len(fits) > 1:  # the scales the equally fitting candidates disagree on are not known
             others = [_replay(other, log)[1] for other in fits[1:]]
@@ -811,6 +918,17 @@ class Decision:
     decision: str
 
 
+def log_steps(log: Log) -> dict[str, int]:
+    """How the log knows its steps: ``placed_steps`` (each an event), ``counted_steps`` in
+    ``counted_gaps`` (gaps whose length the counters give), ``bounded_gaps`` (a length within
+    bounds) and ``unknown_gaps`` (no bound)."""
+    gaps = [e.span for e in log.events if e.span is not None]
+    exact = [lo for lo, hi in gaps if hi == lo]
+    return {"placed_steps": sum(not e.gap for e in log.events), "counted_steps": sum(exact),
+            "counted_gaps": len(exact), "bounded_gaps": sum(hi is not None and hi != lo for lo, hi in gaps),
+            "unknown_gaps": sum(hi is None for _, hi in gaps)}
+
+
 def logged_scales(log: Log, check: Consistency | None = None) -> list[float | None]:
     """The scale each step of the log ran at, where known: the replayed scale up to the first
     departure (exact), else the logged one (before the step, or after the step before)."""
@@ -836,37 +954,217 @@ def bounds(log: Log, scales: Sequence[float | None], max_value: float = BINARY16
 
 
 def counterfactual(log: Log, policy: Policy, scales: Sequence[float | None] | None = None,
-                   max_states: int = MAX_STATES) -> list[Decision]:
+                   max_states: int = MAX_STATES, check: Consistency | None = None) -> list[Decision]:
     """``policy`` replayed on the log's bounds (see the module): each step certain only where it is
-    certain for every gradient maximum the log allows and every state the policy may be in."""
-    if not log.complete:
-        raise ValueError("the log does not place every step (no step counters, or gaps between them); a "
-                         "counterfactual replay needs every step: log with a step counter at every step")
+    certain for every gradient maximum the log allows, every state the policy may be in and, in a
+    gap, every way the log's steps can lie (a gap row's decision holds for every step in it; its
+    scales are those the policy may hold as the gap begins). ``scales``: the scale each event ran
+    at, where known (None: :func:`logged_scales` of the log's consistency check, ``check`` or made
+    here, and between them the bounds :func:`scale_bounds` gives)."""
     if scales is None:
-        scales = logged_scales(log, consistency(log))
+        check = check if check is not None else consistency(log)
+        grow, back = _factors(log, check.policy)
+        known = scale_bounds(log, logged_scales(log, check), grow, back)
+    else:
+        back = 0.0
+        known = [(s, s) if s is not None else (0.0, math.inf) for s in scales]
+    events = log.events
+    window_of = {j - k: j for j, e in enumerate(events) if e.gap and (k := e.among)}
     states: set[Any] | None = {policy.initial()}
-    out = []
-    for e, s in zip(log.events, scales, strict=True):
-        if states is None:
-            out.append(Decision((), "unknown"))
-            continue
-        seen: set[str] = set()
-        following: set[Any] = set()
-        for state in states:
-            t = float(state.scale)
-            if s is None:
-                outcomes = (True, False)
-            elif e.overflow:
-                outcomes = (True,) if t >= s else (True, False)
+    out: list[Decision | None] = [None] * len(events)
+    low = 0.0  # the least scale the logging run can hold now (clean steps never lower it)
+    i = 0
+    while i < len(events):
+        j = window_of.get(i, i)
+        if j == i and not events[i].gap:  # a placed step
+            e = events[i]
+            states, out[i] = _placed(policy, states, e, known[i], max_states)
+            low = _after(e, known[i][0], low)
+        else:  # a gap, with the events among its steps
+            states, decisions, low = _window(policy, states, events[i:j + 1], known[i:j + 1], low, back, max_states)
+            out[i:j + 1] = decisions
+        i = j + 1
+    return [d for d in out if d is not None]
+
+
+def _factors(log: Log, policy: Policy | None) -> tuple[float, float]:
+    """The most one clean step can grow the logging run's scale, and the least an overflow can
+    leave of it: the framework policy's factors, widened by any step of the log that grew or
+    backed off by more (inf and 0 where there is no policy: nothing is assumed)."""
+    if policy is None:
+        return math.inf, 0.0
+    grow = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
+    back = float(getattr(policy, "backoff_factor", 1.0 / grow))
+    for e in log.events:
+        if not e.gap and e.scale and e.next_scale:
+            ratio = e.next_scale / e.scale
+            grow, back = (max(grow, ratio), back) if not e.overflow else (grow, min(back, ratio))
+    return grow, back
+
+
+def scale_bounds(log: Log, scales: Sequence[float | None], grow: float = math.inf,
+                 back: float = 0.0) -> list[tuple[float, float]]:
+    """Bounds (low, high) on the scale each event ran at (a gap: as it begins): ``scales`` where
+    known, else what the known ones around it allow when a clean step multiplies the scale by 1 to
+    ``grow`` and an overflow by ``back`` to 1 (floors and caps only narrow that), carried forward and
+    backward through the log and across its gaps."""
+    events, n = log.events, len(log.events)
+    bounds = [(0.0, math.inf)] * n
+    among = {i: _counts(e) for j, e in enumerate(events) if e.gap for i in range(j - e.among, j)}
+    low, high = 0.0, math.inf  # forward: the scale before event i
+    with np.errstate(all="ignore"):
+        for i, e in enumerate(events):
+            if scales[i] is not None:
+                low = high = scales[i]
+            if i in among and scales[i] is None:  # a gap's steps may come before it: any of them
+                c_max, o_max = among[i]
+                bounds[i] = (_power(low, back, o_max), _power(high, grow, c_max))
             else:
-                outcomes = (False,) if t <= s else (True, False)
-            for overflow in outcomes:
-                seen.add("overflow" if overflow else "clean")
-                try:
-                    following.add(policy.next(state, not overflow))
-                except MinimumScaleError:
-                    following.add(state)
-        possible = tuple(sorted({float(x.scale) for x in states}))
-        out.append(Decision(possible, seen.pop() if len(seen) == 1 else "unknown"))
-        states = following if len(following) <= max_states else None
-    return out
+                bounds[i] = (low, high)
+            low, high = _across(e, low, high, grow, back)
+        low, high = 0.0, math.inf  # backward: the scale after event i
+        for i in range(n - 1, -1, -1):
+            e = events[i]
+            if e.next_scale is not None:
+                low = high = e.next_scale
+            c_max, o_max = _counts(e)
+            before = (_power(low, 1 / grow if grow else math.inf, c_max),
+                      _power(high, 1 / back if back else math.inf, o_max))
+            lo, hi = bounds[i]
+            bounds[i] = (max(lo, before[0]), min(hi, before[1]))
+            low, high = bounds[i]
+    return bounds
+
+
+def _power(x: float, f: float, n: float) -> float:
+    """``x * f**n`` for a bound: ``n`` steps (inf: unbounded) each multiplying by at most ``f``
+    (0 and inf allowed; x itself where n is 0 or x is 0)."""
+    if not n or x == 0 or f == 1:
+        return x
+    if f == 0 or f == math.inf or n == math.inf:
+        return math.inf if f > 1 else 0.0
+    with np.errstate(all="ignore"):
+        return float(x * f**n)
+
+
+def _counts(e: LogEvent) -> tuple[float, float]:
+    """The most clean steps and the most overflows an event stands for (inf: no bound)."""
+    if not e.gap:
+        return (0, 1) if e.overflow else (1, 0)
+    lo, hi = e.span
+    steps = math.inf if hi is None else hi
+    if e.overflows is None:
+        return steps, steps
+    return steps - e.overflows, e.overflows
+
+
+def _across(e: LogEvent, low: float, high: float, grow: float, back: float) -> tuple[float, float]:
+    """Bounds on the scale after ``e`` from bounds before it."""
+    if e.next_scale is not None:
+        return e.next_scale, e.next_scale
+    c_max, o_max = _counts(e)
+    return _power(low, back, o_max), _power(high, grow, c_max)
+
+
+def _after(e: LogEvent, low_e: float, low: float) -> float:
+    """The least scale the logging run may hold after ``e`` (``low_e``: its own least; ``low``: the
+    least before it, for a gap)."""
+    if e.next_scale is not None:
+        return e.next_scale
+    if e.gap:
+        return low if e.overflows == 0 else 0.0
+    return low_e if not e.overflow else 0.0
+
+
+def _outcomes(overflow: bool | None, bound: tuple[float, float], t: float) -> tuple[bool, ...]:
+    """Another policy's possible outcomes (True: overflow) at scale ``t`` on a step the log ran at a
+    scale within ``bound`` with the outcome ``overflow`` (None: unknown): an overflow at every scale
+    up to its highest one, a clean step at every scale down to its lowest."""
+    if overflow is None:
+        return (True, False)
+    if overflow:
+        return (True,) if t >= bound[1] else (True, False)
+    return (False,) if t <= bound[0] else (True, False)
+
+
+def _next(policy: Policy, state: Any, overflow: bool) -> Any:
+    try:
+        return policy.next(state, not overflow)
+    except MinimumScaleError:
+        return state
+
+
+def _seen(outcomes: set[bool]) -> str:
+    return "unknown" if len(outcomes) != 1 else "overflow" if True in outcomes else "clean"
+
+
+def _placed(policy: Policy, states: set[Any] | None, e: LogEvent, bound: tuple[float, float],
+            max_states: int) -> tuple[set[Any] | None, Decision]:
+    if states is None:
+        return None, Decision((), "unknown")
+    seen: set[bool] = set()
+    following: set[Any] = set()
+    for state in states:
+        for overflow in _outcomes(e.overflow, bound, float(state.scale)):
+            seen.add(overflow)
+            following.add(_next(policy, state, overflow))
+    decision = Decision(tuple(sorted({float(x.scale) for x in states})), _seen(seen))
+    return (following if len(following) <= max_states else None), decision
+
+
+def _window(policy: Policy, states: set[Any] | None, window: Sequence[LogEvent],
+            known: Sequence[tuple[float, float]], low: float, back: float,
+            max_states: int) -> tuple[set[Any] | None, list[Decision], float]:
+    """A gap (the last of ``window``) with the events before it among its steps: every order of its
+    steps around them followed, each state with how many of the gap's clean, overflowed and
+    unknown steps it has taken and how many of the events."""
+    *marked, gap = window
+    lo, hi = gap.span or (0, 0)
+    unknown = gap.overflows is None
+    anonymous = 0 if unknown else gap.overflows
+    clean_lo, clean_hi = (0, 0) if unknown else (lo - anonymous, None if hi is None else hi - anonymous)
+    free_lo, free_hi = (lo, hi) if unknown else (0, 0)  # steps whose outcome the log does not give
+    lows = [low]
+    for e, bound in zip(marked, known, strict=False):
+        lows.append(_after(e, bound[0], lows[-1]))
+    if states is None:
+        return None, [Decision((), "unknown")] * len(window), _after(gap, 0.0, lows[-1])
+    seen_marked: list[set[bool]] = [set() for _ in marked]
+    held_marked: list[set[float]] = [set() for _ in marked]
+    seen_gap: set[bool] = set()
+    start = {(state, 0, 0, 0, 0) for state in states}
+    visited, frontier, final = set(start), start, set()
+
+    def cap(n: int, least: int, most: int | None) -> int:
+        return min(n, least) if most is None else n  # past its least, an unbounded count is only "enough"
+
+    while frontier:
+        following = set()
+        for state, clean, over, free, done in frontier:
+            t = float(state.scale)
+            if done == len(marked) and over == anonymous and clean >= clean_lo and free >= free_lo:
+                final.add(state)
+            moves = []
+            if clean_hi is None or clean < clean_hi:
+                moves += [(o, (cap(clean + 1, clean_lo, clean_hi), over, free, done), None)
+                          for o in _outcomes(False, (_power(lows[done], back, over + free), math.inf), t)]
+            if over < anonymous:
+                moves += [(o, (clean, over + 1, free, done), None) for o in (True, False)]
+            if free_hi is None or free < free_hi:
+                moves += [(o, (clean, over, cap(free + 1, free_lo, free_hi), done), None) for o in (True, False)]
+            if done < len(marked):
+                e = marked[done]
+                held_marked[done].add(t)
+                moves += [(o, (clean, over, free, done + 1), done) for o in _outcomes(e.overflow, known[done], t)]
+            for o, counts, which in moves:
+                (seen_gap if which is None else seen_marked[which]).add(o)
+                item = (_next(policy, state, o), *counts)
+                if item not in visited:
+                    visited.add(item)
+                    following.add(item)
+        if len(visited) > max_states * 16:
+            return None, [Decision((), "unknown")] * len(window), _after(gap, 0.0, lows[-1])
+        frontier = following
+    decisions = [Decision(tuple(sorted(held_marked[n])), _seen(seen_marked[n])) for n in range(len(marked))]
+    decisions.append(Decision(tuple(sorted({float(x.scale) for x in states})), _seen(seen_gap)))
+    return (final if 0 < len(final) <= max_states else None), decisions, _after(gap, 0.0, lows[-1])
