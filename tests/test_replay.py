@@ -73,6 +73,56 @@ def deepspeed_run(overflows: list[bool], **kwargs) -> tuple[str, list[float]]:
     return buf.getvalue(), scales
 
 
+#: The sample log the package ships (``lossscale.replay.SAMPLE_LOG``): :func:`sample_log` wrote it.
+SAMPLE_ARGS = dict(init_scale=2**16, scale_window=50, min_scale=1, delayed_shift=2, consecutive_hysteresis=False)
+
+
+def sample_log() -> str:
+    """A 300-step DeepSpeed run as its log shows it: the installed ``DynamicLossScaler`` prints
+    its overflow lines itself (``update_scale``, binary16: with the scales), the engine's
+    ``_report_progress`` line every ``steps_per_print`` = 10 steps through ``log_dist`` (``[Rank 0]``),
+    both through DeepSpeed's logger format (``deepspeed/utils/logging.py``), time stamps one second
+    a step from a fixed start. The gradient maxima: a seeded random walk from 2**-5.5 with spikes."""
+    import datetime
+
+    import numpy as np
+
+    ls = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
+    clock = {"step": 0}
+    start = datetime.datetime(2024, 5, 1, 12, 0, 0)
+
+    class Stamped(logging.Formatter):
+        def formatTime(self, record, datefmt=None):  # noqa: N802 - logging's name
+            stamp = start + datetime.timedelta(seconds=clock["step"], milliseconds=137)
+            return stamp.strftime("%Y-%m-%d %H:%M:%S,") + f"{stamp.microsecond // 1000:03d}"
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(Stamped("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s"))
+    ls.logger.addHandler(handler)
+    level, rank = ls.logger.level, ls.dist.get_rank
+    ls.logger.setLevel(logging.INFO)
+    ls.dist.get_rank = lambda *a: 0
+    rng = np.random.default_rng(2024)
+    log2g = -4.0 + np.cumsum(rng.normal(0, 0.08, 300)) + (rng.random(300) < 0.04) * rng.uniform(4, 10, 300)
+    try:
+        scaler, skipped = ls.DynamicLossScaler(**SAMPLE_ARGS), 0
+        for step, x in enumerate(log2g, start=1):
+            clock["step"] = step
+            overflow = bool(2.0**x * scaler.cur_scale > MAX)
+            scaler.update_scale(overflow)
+            skipped += overflow
+            if step % 10 == 0:
+                stamp = Stamped().formatTime(None)
+                buf.write(f"[{stamp}] [INFO] [logging.py:107:log_dist] [Rank 0] step={step}, skipped={skipped}, "
+                          f"lr=[0.0001], mom=[(0.9, 0.999)]\n")
+    finally:
+        ls.logger.removeHandler(handler)
+        ls.logger.setLevel(level)
+        ls.dist.get_rank = rank
+    return buf.getvalue()
+
+
 def apex_log(overflows: list[bool], policy: ApexPolicy) -> str:
     """apex's overflow line after each overflow, a tqdm bar after each step (steps numbered)."""
     state, out = policy.initial(), []
@@ -630,3 +680,23 @@ def test_sparse_bounds_worked_by_hand(grads, window, every, drop, bare, fixed, r
     assert decisions[row].decision == "unknown", (log.events, decisions)
     covered = _covered(log, printed, every)[row][1]
     assert covered and {"overflow" if grads[i] * fixed > MAX else "clean" for i in covered} == {truth}
+
+
+def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
+    """The sample log is DeepSpeed's own output (written again here where DeepSpeed is installed)
+    and the README's replay of it runs: every step placed or counted, the log's own policy
+    consistent with it, and both managers replayed."""
+    from lossscale.replay import SAMPLE_LOG
+
+    try:
+        assert SAMPLE_LOG.read_text() == sample_log()
+    except pytest.skip.Exception:
+        pass  # no DeepSpeed here: the shipped file is still replayed below
+    code, out, err = replay(capsys, str(SAMPLE_LOG), "--manager", "torch", "--manager", "exponential", "--out",
+                            str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["placed_steps"] + summary["counted_steps"] == 300 and summary["unknown_gaps"] == 0
+    assert summary["consistency"]["consistent"] and summary["overflow_steps"] == SAMPLE_LOG.read_text().count(
+        "OVERFLOW!")
+    assert "steps placed, 293 more counted in 30 gaps" in out.splitlines()[0]

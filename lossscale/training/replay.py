@@ -91,9 +91,12 @@ from ..policy.frameworks import (
 
 __all__ = ["LogEvent", "Log", "read_log", "FORMATS", "Departure", "Consistency", "consistency", "Decision",
            "counterfactual", "bounds", "MAX_STATES", "BINARY16_MAX", "framework_policy", "logged_scales",
-           "log_steps", "scale_bounds"]
+           "log_steps", "scale_bounds", "SAMPLE_LOG"]
 
 BINARY16_MAX = 65504.0
+#: A DeepSpeed run's log that ships with the package (``lossscale/data/README.md`` says how it was
+#: made): ``lossscale replay`` on it shows a sparse log's replay.
+SAMPLE_LOG = Path(__file__).resolve().parent.parent / "data" / "deepspeed-sample.log"
 #: The most states a counterfactual replay follows after unknown steps before it calls the state lost.
 MAX_STATES = 256
 
@@ -964,10 +967,11 @@ def counterfactual(log: Log, policy: Policy, scales: Sequence[float | None] | No
     if scales is None:
         check = check if check is not None else consistency(log)
         grow, back = _factors(log, check.policy)
-        known = scale_bounds(log, logged_scales(log, check), grow, back)
+        known, starts = _scale_bounds(log, logged_scales(log, check), grow, back)
     else:
         back = 0.0
         known = [(s, s) if s is not None else (0.0, math.inf) for s in scales]
+        starts = known
     events = log.events
     window_of = {j - k: j for j, e in enumerate(events) if e.gap and (k := e.among)}
     states: set[Any] | None = {policy.initial()}
@@ -980,8 +984,9 @@ def counterfactual(log: Log, policy: Policy, scales: Sequence[float | None] | No
             e = events[i]
             states, out[i] = _placed(policy, states, e, known[i], max_states)
             low = _after(e, known[i][0], low)
-        else:  # a gap, with the events among its steps
-            states, decisions, low = _window(policy, states, events[i:j + 1], known[i:j + 1], low, back, max_states)
+        else:  # a gap, with the events among its steps (the least scale as it begins: also what comes after says)
+            states, decisions, low = _window(policy, states, events[i:j + 1], known[i:j + 1], max(low, starts[i][0]),
+                                             back, max_states)
             out[i:j + 1] = decisions
         i = j + 1
     return [d for d in out if d is not None]
@@ -1008,14 +1013,23 @@ def scale_bounds(log: Log, scales: Sequence[float | None], grow: float = math.in
     known, else what the known ones around it allow when a clean step multiplies the scale by 1 to
     ``grow`` and an overflow by ``back`` to 1 (floors and caps only narrow that), carried forward and
     backward through the log and across its gaps."""
+    return _scale_bounds(log, scales, grow, back)[0]
+
+
+def _scale_bounds(log: Log, scales: Sequence[float | None], grow: float,
+                  back: float) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """:func:`scale_bounds`, and bounds on the scale just before each event in the log's order (for
+    the first event of a gap's window: as the window begins)."""
     events, n = log.events, len(log.events)
     bounds = [(0.0, math.inf)] * n
+    starts = [(0.0, math.inf)] * n
     among = {i: _counts(e) for j, e in enumerate(events) if e.gap for i in range(j - e.among, j)}
     low, high = 0.0, math.inf  # forward: the scale before event i
     with np.errstate(all="ignore"):
         for i, e in enumerate(events):
             if scales[i] is not None:
                 low = high = scales[i]
+            starts[i] = (low, high)
             if i in among and scales[i] is None:  # a gap's steps may come before it: any of them
                 c_max, o_max = among[i]
                 bounds[i] = (_power(low, back, o_max), _power(high, grow, c_max))
@@ -1032,8 +1046,9 @@ def scale_bounds(log: Log, scales: Sequence[float | None], grow: float = math.in
                       _power(high, 1 / back if back else math.inf, o_max))
             lo, hi = bounds[i]
             bounds[i] = (max(lo, before[0]), min(hi, before[1]))
+            starts[i] = (max(starts[i][0], before[0]), min(starts[i][1], before[1]))
             low, high = bounds[i]
-    return bounds
+    return bounds, starts
 
 
 def _power(x: float, f: float, n: float) -> float:
