@@ -700,3 +700,41 @@ def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
     assert summary["consistency"]["consistent"] and summary["overflow_steps"] == SAMPLE_LOG.read_text().count(
         "OVERFLOW!")
     assert "steps placed, 293 more counted in 30 gaps" in out.splitlines()[0]
+
+
+def test_progress_bars_as_pasted_terminals_show_them() -> None:
+    """Issue 32, item 3: a tqdm bar and a log message on one physical line (HF Trainer, trlx and
+    Colossal-AI pastes): the bar closes step 9 and the overflow after it is step 10; trlx's rollout
+    bar (128 steps) is not the training bar and counts nothing; a bar that goes back is noted."""
+    bar = "{pct:3d}%|#         | {n}/63645 [00:19<37:53:00,  2.14s/it]"
+    text = "\n".join([
+        bar.format(pct=0, n=8),
+        bar.format(pct=0, n=9) + "[2021-06-08 10:00:00,000] [INFO] [stage3.py:2323:_overflow_clean_up] [deepscale] "
+        "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "[rollout 128 / 128]: 100%|##########| 128/128 [00:05<00:00, 25.1it/s]",
+        bar.format(pct=0, n=10), bar.format(pct=0, n=11), bar.format(pct=0, n=7)])
+    log = read_log(text + "\n")
+    placed = [(e.step, e.overflow, e.scale) for e in log.events if not e.gap]
+    assert (10, True, 65536.0) in placed and (11, False, None) in placed
+    assert not any(e.step == 128 for e in log.events)
+    assert any("not the training bar" in n for n in log.notes) and any("goes back from 11 to 7" in n for n in log.notes)
+
+
+def test_several_ranks_printing_one_overflow() -> None:
+    """Issue 32, item 4: apex on 2 processes prints each overflow twice (its scale after halves on
+    a real second overflow, so an identical line is a copy); DeepSpeed's old FP16_Optimizer on 4
+    ranks prints ``[Rank r]`` lines (different ranks: copies); identical scale-less lines with no
+    rank are not taken for copies (two real overflows print the same), nor are two reductions at
+    the floor. Each copy is noted, never read as a growth."""
+    apex = "\n".join(["Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0"] * 2 +
+                     ["Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 16384.0"] * 2) + "\n"
+    log = read_log(apex)
+    assert [e.next_scale for e in log.events if not e.gap] == [32768.0, 16384.0]
+    assert any("2 overflow lines repeat" in n for n in log.notes) and consistency(log).consistent
+    ranks = "\n".join(f"[Rank {r}] Overflow detected. Skipping step. Attempted loss scale: 65536, reducing to 32768"
+                      for r in range(4)) + "\n"
+    assert sum(e.overflow for e in read_log(ranks).events) == 1
+    bare = "[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.\n" * 2
+    assert sum(e.overflow for e in read_log(bare).events) == 2
+    floor = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1\n" * 2
+    assert sum(e.overflow for e in read_log(floor).events) == 2

@@ -374,21 +374,80 @@ class _Builder:
                    tuple(self.notes))
 
 
+#: What a line carries before its message: time stamps, levels, sources and rank prefixes (``[...]``
+#: groups, torchrun's ``0: `` and ``[default0]:``, ``Rank N``), dropped to compare two ranks' lines.
+_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]*\]:?|\d+:|\|)\s*)+|\b[Rr]ank\s*\d+\b")
+
+
+def _rank(text: str) -> str | None:
+    """The rank a line names in its prefix (``Rank N``, torchrun's ``N:`` or ``[defaultN]:``), if any."""
+    m = re.search(r"\b[Rr]ank\s*(\d+)|^\s*(\d+):|\[default(\d+)\]", text)
+    return next((g for g in m.groups() if g is not None), None) if m else None
+
+
 def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
-    line); lines it did not read that carry the format's words are unparsed; tqdm counters are read
-    for every format."""
+    line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
+    in every format: the training bar only (the one with the most steps; a rollout or evaluation
+    bar is not a step counter), read in its place on the line (a message pasted after a bar on the
+    same line follows it); a bar that goes backwards is noted. A line identical to the overflow
+    line just before it, prefixes aside and no counter between, is another rank printing the same
+    step's overflow: one overflow, the copies noted."""
     b = _Builder(framework)
     words = _SIGNS[framework][1]
+    totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
+    training = max(totals) if totals else None
+    other_bars: set[int] = set()
+    copies, last_message = 0, None  # last_message: the last overflow line's message and rank
+
+    def read(i: int, text: str) -> bool:
+        nonlocal copies, last_message
+        before = len(b.pending)
+        if not handle(b, i, text):
+            return False
+        message, rank = _PREFIX.sub("", text).strip(), _rank(text)
+        if len(b.pending) != before + 1:  # a counter, or a line that is no overflow: copies end here
+            last_message = None
+            return True
+        e = b.pending[-1]
+        # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
+        # line is a copy where the first one changed it, or where the two name different ranks
+        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
+        if last_message is not None and message == last_message[0] and (
+                changed or (rank is not None and last_message[1] is not None and rank != last_message[1])):
+            b.pending.pop()
+            copies += 1
+        else:
+            last_message = (message, rank)
+        return True
+
     for i, text in enumerate(lines, start=1):
         for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
-            if handle(b, i, part):
-                continue
             bar = _BAR.search(part)
-            if bar and "%" in part[:bar.start()]:
-                b.counter(int(bar[1]), i, "all")
-            elif words.search(part) or _ANY_WORDS.search(part):
-                b.unparsed.append((i, part))
+            if not (bar and "%" in part[:bar.start()]):
+                if not read(i, part) and (words.search(part) or _ANY_WORDS.search(part)):
+                    b.unparsed.append((i, part))
+                continue
+            head, close = part[:bar.start()], part.find("]", bar.end())
+            tail = part[close + 1:] if close >= 0 else ""
+            read(i, head)
+            n, total = int(bar[1]), int(bar[2])
+            if total != training:
+                other_bars.add(total)
+            elif b.last is not None and n < b.last:
+                b.notes.append(f"line {i}: the progress bar goes back from {b.last} to {n} (a restart?); read on "
+                               f"from {b.last}")
+            else:
+                b.counter(n, i, "all")
+                last_message = None
+            if tail.strip() and not read(i, tail) and (words.search(tail) or _ANY_WORDS.search(tail)):
+                b.unparsed.append((i, tail))
+    if other_bars:
+        b.notes.append(f"progress bars of {', '.join(map(str, sorted(other_bars)))} steps are not the training "
+                       f"bar ({training} steps) and count no step")
+    if copies:
+        b.notes.append(f"{copies} overflow lines repeat the line before them (several ranks printing, told apart by "
+                       f"their prefixes and that no step counter came between): each read as one overflow")
     return b.build()
 
 
