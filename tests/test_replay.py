@@ -202,7 +202,8 @@ def test_each_format_parses(text: str, framework: str, expected: list) -> None:
 def test_malformed_lines_are_counted_with_their_numbers() -> None:
     text = ("step,scale,overflow\n1,1024,1\n2,lots,0\n3,512,maybe\n4,512,0\n")
     log = read_log(text)
-    assert [n for n, _ in log.unparsed] == [3, 4] and len(log.events) == 2
+    assert [n for n, _ in log.unparsed] == [3, 4] and len([e for e in log.events if not e.gap]) == 2
+    assert [e.span for e in log.events if e.gap] == [(2, 2)]  # steps 2 and 3: their lines were not read
     ds = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: lots\n" + \
         "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4\n"
     assert [n for n, _ in read_log(ds).unparsed] == [1]
@@ -514,8 +515,16 @@ def test_megatron_interval_logs_bf16_and_the_2019_form(capsys, tmp_path) -> None
     text = "\n".join(_megatron_line(it, s, k) for it, s, k in [(10, 2.0**31, 3), (20, 2.0**30, 1), (30, 2.0**30, 0)])
     path = tmp_path / "megatron.log"
     path.write_text(text + "\n")
-    code, out, err = replay(capsys, str(path), "--out", str(tmp_path / "r"))
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--manager", "exponential", "--out",
+                            str(tmp_path / "r"))
     assert code == 0 and "megatron log" in out, err
+    log = read_log(text + "\n")  # each line sums its interval: 10 iterations, that many skipped, anywhere in it
+    assert [(e.step, e.span, e.overflows, e.next_scale) for e in log.events] == [
+        (10, (3, 10), 3, 2.0**31), (20, (10, 10), 1, 2.0**30), (30, (10, 10), 0, 2.0**30)]
+    assert log_steps(log) == {"placed_steps": 0, "counted_steps": 20, "counted_gaps": 2, "bounded_gaps": 1,
+                              "unknown_gaps": 0}
+    decisions = counterfactual(log, TorchPolicy(init_scale=2.0**20))  # far below every logged scale
+    assert [d.decision for d in decisions] == ["unknown", "unknown", "clean"]  # an interval with overflows: open
     bf16 = read_log("\n".join(_megatron_line(it, 1.0, 0) for it in (10, 20, 30)) + "\n")
     check = consistency(bf16)
     assert not check.consistent and "a constant loss scale 1 and no overflow" in check.verdict()
@@ -535,7 +544,9 @@ def test_mindformers_mindyolo_and_colossalai_lines() -> None:
             "False, loss_scale: 134217730.0\n")
     log = read_log(text)
     assert log.framework == "mindspore" and not log.unparsed
-    assert [(e.step, e.overflow, e.scale) for e in log.events] == [(4, True, 268435460.0), (126, False, 134217730.0)]
+    assert [(e.step, e.overflow, e.scale) for e in log.events if not e.gap] == [(4, True, 268435460.0),
+                                                                                (126, False, 134217730.0)]
+    assert [(e.span, e.overflows) for e in log.events if e.gap] == [((3, 3), None), ((121, 121), None)]  # sinks
     yolo = read_log("2024-01-01 00:00:00,000 [WARNING] overflow, still update, loss scale adjust to 32768.0\n")
     assert [(e.overflow, e.next_scale) for e in yolo.events if not e.gap] == [(True, 32768.0)]
     colossal = read_log("[01/01/24 00:00:00] WARNING colossalai - colossalai - WARNING: Found overflow. Skip step\n")

@@ -525,35 +525,53 @@ def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
     return True
 
 
-def _per_step(framework: str, rows: Iterable[tuple[int, int, bool, float | None, float | None]],
-              unparsed: list[tuple[int, str]], notes: list[str]) -> Log:
-    """A log with one line per step (or per logging interval): complete where the steps run on by one."""
+def _per_step(framework: str, rows: Iterable[tuple[int, int | None, bool, float | None, float | None]],
+              unparsed: list[tuple[int, str]], notes: list[str], interval: dict[int, int] | None = None) -> Log:
+    """A log with one line per numbered step: complete where the steps run on by one; the steps
+    between two numbered lines a gap whose outcomes the log does not give; before each unnumbered
+    overflow line (MindYOLO's, Colossal-AI's) a gap of clean steps of unknown length. ``interval``:
+    for a line that sums its logging interval (Megatron's, keyed by line), how many of the
+    interval's steps were skipped: the interval is a gap with that many overflows."""
     events, complete, last = [], True, None
     for line, step, overflow, scale, next_scale in rows:
-        if step is None:  # a line that does not number its step
+        if step is None:
             complete = False
-            events.append(LogEvent(None, overflow, scale, next_scale, line))
+            events += [LogEvent(None, False, None, None, line, span=(0, None)),
+                       LogEvent(None, overflow, scale, next_scale, line)]
             continue
-        if last is not None and step != last + 1:
+        skipped = (interval or {}).get(line)
+        if last is not None and step <= last:
             complete = False
-            notes.append(f"line {line}: step {step} follows step {last}; the steps between are not in the log")
+            notes.append(f"line {line}: step {step} follows step {last}; the steps between are unknown")
+            events.append(LogEvent(step - 1, False, None, None, line, span=(0, None), overflows=None))
+        elif skipped is not None and step - (last or 0) > 1:  # an interval: its skipped steps anywhere in it
+            complete = False
+            steps = step - last if last is not None else None
+            span = (steps, steps) if steps is not None else (max(skipped, 1), step)
+            events.append(LogEvent(step, skipped > 0, None, next_scale, line, span=span, overflows=skipped))
+            last = step
+            continue
+        elif step > (last if last is not None else 0) + 1:
+            complete = False
+            if last is not None:
+                notes.append(f"line {line}: step {step} follows step {last}; the steps between are not in the log")
+            between = step - (last if last is not None else 0) - 1
+            events.append(LogEvent(step - 1, False, None, None, line, span=(between, between), overflows=None))
         events.append(LogEvent(step, overflow, scale, next_scale, line))
         last = step
     return Log(framework, tuple(events), tuple(unparsed), complete and bool(events), tuple(notes))
 
 
 def _megatron(lines: Sequence[str]) -> Log:
-    rows, unparsed, notes = [], [], []
+    rows, unparsed, notes, skipped = [], [], [], {}
     words = _SIGNS["megatron"][1]
     for i, text in enumerate(lines, start=1):
         if m := _MEGATRON.search(text):
-            skipped = int(m[3] or 0)
-            if skipped > 1:
-                notes.append(f"line {i}: {skipped} skipped iterations in one logging interval")
-            rows.append((i, int(m[1]), skipped > 0, None, _float(m[2])))
+            skipped[i] = int(m[3] or 0)  # over the logging interval, which the iterations give
+            rows.append((i, int(m[1]), skipped[i] > 0, None, _float(m[2])))
         elif words.search(text) or _ANY_WORDS.search(text):
             unparsed.append((i, text))
-    return _per_step("megatron", rows, unparsed, notes)
+    return _per_step("megatron", rows, unparsed, notes, skipped)
 
 
 def _mindspore(lines: Sequence[str]) -> Log:
