@@ -749,3 +749,26 @@ def test_several_ranks_printing_one_overflow() -> None:
     assert sum(e.overflow for e in read_log(bare).events) == 2
     floor = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1\n" * 2
     assert sum(e.overflow for e in read_log(floor).events) == 2
+
+
+def test_fairseq_in_its_own_field_order_and_its_older_forms() -> None:
+    """Issue 32, item 7: ``SimpleProgressBar.log`` prints the stats in fairseq's order
+    (``num_updates`` before ``loss_scale``), every ``log_interval`` updates, the loss scale the
+    interval's mean (not a scale: never compared); 0.9/0.10's ``NOTE: overflow detected, setting
+    loss scale to: S``; 0.6's pipe-separated epoch summary; the JSON end-of-epoch ``train_`` keys."""
+    def progress(n: int, scale: str) -> str:
+        return (f"2020-01-01 00:00:00 | INFO | train_inner | epoch 001:  {n:5d} / 500 loss=7.123, nll_loss=7.0, "
+                f"ppl=128.5, wps=1000, ups=1, wpb=1000, bsz=8, num_updates={n}, lr=0.0001, gnorm=1.2, "
+                f"loss_scale={scale}, train_wall=10, wall=100")
+    text = "\n".join([progress(10, "64"), "2020-01-01 00:00:00 | INFO | fairseq.trainer | NOTE: overflow detected, "
+                      "setting loss scale to: 32.0", progress(20, "40.5"), progress(30, "32"), ""])
+    log = read_log(text)
+    assert log.framework == "fairseq" and not log.unparsed
+    placed = [(e.step, e.overflow, e.next_scale) for e in log.events if not e.gap]
+    assert placed == [(10, False, None), (None, True, 32.0), (20, False, None), (30, False, None)]
+    assert not consistency(log).departures  # 40.5, a mean over the interval, is no scale to depart from
+    old = read_log("| epoch 001 | loss 7.123 | nll_loss 7.0 | ppl 138.5 | wps 1000 | num_updates 10198 | lr 0.0005 | "
+                   "gnorm 1.2 | clip 0.0 | oom 0 | loss_scale 0.500 | wall 100 | train_wall 90\n", format="fairseq")
+    assert [e.step for e in old.events if not e.gap] == [10198] and not old.unparsed
+    end = read_log('{"epoch": 1, "train_loss": "7.1", "train_loss_scale": "8", "train_num_updates": "1234"}\n')
+    assert [e.step for e in end.events if not e.gap] == [1234]

@@ -165,10 +165,13 @@ _APEX = re.compile(r"Gradient overflow\.\s+Skipping step, (?:loss scaler (\d+) )
 # apex/fp16_utils/fp16_optimizer.py, FP16_Optimizer.step (and the copies of it in NVIDIA's examples)
 _APEX_FP16 = re.compile(r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted loss scale: " + _NUM +
                         r", reducing to " + _NUM)
-_FS_OVERFLOW = re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected, (?:ignoring gradient, )?"
+_FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected, (?:ignoring gradient, )?"
                           r"setting loss scale to: " + _NUM)
-_FS_SIMPLE = re.compile(r"\bloss_scale=" + _NUM + r"\b.*\bnum_updates=(\d+)")
-_FS_JSON = re.compile(r"(\{.*\"loss_scale\".*\})")
+# progress lines: key=value pairs (SimpleProgressBar) in fairseq's order, num_updates before loss_scale,
+# or the other; fairseq <= 0.6's pipe-separated epoch summaries "| num_updates 10198 | ... | loss_scale 0.500 |"
+_FS_SCALE = re.compile(r"\bloss_scale[= ]" + _NUM + r"\b")
+_FS_UPDATES = re.compile(r"\bnum_updates[= ](\d+)\b")
+_FS_JSON = re.compile(r"(\{.*\"(?:train_)?loss_scale\".*\})")
 _MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale:? " + _NUM + r" \|(?:.* number of skipped "
                        r"iterations:?\s*(\d+) \|)?")  # the 2019 form has no colons
 # MindFormers' MFLossMonitor.print_output_info (mindformers/core/callback/callback.py): one line per
@@ -191,7 +194,8 @@ _SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
     "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
                         r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
              re.compile(r"Gradient overflow|reducing loss scale|OVERFLOW")),
-    "fairseq": (re.compile(r"(?:NOTE: gradient|WARNING:) overflow detected|\bloss_scale=|\"loss_scale\""),
+    "fairseq": (re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected|\bloss_scale[= ]\d|"
+                           r"\"(?:train_)?loss_scale\""),
                 re.compile(r"overflow detected|loss_scale")),
     "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
                  re.compile(r"iteration\s+\d+/|loss scale:|skipped iterations")),
@@ -313,7 +317,8 @@ class _Builder:
             self.events.extend(pending)
             if clean != 0:
                 self.events.append(gap)
-            self.events.append(LogEvent(n, False, None, next_scale, line))
+            # fairseq's loss_scale is the mean over the logging interval: the scale only for an interval of one
+            self.events.append(LogEvent(n, False, None, next_scale if clean == 0 else None, line))
             return
         if counted is not None and counted < k:
             self.notes.append(f"line {line}: {k} overflow lines since the last counter, which counts {counted} "
@@ -505,8 +510,8 @@ def _fairseq(lines: Sequence[str]) -> Log:
     def handle(b: _Builder, i: int, text: str) -> bool:
         if m := _FS_OVERFLOW.search(text):
             b.overflow(LogEvent(None, True, None, _float(m[1]), i))
-        elif m := _FS_SIMPLE.search(text):
-            b.counter(int(m[2]), i, "clean", next_scale=_float(m[1]))
+        elif (m := _FS_UPDATES.search(text)) and (scale := _FS_SCALE.search(text)):
+            b.counter(int(m[1]), i, "clean", next_scale=_float(scale[1]))
         elif (m := _FS_JSON.search(text)) and _fairseq_json(b, i, m[1]):
             pass
         else:
@@ -518,7 +523,8 @@ def _fairseq(lines: Sequence[str]) -> Log:
 def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
     try:
         stats = json.loads(text)
-        scale, updates = float(stats["loss_scale"]), int(stats["num_updates"])
+        train = "train_" if "train_loss_scale" in stats else ""  # the end-of-epoch record's keys
+        scale, updates = float(stats[f"{train}loss_scale"]), int(stats[f"{train}num_updates"])
     except (ValueError, KeyError, TypeError):
         return False
     b.counter(updates, i, "clean", next_scale=scale)
@@ -654,8 +660,8 @@ def _matches(framework: str, replayed: float, logged: float) -> bool:
         return int(replayed) == logged
     if framework == "megatron":
         return f"{replayed:.1f}" == f"{logged:.1f}"
-    if framework == "fairseq":
-        return float(format(round(replayed, 4), "g")) == logged
+    if framework == "fairseq":  # {:g} of S rounded to 4 places, or (0.6-0.10) 3 or 0 decimals
+        return any(float(format(round(replayed, d), "g")) == logged for d in (4, 3, 0))
     if framework == "mindspore":
         return bool(np.float32(replayed) == np.float32(logged))
     return False
