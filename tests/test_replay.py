@@ -772,3 +772,37 @@ def test_fairseq_in_its_own_field_order_and_its_older_forms() -> None:
     assert [e.step for e in old.events if not e.gap] == [10198] and not old.unparsed
     end = read_log('{"epoch": 1, "train_loss": "7.1", "train_loss_scale": "8", "train_num_updates": "1234"}\n')
     assert [e.step for e in end.events if not e.gap] == [1234]
+
+
+def _logs_of_every_shape() -> dict[str, str]:
+    """One log of each format in the shapes real logs take: per step, every k steps, overflow lines only."""
+    ds = DeepSpeedPolicy(init_scale=2.0**16, scale_window=5, delayed_shift=2, raise_error_at_min_scale=False)
+    grads = [2.0**x for x in [-4, -4, 2, -4, -4, -4, -4, -4, 3, 3, -4, -4, -4, -4, -4, -4, -4, 1, -4, -4]]
+    return {
+        "deepspeed-every-step": _ds_text(grads, ds, 1)[0],
+        "deepspeed-every-5": _ds_text(grads, ds, 5)[0],
+        "deepspeed-lines-only": _ds_text(grads, ds, None)[0],
+        "apex": apex_log(SEQ, ApexPolicy(init_scale=2.0**16, scale_window=4)),
+        "fairseq": fairseq_log(SEQ, FairseqPolicy(init_scale=128.0, scale_window=4)),
+        "megatron": "\n".join(_megatron_line(it, s, k) for it, s, k in [(10, 2.0**31, 3), (20, 2.0**30, 1)]) + "\n",
+        "mindformers": "{ Epoch:[  1/  1], step:[    4/  125], loss: 10.1, per_step_time: 512ms, lr: 1e-05, overflow "
+                       "cond: True, loss_scale: 268435460.0\n",
+        "colossalai": "WARNING colossalai - Found overflow. Skip step\n" * 3,
+    }
+
+
+@pytest.mark.parametrize("shape", list(_logs_of_every_shape()))
+def test_every_shape_of_log_replays_with_managers(capsys, tmp_path, shape) -> None:
+    """Done means 2's command on a log of every format and shape: it exits 0, writes replay.csv with
+    a row per placed step and per gap, and counts the steps as placed, counted, bounded or unknown."""
+    path = tmp_path / f"{shape}.log"
+    path.write_text(_logs_of_every_shape()[shape])
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--manager", "exponential", "--out",
+                            str(tmp_path / "r"))
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "r" / "replay.csv").open()))
+    log = read_log(path)
+    assert len(rows) == len(log.events) and all(r["torch_decision"] in ("overflow", "clean", "unknown") for r in rows)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert {k: summary[k] for k in log_steps(log)} == log_steps(log)
+    assert "consistent with" not in out or summary["consistency"]["compared"] > 0
