@@ -27,8 +27,9 @@ result from finite operands, a pole: log(0), atanh(1), erfinv(1), x / 0) and OVE
 exact value beyond binary32's range). INEXACT and UNDERFLOW are not reported.
 
 Zeros and infinities follow torch's CPU formulas where they define the sign or the value (elu of
--0 is +0; gelu and silu of -inf are NaN, as torch's x * cdf(x) gives), so that a device route
-agrees with torch wherever torch's answer is exact.
+±0 is scale times it, whatever alpha, as torch gives on every dtype and CPU capability; gelu and silu of
+-inf are NaN, as torch's x * cdf(x) gives), so that a device route agrees with torch wherever
+torch's answer is exact.
 """
 
 from __future__ import annotations
@@ -362,8 +363,8 @@ def _unary(code, x, p0, p1, p2):
     if code == ELU:  # alpha p0, scale p1, input_scale p2: scale x above 0, else alpha scale (e**(is x) - 1)
         if x > 0:
             return p1 * x, 0.0, 0  # exact
-        if x == 0:
-            return 0.0 * p0 * p1, 0.0, 0  # torch: (exp(x * is) - 1) * alpha * scale = +0
+        if x == 0:  # torch gives scale x for either zero, whatever alpha (measured: every dtype, both ISAs)
+            return x * p1, 0.0, 0
         if inf:
             return -(p0 * p1), 0.0, 0
         a, z = p0 * p1, p2 * x  # exact

@@ -13,7 +13,7 @@ What is checked against what:
   x tanh(softplus x), softplus, logsigmoid, elu, sigmoid; erfinv by Newton's method on MPFR's erf
   / erfc; i0 by its power series; lgamma, rsqrt and the rest are MPFR functions. Zeros, infinities,
   poles and domain errors come from a table written from the module docstring (torch's formulas
-  where it says so: gelu/silu/mish of -inf is NaN, elu(-0) = +0). Values bit for bit (NaNs by
+  where it says so: gelu/silu/mish of -inf is NaN, elu(-0) = -0). Values bit for bit (NaNs by
   NaN-ness), flags (INVALID, DIVBYZERO, OVERFLOW; a signaling NaN operand INVALID) exactly.
   Default run: a few thousand binary16, bfloat16 and binary32 operands aimed at the hard places
   (specials, NaN payloads, subnormals, poles, the binary16-output and binary32 overflow
@@ -260,7 +260,7 @@ def _special(name, x, params):
     if name == "elu":
         alpha, scale, _ = params
         if x == 0:
-            return 0.0, 0  # torch: (e**(0 * is) - 1) * alpha * scale = +0
+            return x * scale, 0  # torch: scale x for either zero, whatever alpha
         if pos_inf:
             return INF, 0
         if neg_inf:
@@ -531,7 +531,8 @@ def test_reference_self_checks():
     assert reference("atan", INF)[0] == float(np.float32(math.pi / 2))
     assert reference("sigmoid", 0.0) == (0.5, 0)
     assert reference("gelu", -0.0) == (-0.0, 0) and math.copysign(1, reference("gelu", -0.0)[0]) < 0
-    assert math.copysign(1, reference("elu", -0.0, (1.0, 1.0, 1.0))[0]) > 0
+    assert math.copysign(1, reference("elu", -0.0, (1.0, 1.0, 1.0))[0]) < 0
+    assert math.copysign(1, reference("elu", 0.0, (1.0, 1.0, 1.0))[0]) > 0
     assert reference("erfinv", 0.5)[0] == float(np.float32(0.4769362762044699))
     assert reference("i0", 1.0)[0] == float(np.float32(1.2660658777520082))
     assert reference("gelu_tanh", 1.0)[0] == float(np.float32(0.8411919906082768))
@@ -863,3 +864,24 @@ def test_exp2_of_large_integers_overflows(x):
     with DeviceMode(dev):
         y = torch.exp2(torch.tensor([x], dtype=torch.float16))
     assert y.item() == 65504.0 and _register(dev) == OVERFLOW
+
+
+def test_signed_zeros_where_torch_defines_them_are_torchs() -> None:
+    """The table's signed zeros against torch itself (elu of either zero is scale times it, whatever
+    alpha; gelu of -0 is -0), in every dtype torch computes them in, one element and a vector's
+    worth, and the device's elu route gives the same."""
+    torch = pytest.importorskip("torch")
+    from sim import Device
+    from sim.torch import DeviceMode
+
+    for x, alpha in ((-0.0, 1.0), (0.0, 1.0), (-0.0, -0.5)):
+        want = math.copysign(1, reference("elu", x, (alpha, 1.0, 1.0))[0])
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for n in (1, 64):
+                got = torch.nn.functional.elu(torch.full((n,), x, dtype=dtype), alpha=alpha)
+                assert bool((torch.signbit(got) == (want < 0)).all()), (x, alpha, dtype, n)
+        with DeviceMode(Device("atlas-a2")):
+            dev = torch.nn.functional.elu(torch.full((3,), x, dtype=torch.float16), alpha=alpha)
+        assert bool((torch.signbit(dev) == (want < 0)).all()), (x, alpha)
+    assert bool(torch.signbit(torch.nn.functional.gelu(torch.tensor([-0.0])))) == (
+        math.copysign(1, reference("gelu", -0.0)[0]) < 0)
