@@ -518,6 +518,7 @@ def test_megatron_interval_logs_bf16_and_the_2019_form(capsys, tmp_path) -> None
     code, out, err = replay(capsys, str(path), "--manager", "torch", "--manager", "exponential", "--out",
                             str(tmp_path / "r"))
     assert code == 0 and "megatron log" in out, err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["overflow_steps"] == 4  # 3 + 1 skipped
     log = read_log(text + "\n")  # each line sums its interval: 10 iterations, that many skipped, anywhere in it
     assert [(e.step, e.span, e.overflows, e.next_scale) for e in log.events] == [
         (10, (3, 10), 3, 2.0**31), (20, (10, 10), 1, 2.0**30), (30, (10, 10), 0, 2.0**30)]

@@ -597,7 +597,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     steps = log_steps(log)
     summary = {
         "log": str(args.log), "format": log.framework, "complete": log.complete, **steps,
-        "overflow_steps": sum(e.overflow for e in log.events) + sum(e.overflows or 0 for e in log.events),
+        "overflow_steps": sum(e.overflow if not e.gap else e.overflows or 0 for e in log.events),
         "unparsed_lines": len(log.unparsed),
         "unparsed": [{"line": n, "text": t} for n, t in log.unparsed[:20]], "notes": list(log.notes),
         "consistency": {"verdict": "\n".join(verdict), "consistent": check.consistent, "compared": check.compared,
