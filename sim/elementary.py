@@ -575,7 +575,7 @@ def _round32(r):
 
 
 @inline
-def _accept(r, err, fl, cfg):
+def _accept(r, err, fl):
     """round(r) into binary32 where every value within err of r rounds alike: (bits, flags);
     flags HARD where they do not."""
     if err == 0:
@@ -588,41 +588,38 @@ def _accept(r, err, fl, cfg):
 
 
 @jit
-def unary(code, x, out, flags, params, cfg):
+def unary(code, x, out, flags, params):
     """out = RN32(f(x)) for the one-operand functions (x: binary64 values), each element's flags
     (HARD: not decided; the caller finds its exact value). Returns how many are HARD."""
-    cfg = K.settings(cfg)
     p0, p1, p2 = params[0], params[1], params[2]
     hard = 0
     for i in range(x.size):
         r, err, fl = _unary(code, x[i], p0, p1, p2)
-        out[i], flags[i] = _accept(r, err, fl, cfg)
+        out[i], flags[i] = _accept(r, err, fl)
         hard += flags[i] == _HARD
     return hard
 
 
 @jit
-def binary(code, x, y, out, flags, params, cfg):
+def binary(code, x, y, out, flags, params):
     """:func:`unary` for the two-operand functions."""
-    cfg = K.settings(cfg)
     p0, p1, p2, p3 = params[0], params[1], params[2], params[3]
     hard = 0
     for i in range(x.size):
         r, err, fl = _binary(code, x[i], y[i], p0, p1, p2, p3)
-        out[i], flags[i] = _accept(r, err, fl, cfg)
+        out[i], flags[i] = _accept(r, err, fl)
         hard += flags[i] == _HARD
     return hard
 
 
 @jit
-def ternary(code, x, a, b, out, flags, params, cfg):
+def ternary(code, x, a, b, out, flags, params):
     """:func:`unary` for addcmul, addcdiv and lerp."""
-    cfg = K.settings(cfg)
     p0 = params[0]
     hard = 0
     for i in range(x.size):
         r, err, fl = _ternary(code, x[i], a[i], b[i], p0)
-        out[i], flags[i] = _accept(r, err, fl, cfg)
+        out[i], flags[i] = _accept(r, err, fl)
         hard += flags[i] == _HARD
     return hard
 
@@ -971,11 +968,11 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     bits = np.empty(n, np.uint32)
     flags = np.empty(n, np.uint8)
     if fn.arity == 1:
-        hard = unary(fn.code, wide[0], bits, flags, p, _CFG32)
+        hard = unary(fn.code, wide[0], bits, flags, p)
     elif fn.arity == 2:
-        hard = binary(fn.code, wide[0], wide[1], bits, flags, p, _CFG32)
+        hard = binary(fn.code, wide[0], wide[1], bits, flags, p)
     else:
-        hard = ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p, _CFG32)
+        hard = ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p)
     if hard:
         idx = np.flatnonzero(flags == _HARD)
         ps = tuple(float(v) for v in p[:len(fn.params)])

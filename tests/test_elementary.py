@@ -509,7 +509,7 @@ def test_elementary_hard_cases():
         out, fl = np.empty(x.size, np.uint32), np.empty(x.size, np.uint8)
         p = np.zeros(4)
         p[:len(DEFAULT_PARAMS.get(name, ()))] = DEFAULT_PARAMS.get(name, ())
-        E.unary(fn.code, x.astype(np.float64), out, fl, p, E._CFG32)
+        E.unary(fn.code, x.astype(np.float64), out, fl, p)
         bits = x[fl == E._HARD][:64].view(np.uint32)
         found[name] = bits.size
         if bits.size:
