@@ -184,30 +184,33 @@ _MINDYOLO = re.compile(r"overflow, still update, loss scale adjust to " + _NUM)
 _COLOSSAL = re.compile(r"Found overflow\. Skip step")
 _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
 
+def _words(own: str) -> re.Pattern[str]:
+    """The words that make a line the format did not read count as unparsed rather than unrelated:
+    the format's own, and, whatever the format, any mention of an overflow or a loss scale."""
+    return re.compile(rf"{own}|(?i:overflow|loss[ _]?scale)")
+
+
 #: What marks a line as the format's (format detection), and the words that make an unmatched
-#: line count as unparsed rather than unrelated.
+#: line count as unparsed rather than unrelated (:func:`_words`).
 _SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
     "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)|"
                              r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step|"
                              r"\bstep=\d+, skipped=\d+"),
-                  re.compile(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
+                  _words(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
     "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
                         r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
-             re.compile(r"Gradient overflow|reducing loss scale|OVERFLOW")),
+             _words(r"Gradient overflow|reducing loss scale|OVERFLOW")),
     "fairseq": (re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected|\bloss_scale[= ]\d|"
                            r"\"(?:train_)?loss_scale\""),
-                re.compile(r"overflow detected|loss_scale")),
+                _words(r"overflow detected|loss_scale")),
     "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
-                 re.compile(r"iteration\s+\d+/|loss scale:|skipped iterations")),
+                 _words(r"iteration\s+\d+/|loss scale:|skipped iterations")),
     "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is|overflow cond: (?:True|False), "
                              r"loss_scale:|overflow, still update, loss scale adjust to"),
-                  re.compile(r"overflow is|loss scale is|overflow cond|loss_scale")),
-    "colossalai": (_COLOSSAL, re.compile(r"overflow")),
+                  _words(r"overflow is|loss scale is|overflow cond|loss_scale")),
+    "colossalai": (_COLOSSAL, _words(r"overflow")),
 }
 FORMATS = (*_SIGNS, "csv")
-#: Words that make a line count as unread, whatever the format: it speaks of an overflow or a
-#: loss scale and the format read nothing in it.
-_ANY_WORDS = re.compile(r"overflow|loss[ _]?scale", re.IGNORECASE)
 
 
 def _detect(lines: Sequence[str]) -> str:
@@ -321,12 +324,8 @@ class _Builder:
             self.events.append(LogEvent(n, False, None, next_scale if clean == 0 else None, line))
             return
         if counted is not None and counted < k:
-            self.notes.append(f"line {line}: {k} overflow lines since the last counter, which counts {counted} "
-                              f"skipped steps (several ranks printing, or a duplicated paste?): their steps are left "
-                              f"unknown")
-            self.events.extend(pending)
-            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
-            return
+            return self._unknown(pending, n, line, next_scale, f"{k} overflow lines since the last counter, which "
+                                 f"counts {counted} skipped steps (several ranks printing, or a duplicated paste?)")
         if steps is None and counted is None:  # a pasted tail, no skipped count: the lines cut off are unknown
             self.events.extend(pending)
             self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, n - k), overflows=None, among=k))
@@ -334,17 +333,19 @@ class _Builder:
         anonymous = counted - k if counted is not None else 0
         low = high = n if steps is None else steps  # the first counter's window: from the run's first step
         if low - k < anonymous or high - k < anonymous:
-            self.notes.append(f"line {line}: more overflows than steps since the last counter; their steps are "
-                              f"left unknown")
-            self.events.extend(pending)
-            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
-            return
+            return self._unknown(pending, n, line, next_scale, "more overflows than steps since the last counter")
         if low == high == k + anonymous and not anonymous:  # every step is an overflow line: each placed
             self.events.extend(replace(e, step=n - k + 1 + i) for i, e in enumerate(pending))
             return
         self.events.extend(pending)
         self.events.append(LogEvent(n, False, None, next_scale, line, span=(low - k, high - k), overflows=anonymous,
                                     among=k))
+
+    def _unknown(self, pending: list[LogEvent], n: int, line: int, next_scale: float | None, why: str) -> None:
+        """The window up to counter ``n`` that the log contradicts: its lines, then its steps unknown."""
+        self.notes.append(f"line {line}: {why}: their steps are left unknown")
+        self.events.extend(pending)
+        self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
 
     def build(self) -> Log:
         pending = self.pending
@@ -410,11 +411,10 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
         before = len(b.pending)
         if not handle(b, i, text):
             return False
-        message, rank = _PREFIX.sub("", text).strip(), _rank(text)
         if len(b.pending) != before + 1:  # a counter, or a line that is no overflow: copies end here
             last_message = None
             return True
-        e = b.pending[-1]
+        message, rank, e = _PREFIX.sub("", text).strip(), _rank(text), b.pending[-1]
         # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
         # line is a copy where the first one changed it, or where the two name different ranks
         changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
@@ -430,7 +430,7 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
         for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
             bar = _BAR.search(part)
             if not (bar and "%" in part[:bar.start()]):
-                if not read(i, part) and (words.search(part) or _ANY_WORDS.search(part)):
+                if not read(i, part) and words.search(part):
                     b.unparsed.append((i, part))
                 continue
             head, close = part[:bar.start()], part.find("]", bar.end())
@@ -445,7 +445,7 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
             else:
                 b.counter(n, i, "all")
                 last_message = None
-            if tail.strip() and not read(i, tail) and (words.search(tail) or _ANY_WORDS.search(tail)):
+            if tail.strip() and not read(i, tail) and words.search(tail):
                 b.unparsed.append((i, tail))
     if other_bars:
         b.notes.append(f"progress bars of {', '.join(map(str, sorted(other_bars)))} steps are not the training "
@@ -575,7 +575,7 @@ def _megatron(lines: Sequence[str]) -> Log:
         if m := _MEGATRON.search(text):
             skipped[i] = int(m[3] or 0)  # over the logging interval, which the iterations give
             rows.append((i, int(m[1]), skipped[i] > 0, None, _float(m[2])))
-        elif words.search(text) or _ANY_WORDS.search(text):
+        elif words.search(text):
             unparsed.append((i, text))
     return _per_step("megatron", rows, unparsed, notes, skipped)
 
@@ -590,7 +590,7 @@ def _mindspore(lines: Sequence[str]) -> Log:
             rows.append((i, (int(m[1]) - 1) * int(m[3]) + int(m[2]), m[4] == "True", _float(m[5]), None))
         elif m := _MINDYOLO.search(text):
             rows.append((i, None, True, None, _float(m[1])))
-        elif words.search(text) or _ANY_WORDS.search(text):
+        elif words.search(text):
             unparsed.append((i, text))
     return _per_step("mindspore", rows, unparsed, [])
 
@@ -600,7 +600,7 @@ def _colossalai(lines: Sequence[str]) -> Log:
     for i, text in enumerate(lines, start=1):
         if _COLOSSAL.search(text):
             rows.append((i, None, True, None, None))
-        elif _ANY_WORDS.search(text):
+        elif _SIGNS["colossalai"][1].search(text):
             unparsed.append((i, text))
     return _per_step("colossalai", rows, unparsed, [])
 
