@@ -604,29 +604,32 @@ def _ds_text(grads: list[float], policy: DeepSpeedPolicy, every: int | None, dro
     return "\n".join(out) + "\n", overflows, printed
 
 
-def _covered(log, printed: list[bool], every: int | None) -> list[tuple[int, list[int]]]:
+def _covered(log, text: str, printed: list[bool], every: int | None) -> list[tuple[int, list[int]]]:
     """The true steps (0-based) each event of the log stands for, from how the log was written, and
-    the first step of its window: a
-    placed step its own; overflow lines in order the overflow steps; a gap the clean steps of its
-    window (since the last counter, or, with no counter, since the last overflow line)."""
-    over = [i for i, o in enumerate(printed) if o]
-    every = every if every and len(printed) >= every else None  # no counter printed: overflow lines only
-    out, done, since = [], -1, 0
+    the first step of its window: an overflow line's event its own step (the k-th overflow line
+    printed is the k-th step that printed one; a step a counter places, that step); a gap the steps
+    of its window that no event of their own stands for (since the last counter, or with no counter
+    since the last overflow event): clean steps, and overflows whose line is missing or was read as
+    another rank's copy of the line before it (with no counter to count them, as after the last
+    one, the log does not speak for those: left out)."""
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if "OVERFLOW" in line]
+    step_of = dict(zip(lines, [i for i, o in enumerate(printed) if o], strict=True))
+    placed = sorted(e.step - 1 if e.step is not None else step_of[e.line] for e in log.events if not e.gap)
+    every = every if every and len(printed) >= every else None
+    out, since, done = [], 0, -1
     for e in log.events:
         if not e.gap:
-            i = e.step - 1 if e.step is not None else next(i for i in over if i > done)
-            out.append((i, [i]))
-            done = i
-            if not every or e.step is not None:
-                since = i + 1
+            done = e.step - 1 if e.step is not None else step_of[e.line]
+            out.append((done, [done]))
+            since = max(since, e.step or 0)  # placed by a counter: its window ends there
             continue
         if every:
-            end = e.step if e.step is not None else len(printed)
+            first, end = since, e.step if e.step is not None else len(printed)
+            since = end
         else:
-            end = next((i for i in over if i > done), len(printed))
-        first = since if every else done + 1  # the window's first step: its steps, those that printed no line
-        out.append((first, [i for i in range(first, end) if not printed[i]]))
-        since = end if every else since
+            first, end = done + 1, next((i for i in placed if i > done), len(printed))
+        counted = every and e.step is not None  # a counter closes the window: it counts every overflow
+        out.append((first, [i for i in range(first, end) if i not in placed and (counted or not printed[i])]))
     return out
 
 
@@ -662,7 +665,7 @@ def test_a_sparse_log_is_replayed_and_never_certain_where_it_is_open(log2g, ever
     for g in grads:  # the other policy's true path on the same gradients
         states.append(truth)
         truth = other.next(truth, not g * float(truth.scale) > MAX)
-    for e, d, (first, covered) in zip(log.events, decisions, _covered(log, printed, every), strict=True):
+    for e, d, (first, covered) in zip(log.events, decisions, _covered(log, text, printed, every), strict=True):
         if d.scales and first < len(grads):  # the state before the step, or as the gap's window begins
             assert float(states[first].scale) in d.scales, (e, d, first)
         if d.decision != "unknown":
@@ -690,8 +693,93 @@ def test_sparse_bounds_worked_by_hand(grads, window, every, drop, bare, fixed, r
     log = read_log(text)
     decisions = counterfactual(log, FixedLossScale(loss_scale=fixed))
     assert decisions[row].decision == "unknown", (log.events, decisions)
-    covered = _covered(log, printed, every)[row][1]
+    covered = _covered(log, text, printed, every)[row][1]
     assert covered and {"overflow" if grads[i] * fixed > MAX else "clean" for i in covered} == {truth}
+
+
+def _every_history(lines: list[str], every: int, steps: int, other) -> dict[int, tuple[set[bool], set[float]]]:
+    """The oracle: every DeepSpeed run (window 1 to steps + 1, hysteresis 1 to 4, initial scale 2**0
+    to 2**30; every outcome of every step; each overflow's line printed, printed without its scale,
+    or missing) that prints exactly ``lines``, with the other policy beside it taking each outcome
+    the gradient maximum allows (an overflow at S: g > MAX / S; clean: g <= MAX / S; both policies
+    overflow where g * scale > MAX). For each line an event stands on (an overflow line, or the
+    counter that closes a window: its steps without a line), the other's outcomes on its steps and
+    the scales it held before them (a counter: as its window began), over every such run."""
+    counters = [n for n, line in enumerate(lines, 1) if "step=" in line]
+    found: dict[int, tuple[set[bool], set[float]]] = {}
+
+    def go(t: int, p: int, fw, ot, skipped: int, trail: list, policy) -> None:
+        if t > steps:
+            if p == len(lines):
+                for line, o, scale in trail:
+                    outcomes, scales = found.setdefault(line, (set(), set()))
+                    outcomes.update(o)
+                    scales.update(scale)
+            return
+        s, tt = float(fw.scale), float(ot.scale)
+        closes = t % every == 0
+        window_line = counters[(t - 1) // every]
+        start = [(window_line, set(), {tt})] if (t - 1) % every == 0 else []
+        for overflow in (False, True):
+            after = policy.next(fw, not overflow)
+            if overflow:
+                full = (f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, reducing to "
+                        f"{float(after.scale)}" if policy.delayed_shift == 1 or fw.cur_hysteresis == 1 else
+                        f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, but hysteresis "
+                        f"is {fw.cur_hysteresis}. Reducing hysteresis to {fw.cur_hysteresis - 1}")
+                shown = [[full], ["[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not "
+                                  "updated."], []]
+            else:
+                shown = [[]]
+            for out in shown:
+                emitted = out + ([f"[Rank 0] step={t}, skipped={skipped + overflow}, lr=[0.001], "
+                                  f"mom=[(0.9, 0.999)]"] if closes else [])
+                if lines[p:p + len(emitted)] != emitted:
+                    continue
+                line = p + 1 if out else window_line
+                possible = [True] if overflow and tt >= s else [False] if not overflow and tt <= s else [True, False]
+                for o in possible:
+                    go(t + 1, p + len(emitted), after, other.next(ot, not o), skipped + overflow,
+                       trail + start + [(line, {o}, {tt} if out else set())], policy)
+
+    printed = [float(x) for line in lines for x in re.findall(r"Attempted loss scale: ([0-9.e+]+)", line)]
+    for window in range(1, steps + 2):
+        for shift in range(1, 5):
+            for e in range(31):
+                policy = DeepSpeedPolicy(init_scale=2.0**e, scale_window=window, delayed_shift=shift,
+                                         raise_error_at_min_scale=False)
+                if printed and not printed[0] / 2.0**steps <= 2.0**e <= printed[0] * 2.0**steps:
+                    continue  # no run from there prints that scale (a step at most doubles or halves it)
+                go(1, 0, policy.initial(), other.initial(), 0, [], policy)
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-30, 12), min_size=1, max_size=4), st.sampled_from([1, 2, 3]), st.integers(1, 3),
+       st.integers(1, 3), st.sampled_from([12, 16]), st.integers(1, 3), st.sampled_from([11, 12, 13, 16]),
+       st.frozensets(st.integers(0, 8), max_size=2), st.frozensets(st.integers(0, 8), max_size=2))
+def test_a_sparse_log_is_replayed_as_certain_as_the_log_allows(log2g, every, window, shift, init_log, other_window,
+                                                                other_log, drop, bare) -> None:
+    """Issue 32, Done means 3, both ways: on short DeepSpeed logs (counters every k steps, missing
+    and scale-less overflow lines), each row's decision is exactly what every run that prints the
+    log agrees on (the oracle enumerates them all), and its scales exactly those the other policy
+    may hold there: nothing certain the log leaves open, nothing open the log decides."""
+    grads = [2.0**x for x in log2g] * every  # a whole number of counter windows: the log says how many steps
+    logging_policy = DeepSpeedPolicy(init_scale=2.0**init_log, scale_window=window, delayed_shift=shift,
+                                     raise_error_at_min_scale=False)
+    text, _, printed = _ds_text(grads, logging_policy, every, drop, bare)
+    if "Attempted" not in text:
+        return  # no scale printed: the replay does not claim exactness there
+    log = read_log(text)
+    other = TorchPolicy(init_scale=2.0**other_log, growth_interval=other_window)
+    found = _every_history(text.splitlines(), every, len(grads), other)
+    decisions = counterfactual(log, other)
+    for e, d in zip(log.events, decisions, strict=True):
+        outcomes, scales = found.get(e.line, (set(), set()))
+        if outcomes:
+            want = "unknown" if len(outcomes) == 2 else "overflow" if True in outcomes else "clean"
+            assert d.decision == want, (e, d, outcomes)
+        assert set(d.scales) == scales, (e, d, scales)
 
 
 def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:

@@ -578,7 +578,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
     from ..policy.core import describe
     from ..training.config import make_manager
-    from ..training.replay import consistency, counterfactual, log_steps, logged_scales
+    from ..training.replay import consistency, counterfactual, exact_fit, log_steps, logged_scales
     from .files import check_out, json_text, replay_csv, replay_rows, staged, write_atomic
     from .plots import plot_replay
     names = list(dict.fromkeys(args.manager))
@@ -595,6 +595,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     counts = {name: {k: sum(d.decision == k for d in ds) for k in ("overflow", "clean", "unknown")}
               for name, ds in decisions.items()}
     steps = log_steps(log)
+    fit, why = exact_fit(log)
     summary = {
         "log": str(args.log), "format": log.framework, "complete": log.complete, **steps,
         "overflow_steps": sum(e.overflow if not e.gap else e.overflows or 0 for e in log.events),
@@ -604,6 +605,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
                         "policy": type(check.policy).__name__ if check.policy is not None else None,
                         "arguments": describe(check.policy) if check.policy is not None else {},
                         "inferred": check.inferred, "departures": [asdict(d) for d in check.departures]},
+        "replay": {"exact": fit is not None, "runs": fit or {}, "why_not": why},
         "managers": [{"name": name, "class": type(policy).__name__, "arguments": describe(policy),
                       "defaults": args.defaults, "decisions": counts[name]} for name, policy in policies.items()],
     }
@@ -614,6 +616,10 @@ def cmd_replay(args: argparse.Namespace) -> None:
     unread = f", {len(log.unparsed)} lines not understood (first: line {log.unparsed[0][0]})" if log.unparsed else ""
     print(f"{args.log}: {log.framework} log, {_steps_text(steps)}{unread}")
     print("\n".join(verdict))
+    if policies:
+        print(f"replayed exactly: each step as every {log.framework} run that reproduces the log decides it ("
+              + ", ".join(f"{k} {v}" for k, v in fit.items()) + ")" if fit is not None else
+              f"replayed on bounds, not exactly: {why}")
     for name, policy in policies.items():
         c = counts[name]
         print(f"{name} ({_policy_text(policy)}): {c['overflow']} overflow, {c['clean']} clean, {c['unknown']} "
