@@ -37,7 +37,7 @@ from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST
 from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
 from lossscale.policy.ascend import FixedLossScale
-from lossscale.replay import LogEvent, bounds, consistency, counterfactual, log_steps, read_log
+from lossscale.replay import LogEvent, bounds, consistency, counterfactual, exact_fit, log_steps, read_log
 
 MAX = 65504.0
 
@@ -782,6 +782,40 @@ def test_a_sparse_log_is_replayed_as_certain_as_the_log_allows(log2g, every, win
         assert set(d.scales) == scales, (e, d, scales)
 
 
+def _values(text: str, steps: int) -> set[int]:
+    """The numbers ``exact_fit`` writes ("3", "4 to 9", "12 or more", joined by ", "), up to ``steps``."""
+    out: set[int] = set()
+    for part in text.split(", "):
+        low, _, high = part.replace(" or more", f" to {steps}").partition(" to ")
+        out.update(range(int(low), int(high or low) + 1))
+    return {v for v in out if v <= steps}
+
+
+@pytest.mark.parametrize("shift", [1, 2, 3])
+@pytest.mark.parametrize("outcomes", [[1] + [0] * 5 + [1, 1] + [0] * 9 + [1, 1, 1] + [0] * 3 + [1], [0] * 3 + [1]])
+def test_the_exact_replay_keeps_only_the_runs_that_print_the_log(outcomes, shift) -> None:
+    """The runs the exact replay keeps are exactly those that print the log: gradients that overflow
+    (or not) at any scale fix the outcomes, so each DeepSpeed window and hysteresis either prints
+    the same lines or not, and the kept windows and hysteresis values are the ones that do
+    (DeepSpeed's hysteresis line names the hysteresis left: "but hysteresis is 3", where no later
+    scale would tell)."""
+    grads = [1e30 if o else 1e-30 for o in outcomes]
+    steps = len(grads) + 1  # a window past the log's steps never grows in it: one for all
+
+    def text(window: int, h: int, init: float) -> str:
+        return _ds_text(grads, DeepSpeedPolicy(init_scale=init, scale_window=window, delayed_shift=h,
+                                               raise_error_at_min_scale=False), 1)[0]
+
+    logged = text(4, shift, 4096.0)
+    fit, why = exact_fit(read_log(logged))
+    assert fit is not None, why
+    prints = {(w, h, 2.0**e) for w in range(1, steps + 1) for h in range(1, 5) for e in range(25)
+              if text(w, h, 2.0**e) == logged}
+    assert _values(fit["scale_window"], steps) == {w for w, _, _ in prints}
+    assert _values(fit["delayed_shift"], 4) == {h for _, h, _ in prints}
+    assert {float(x) for x in fit["init_scale"].split(", ")} == {init for _, _, init in prints}
+
+
 def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
     """The sample log is DeepSpeed's own output (written again here where DeepSpeed is installed)
     and the README's replay of it runs: every step placed or counted, the log's own policy
@@ -800,6 +834,11 @@ def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
     assert summary["consistency"]["consistent"] and summary["overflow_steps"] == SAMPLE_LOG.read_text().count(
         "OVERFLOW!")
     assert "steps placed, 293 more counted in 30 gaps" in out.splitlines()[0]
+    runs = summary["replay"]["runs"]  # exact: the run that wrote it among those kept
+    assert summary["replay"]["exact"] and "replayed exactly" in out
+    assert runs["delayed_shift"] == "2" and runs["init_scale"] == "65536"
+    low, more = runs["scale_window"].split(" or ")
+    assert int(low) <= SAMPLE_ARGS["scale_window"] and more == "more"
 
 
 def test_progress_bars_as_pasted_terminals_show_them() -> None:
