@@ -816,6 +816,23 @@ def test_the_exact_replay_keeps_only_the_runs_that_print_the_log(outcomes, shift
     assert {float(x) for x in fit["init_scale"].split(", ")} == {init for _, _, init in prints}
 
 
+def test_a_gap_of_more_than_1024_steps_replays(capsys, tmp_path, monkeypatch) -> None:
+    """``steps_per_print`` 1200: on the bounds (past the exact replay's limit, set low here to be
+    quick), a counted gap of 1,199 clean steps bounds the scale by 2**1199, past the largest
+    double: Python's float power raised, and the command died."""
+    from lossscale import replay as module
+
+    monkeypatch.setattr(module, "MAX_RUNS", 100)
+    line = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"
+    counter = "[Rank 0] step={}, skipped={}, lr=[0.001], mom=[(0.9, 0.999)]"
+    (tmp_path / "long.log").write_text("\n".join([line, counter.format(1, 1), line, counter.format(1201, 2)]) + "\n")
+    code, out, err = replay(capsys, str(tmp_path / "long.log"), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert not summary["replay"]["exact"] and summary["counted_steps"] == 1199
+    assert summary["consistency"]["consistent"]
+
+
 def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
     """The sample log is DeepSpeed's own output (written again here where DeepSpeed is installed)
     and the README's replay of it runs: every step placed or counted, the log's own policy

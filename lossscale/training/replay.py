@@ -1123,29 +1123,28 @@ def _scale_bounds(log: Log, scales: Sequence[float | None], grow: float,
     starts = [(0.0, math.inf)] * n
     among = {i: _counts(e) for j, e in enumerate(events) if e.gap for i in range(j - e.among, j)}
     low, high = 0.0, math.inf  # forward: the scale before event i
-    with np.errstate(all="ignore"):
-        for i, e in enumerate(events):
-            if scales[i] is not None:
-                low = high = scales[i]
-            starts[i] = (low, high)
-            if i in among and scales[i] is None:  # a gap's steps may come before it: any of them
-                c_max, o_max = among[i]
-                bounds[i] = (_power(low, back, o_max), _power(high, grow, c_max))
-            else:
-                bounds[i] = (low, high)
-            low, high = _across(e, low, high, grow, back)
-        low, high = 0.0, math.inf  # backward: the scale after event i
-        for i in range(n - 1, -1, -1):
-            e = events[i]
-            if e.next_scale is not None:
-                low = high = e.next_scale
-            c_max, o_max = _counts(e)
-            before = (_power(low, 1 / grow if grow else math.inf, c_max),
-                      _power(high, 1 / back if back else math.inf, o_max))
-            lo, hi = bounds[i]
-            bounds[i] = (max(lo, before[0]), min(hi, before[1]))
-            starts[i] = (max(starts[i][0], before[0]), min(starts[i][1], before[1]))
-            low, high = bounds[i]
+    for i, e in enumerate(events):
+        if scales[i] is not None:
+            low = high = scales[i]
+        starts[i] = (low, high)
+        if i in among and scales[i] is None:  # a gap's steps may come before it: any of them
+            c_max, o_max = among[i]
+            bounds[i] = (_power(low, back, o_max), _power(high, grow, c_max))
+        else:
+            bounds[i] = (low, high)
+        low, high = _across(e, low, high, grow, back)
+    low, high = 0.0, math.inf  # backward: the scale after event i
+    for i in range(n - 1, -1, -1):
+        e = events[i]
+        if e.next_scale is not None:
+            low = high = e.next_scale
+        c_max, o_max = _counts(e)
+        before = (_power(low, 1 / grow if grow else math.inf, c_max),
+                  _power(high, 1 / back if back else math.inf, o_max))
+        lo, hi = bounds[i]
+        bounds[i] = (max(lo, before[0]), min(hi, before[1]))
+        starts[i] = (max(starts[i][0], before[0]), min(starts[i][1], before[1]))
+        low, high = bounds[i]
     return bounds, starts
 
 
@@ -1156,8 +1155,10 @@ def _power(x: float, f: float, n: float) -> float:
         return x
     if f == 0 or f == math.inf or n == math.inf:
         return math.inf if f > 1 else 0.0
-    with np.errstate(all="ignore"):
+    try:
         return float(x * f**n)
+    except OverflowError:  # Python's float power raises past the largest double (1024 growths and more)
+        return math.inf
 
 
 def _counts(e: LogEvent) -> tuple[float, float]:
