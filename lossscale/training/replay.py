@@ -1318,6 +1318,8 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     before = sum(spans[i][1] for i in range(pin + 1))
     overflows_before = int(min(sum(_counts(e)[1] for e in events[:pin + 1]), before))
     logged = next(v for e in events for v in (e.scale, e.next_scale) if v is not None)
+    if log.framework == "mindspore":  # printed as the shortest decimal of its binary32 value
+        logged = float(np.float32(logged))
     probe = cls(**_arguments(log.framework, 1.0, 1, 1 if hyst_name else None))
     grow = float(getattr(probe, "scale_factor", getattr(probe, "growth_factor", 2.0)))
     back = float(getattr(probe, "backoff_factor", 1.0 / grow))
