@@ -1352,12 +1352,22 @@ def _relative(state: Any) -> Any:
     """A framework state with its step counter at 0 and the steps it remembers (``last_*``) counted
     from it: the policies use only their differences, so runs that differ only in where a gap's
     steps fell meet in one state."""
-    fields = getattr(state, "_fields", ())
-    now = "cur_iter" if "cur_iter" in fields else "iter" if "iter" in fields else None
-    if now is None:
+    kind = type(state)
+    if kind not in _COUNTERS:
+        fields = getattr(state, "_fields", ())
+        now = next((i for i, f in enumerate(fields) if f in ("cur_iter", "iter")), None)
+        _COUNTERS[kind] = None if now is None else (now, [i for i, f in enumerate(fields) if f.startswith("last_")])
+    spec = _COUNTERS[kind]
+    if spec is None or not state[spec[0]]:
         return state
-    shift = getattr(state, now)
-    return state._replace(**{now: 0}, **{f: getattr(state, f) - shift for f in fields if f.startswith("last_")})
+    values, shift = list(state), state[spec[0]]
+    values[spec[0]] = 0
+    for i in spec[1]:
+        values[i] -= shift
+    return kind._make(values)
+
+
+_COUNTERS: dict[type, tuple[int, list[int]] | None] = {}  # per state type: its step counter and the steps it keeps
 
 
 class _Candidates:
@@ -1366,6 +1376,7 @@ class _Candidates:
 
     def __init__(self, window: str) -> None:
         self.window, self.policies, self._ids, self._widened = window, [], {}, {}
+        self._steps: dict[Any, list[tuple[int, int, Any]]] = {}
 
     def id(self, policy: Policy) -> int:
         if policy not in self._ids:
@@ -1381,6 +1392,12 @@ class _Candidates:
     def step(self, pid: int, most: int, state: Any, overflow: bool) -> list[tuple[int, int, Any]]:
         """The candidate's step (its policy at its least window, its greatest window): one run, or
         two where the least window grows here and the others do not (it is split off)."""
+        key = (pid, most, state, overflow)
+        if key not in self._steps:
+            self._steps[key] = self._step(pid, most, state, overflow)
+        return self._steps[key]
+
+    def _step(self, pid: int, most: int, state: Any, overflow: bool) -> list[tuple[int, int, Any]]:
         policy = self.policies[pid]
         after = _relative(_next(policy, state, overflow))
         least = getattr(policy, self.window)
