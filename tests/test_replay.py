@@ -570,14 +570,15 @@ def test_unread_overflow_lines_are_counted_whatever_the_format_and_nothing_compa
 # -- sparse logs (issue 32, items 1, 2 and 12): gaps replayed, never a guess -------------------------------
 
 def _ds_text(grads: list[float], policy: DeepSpeedPolicy, every: int | None, drop: frozenset[int] = frozenset(),
-             bare: frozenset[int] = frozenset()) -> tuple[str, list[bool], list[bool]]:
+             bare: frozenset[int] = frozenset(), ranks: int = 1) -> tuple[str, list[bool], list[bool]]:
     """A DeepSpeed run on the gradient maxima: its own lines (``loss_scaler.py``, ``update_scale``:
     each overflow's line, the hysteresis form while hysteresis is left) and, every ``every`` steps
     (None: never), the engine's ``step=N, skipped=M`` report; the overflow lines of the steps in
     ``drop`` (0-based) left out where a later counter counts them (a paste missing lines), those
     in ``bare`` printed without scales (``[deepspeed] OVERFLOW! Skipping step. Gradients are
-    non-finite, weights were not updated.``, ``update_scale``'s other branch). The outcomes, and
-    which steps printed a line."""
+    non-finite, weights were not updated.``, ``update_scale``'s other branch); each overflow line
+    printed by each of ``ranks`` ranks (the report by rank 0 only: ``log_dist(ranks=[0])``). The
+    outcomes, and which steps printed a line."""
     state, out, skipped, overflows, printed = policy.initial(), [], 0, [], []
     last = len(grads) // every * every if every else 0
     for t, g in enumerate(grads, start=1):
@@ -588,20 +589,23 @@ def _ds_text(grads: list[float], policy: DeepSpeedPolicy, every: int | None, dro
         shown = overflow and not (t - 1 in drop and t <= last)
         if overflow:
             skipped += 1
-        if shown and t - 1 in bare:
-            out.append("[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.")
-        elif shown:
-            if policy.delayed_shift == 1 or hysteresis == 1:
-                out.append(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, reducing to "
-                           f"{float(state.scale)}")
-            else:
-                out.append(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, but hysteresis "
-                           f"is {hysteresis}. Reducing hysteresis to {hysteresis - 1}")
+        if shown:
+            out += _ds_overflow(s, float(state.scale), policy.delayed_shift == 1 or hysteresis == 1, hysteresis,
+                                t - 1 in bare, ranks)
         if every and t % every == 0:
             out.append(f"[Rank 0] step={t}, skipped={skipped}, lr=[0.001], mom=[(0.9, 0.999)]")
         overflows.append(overflow)
         printed.append(shown)
     return "\n".join(out) + "\n", overflows, printed
+
+
+def _ds_overflow(s: float, after: float, reduced: bool, hysteresis: int, bare: bool, ranks: int) -> list[str]:
+    """The lines of one overflow as ``update_scale`` prints them on each rank."""
+    if bare:
+        return ["[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated."] * ranks
+    tail = (f"reducing to {after}" if reduced else
+            f"but hysteresis is {hysteresis}. Reducing hysteresis to {hysteresis - 1}")
+    return [f"[deepspeed] OVERFLOW! Rank {r} Skipping step. Attempted loss scale: {s}, {tail}" for r in range(ranks)]
 
 
 def _covered(log, text: str, printed: list[bool], every: int | None) -> list[tuple[int, list[int]]]:
@@ -697,14 +701,17 @@ def test_sparse_bounds_worked_by_hand(grads, window, every, drop, bare, fixed, r
     assert covered and {"overflow" if grads[i] * fixed > MAX else "clean" for i in covered} == {truth}
 
 
-def _every_history(lines: list[str], every: int, steps: int, other) -> dict[int, tuple[set[bool], set[float]]]:
+def _every_history(lines: list[str], every: int, steps: int, other, events: set[int],
+                   ranks: int = 1) -> dict[int, tuple[set[bool], set[float]]]:
     """The oracle: every DeepSpeed run (window 1 to steps + 1, hysteresis 1 to 4, initial scale 2**0
     to 2**30; every outcome of every step; each overflow's line printed, printed without its scale,
     or missing) that prints exactly ``lines``, with the other policy beside it taking each outcome
     the gradient maximum allows (an overflow at S: g > MAX / S; clean: g <= MAX / S; both policies
-    overflow where g * scale > MAX). For each line an event stands on (an overflow line, or the
-    counter that closes a window: its steps without a line), the other's outcomes on its steps and
-    the scales it held before them (a counter: as its window began), over every such run."""
+    overflow where g * scale > MAX); each overflow line printed by each of ``ranks`` ranks. For
+    each of the reader's ``events`` (line numbers: an overflow line, or the counter that closes a
+    window, standing for the window's steps without an event of their own), the other's outcomes on
+    its steps and the scales it held before them (a counter: as its window began), over every such
+    run."""
     counters = [n for n, line in enumerate(lines, 1) if "step=" in line]
     found: dict[int, tuple[set[bool], set[float]]] = {}
 
@@ -723,12 +730,9 @@ def _every_history(lines: list[str], every: int, steps: int, other) -> dict[int,
         for overflow in (False, True):
             after = policy.next(fw, not overflow)
             if overflow:
-                full = (f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, reducing to "
-                        f"{float(after.scale)}" if policy.delayed_shift == 1 or fw.cur_hysteresis == 1 else
-                        f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {s}, but hysteresis "
-                        f"is {fw.cur_hysteresis}. Reducing hysteresis to {fw.cur_hysteresis - 1}")
-                shown = [[full], ["[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not "
-                                  "updated."], []]
+                reduced = policy.delayed_shift == 1 or fw.cur_hysteresis == 1
+                shown = [_ds_overflow(s, float(after.scale), reduced, fw.cur_hysteresis, bare, ranks)
+                         for bare in (False, True)] + [[]]
             else:
                 shown = [[]]
             for out in shown:
@@ -736,11 +740,12 @@ def _every_history(lines: list[str], every: int, steps: int, other) -> dict[int,
                                   f"mom=[(0.9, 0.999)]"] if closes else [])
                 if lines[p:p + len(emitted)] != emitted:
                     continue
-                line = p + 1 if out else window_line
+                own = bool(out) and p + 1 in events  # else read as a copy of the line before: in the gap
+                line = p + 1 if own else window_line
                 possible = [True] if overflow and tt >= s else [False] if not overflow and tt <= s else [True, False]
                 for o in possible:
                     go(t + 1, p + len(emitted), after, other.next(ot, not o), skipped + overflow,
-                       trail + start + [(line, {o}, {tt} if out else set())], policy)
+                       trail + start + [(line, {o}, {tt} if own else set())], policy)
 
     printed = [float(x) for line in lines for x in re.findall(r"Attempted loss scale: ([0-9.e+]+)", line)]
     for window in range(1, steps + 2):
@@ -757,22 +762,24 @@ def _every_history(lines: list[str], every: int, steps: int, other) -> dict[int,
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-30, 12), min_size=1, max_size=4), st.sampled_from([1, 2, 3]), st.integers(1, 3),
        st.integers(1, 3), st.sampled_from([12, 16]), st.integers(1, 3), st.sampled_from([11, 12, 13, 16]),
-       st.frozensets(st.integers(0, 8), max_size=2), st.frozensets(st.integers(0, 8), max_size=2))
+       st.frozensets(st.integers(0, 8), max_size=2), st.frozensets(st.integers(0, 8), max_size=2),
+       st.sampled_from([1, 1, 2]))
 def test_a_sparse_log_is_replayed_as_certain_as_the_log_allows(log2g, every, window, shift, init_log, other_window,
-                                                                other_log, drop, bare) -> None:
+                                                                other_log, drop, bare, ranks) -> None:
     """Issue 32, Done means 3, both ways: on short DeepSpeed logs (counters every k steps, missing
-    and scale-less overflow lines), each row's decision is exactly what every run that prints the
-    log agrees on (the oracle enumerates them all), and its scales exactly those the other policy
-    may hold there: nothing certain the log leaves open, nothing open the log decides."""
+    and scale-less overflow lines, one or two ranks printing each overflow), each row's decision is
+    exactly what every run that prints the log agrees on (the oracle enumerates them all), and its
+    scales exactly those the other policy may hold there: nothing certain the log leaves open,
+    nothing open the log decides."""
     grads = [2.0**x for x in log2g] * every  # a whole number of counter windows: the log says how many steps
     logging_policy = DeepSpeedPolicy(init_scale=2.0**init_log, scale_window=window, delayed_shift=shift,
                                      raise_error_at_min_scale=False)
-    text, _, printed = _ds_text(grads, logging_policy, every, drop, bare)
+    text, _, printed = _ds_text(grads, logging_policy, every, drop, bare, ranks)
     if "Attempted" not in text:
         return  # no scale printed: the replay does not claim exactness there
     log = read_log(text)
     other = TorchPolicy(init_scale=2.0**other_log, growth_interval=other_window)
-    found = _every_history(text.splitlines(), every, len(grads), other)
+    found = _every_history(text.splitlines(), every, len(grads), other, {e.line for e in log.events}, ranks)
     decisions = counterfactual(log, other)
     for e, d in zip(log.events, decisions, strict=True):
         outcomes, scales = found.get(e.line, (set(), set()))

@@ -285,6 +285,7 @@ class _Builder:
         self.skipped_before: int | None = 0  # a skipped counter starts at 0 with the run
         self.interval = 1  # the most steps between two counters
         self.complete = True
+        self.maybe_copies: set[int] = set()  # overflow lines identical to the one before: copies, or not
 
     def overflow(self, event: LogEvent) -> None:
         self.pending.append(event)
@@ -335,6 +336,9 @@ class _Builder:
             # fairseq's loss_scale is the mean over the logging interval: the scale only for an interval of one
             self.events.append(LogEvent(n, False, None, next_scale if clean == 0 else None, line))
             return
+        if counted is not None and 0 < counted < k:
+            pending = self._copies(pending, counted, line)
+            k = len(pending)
         if counted is not None and counted < k:
             return self._unknown(pending, n, line, next_scale, f"{k} overflow lines since the last counter, which "
                                  f"counts {counted} skipped steps (several ranks printing, or a duplicated paste?)")
@@ -352,6 +356,33 @@ class _Builder:
         self.events.extend(pending)
         self.events.append(LogEvent(n, False, None, next_scale, line, span=(low - k, high - k), overflows=anonymous,
                                     among=k))
+
+    def _copies(self, pending: list[LogEvent], counted: int, line: int) -> list[LogEvent]:
+        """More overflow lines than the counter counts overflows, where lines repeat the one before
+        them: the repeats read as copies from other ranks, where that accounts for the count (every
+        overflow printed by the same number of ranks, or every repeat a copy). Else as they are."""
+        runs: list[list[LogEvent]] = []
+        for e in pending:
+            if runs and e.line in self.maybe_copies:
+                runs[-1].append(e)
+            else:
+                runs.append([e])
+        # run i stands for m_i overflows, 1 <= m_i <= its length, summing to the count: where that fixes
+        # every m_i, or every overflow was printed the same number of times, the copies are known
+        total = sum(len(run) for run in runs)
+        least = [max(1, counted - (total - len(run))) for run in runs]
+        most = [min(len(run), counted - (len(runs) - 1)) for run in runs]
+        ranks = len(pending) // counted
+        if least == most and all(len(run) % m == 0 for run, m in zip(runs, least, strict=True)):
+            kept = [e for run, m in zip(runs, least, strict=True) for e in run[::len(run) // m]]
+        elif len(pending) % counted == 0 and all(len(run) % ranks == 0 for run in runs):
+            kept = [e for run in runs for e in run[::ranks]]
+        else:
+            return pending
+        self.notes.append(f"line {line}: {len(pending)} overflow lines, some repeating the line before them, and "
+                          f"the counter counts {counted} overflows: the repeats read as copies (several ranks "
+                          f"printing)")
+        return kept
 
     def _unknown(self, pending: list[LogEvent], n: int, line: int, next_scale: float | None, why: str) -> None:
         """The window up to counter ``n`` that the log contradicts: its lines, then its steps unknown."""
@@ -435,6 +466,8 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
             b.pending.pop()
             copies += 1
         else:
+            if last_message is not None and message == last_message[0]:  # a copy, or the same line again
+                b.maybe_copies.add(i)
             last_message = (message, rank)
         return True
 
