@@ -840,6 +840,28 @@ def test_a_gap_of_more_than_1024_steps_replays(capsys, tmp_path, monkeypatch) ->
     assert summary["consistency"]["consistent"]
 
 
+@pytest.mark.parametrize("lines, skipped, overflows", [
+    (["B", "B", "B", "B"], 2, 2),  # two overflows, each printed by two ranks
+    (["B", "B", "S"], 2, 2),  # the run of two is one overflow: the scaled line is the other
+    (["B", "B", "B", "S"], 2, 2),  # three copies of one overflow
+    (["B", "B", "B"], 2, None),  # one and two copies, or two and one: which lines are copies is open
+])
+def test_repeated_lines_a_counter_proves_are_copies(lines, skipped, overflows) -> None:
+    """Overflow lines with no rank prefix that repeat the line before them, more than the counter's
+    skipped count: read as copies where the count fixes how many overflows each run stands for (or
+    every overflow is printed the same number of times); else the window is left unknown."""
+    text = {"B": "[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.",
+            "S": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512"}
+    log = read_log("\n".join([text[x] for x in lines] + [f"[Rank 0] step=4, skipped={skipped}, lr=[0.1]"]) + "\n")
+    read = [e for e in log.events if not e.gap]
+    gap = next(e for e in log.events if e.gap)
+    if overflows is None:
+        assert len(read) == len(lines) and gap.span == (0, None) and gap.overflows is None
+    else:
+        assert len(read) == overflows and gap.span == (4 - overflows, 4 - overflows) and gap.overflows == 0
+        assert any("read as copies" in note for note in log.notes)
+
+
 def test_the_sample_log_ships_and_replays(capsys, tmp_path) -> None:
     """The sample log is DeepSpeed's own output (written again here where DeepSpeed is installed)
     and the README's replay of it runs: every step placed or counted, the log's own policy
