@@ -1465,9 +1465,11 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
     how = _HOW.get(func)
     if how is None:
         how = _HOW[func] = _how(func)
+    poles = _POLES.get(func.overloadpacket)
+    pole_at = poles(operands[0]) if poles is not None and len(operands) == 1 else None
     if how[0] == "native":  # torch's own kernel, which is what the mode would call: no mode to enter
         out = func(*args, **kwargs)
-        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise)
+        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise, pole_at)
     if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
         # The model called as the mode's dispatch would call it (a handler runs with the mode off;
         # DeviceMode calls this from its own handler, below autograd), without a round trip
@@ -1476,7 +1478,7 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
         out = how[1](mode, *args, **kwargs)
         if out is not NotImplemented:
             return out, _judge(out, mode, operands, elementwise, pointwise)
-    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise)
+    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, pole_at)
 
 
 class _Flags:
@@ -1487,12 +1489,21 @@ class _Flags:
 
 _NO_FLAGS = _Flags()  # the record of a computation no modelled function took part in
 
+#: Functions torch computes in one kernel, with the poles among their floating operand's values: an
+#: infinite result there is IEEE 754's division by zero (an exact infinity from finite operands,
+#: section 7.3), not an overflow. torch 2.13's digamma is -inf at +0 and inf at -0 (NaN at the
+#: negative integers); polygamma(n >= 1, x) is inf at every integer x <= 0.
+_POLES: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
+    aten.digamma: lambda x: x == 0,
+    aten.polygamma: lambda x: (x <= 0) & (x == torch.floor(x)),
+}
+
 #: Each overload's out= names, and whether it is elementwise (sim.elementary's) and pointwise (torch's tag).
 _KIND: dict[Any, tuple[tuple[str, ...], bool, bool]] = {}
 
 
 def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
-        pointwise: bool = False) -> tuple[Any, int]:
+        pointwise: bool = False, pole_at: torch.Tensor | None = None) -> tuple[Any, int]:
     """``fn()`` computed in :class:`Binary32Mode`: its result and the events the float-status
     register records, judged at the outputs. An elementwise function's are its own, element by
     element (sim.elementary's). For any other computation: OVERFLOW where an output is infinite
@@ -1501,14 +1512,16 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     ``pointwise`` computation (torch's tag: each output element a function of the operands'
     elements at its place, broadcast) element by element, so that a NaN elsewhere in the tensor
     hides nothing, for any other over the whole call. An overflow inside a kernel whose outputs
-    stay finite raises nothing: the register sees what reaches them."""
+    stay finite raises nothing: the register sees what reaches them. ``pole_at``: where a pointwise
+    function of one operand has a pole (``_POLES``): an infinite output there is DIVBYZERO."""
     mode = Binary32Mode()
     with mode:
         out = fn()
-    return out, _judge(out, mode, operands, elementwise, pointwise)
+    return out, _judge(out, mode, operands, elementwise, pointwise, pole_at)
 
 
-def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool) -> int:
+def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool,
+           pole_at: torch.Tensor | None = None) -> int:
     """The events of a computation in ``mode`` whose result is ``out`` (see :func:`run`)."""
     if elementwise:
         return mode.flags_seen
@@ -1530,7 +1543,12 @@ def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], eleme
                 for t in places:
                     finite_at &= torch.isfinite(t)
                     number_at &= ~torch.isnan(t)
-                if bool((torch.isinf(o) & finite_at).any()):
+                infinite = torch.isinf(o) & finite_at
+                if pole_at is not None and bool(infinite.any()):
+                    at = torch.broadcast_to(pole_at, o.shape)
+                    events |= (_DIVBYZERO if bool((infinite & at).any()) else 0) | (
+                        _OVERFLOW if bool((infinite & ~at).any()) else 0)
+                elif bool(infinite.any()):
                     pole = mode.flags_seen & _DIVBYZERO and not mode.flags_seen & _OVERFLOW
                     events |= _DIVBYZERO if pole else _OVERFLOW
                 if bool((torch.isnan(o) & number_at).any()):

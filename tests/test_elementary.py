@@ -722,6 +722,21 @@ def test_other_float32_routes_mixed_tensor(name):
             assert r & alone == alone, (name, hex(other), r, alone)
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_digamma_and_polygamma_poles_are_divisions_by_zero(profile):
+    """digamma(+-0) and polygamma(1, 0) are poles (torch gives -inf, inf and inf from a finite
+    operand): IEEE 754's division by zero, not an overflow, in the register; digamma of the smallest
+    subnormal, about -1.7e7, is a binary16 overflow (its binary32 value is finite)."""
+    dev = Device(profile)
+    with DeviceMode(dev) as mode:
+        for fn in (torch.digamma, lambda x: torch.polygamma(1, x)):
+            for bits in (0x0000, 0x8000):
+                _, r = _run(dev, mode, fn, np.array([bits], np.uint16))
+                assert r & (OVERFLOW | DIVBYZERO) == DIVBYZERO, (bits, r)
+        _, r = _run(dev, mode, torch.digamma, np.array([0x0001], np.uint16))
+        assert r & (OVERFLOW | DIVBYZERO) == OVERFLOW, r
+
+
 @functools.cache
 def _device_hard() -> tuple[int, ...]:
     """The issue's operands and the binary16-output overflow thresholds of exp2, sinh, cosh, expm1."""
