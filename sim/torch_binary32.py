@@ -1033,18 +1033,12 @@ def _native_layer_norm_backward(mode, grad, x, normalized_shape, mean, rstd, wei
 
 
 def _softmax_op(mode, x, dim, half_to_float):
-    """decompositions._softmax: exp(x - max) / its sum."""
+    """decompositions._softmax: exp(x - max) / its sum (:func:`_softmax_np` along ``dim``)."""
     if x.dtype != _F32 or half_to_float:
         return NotImplemented
-    x = x.contiguous()
-    if x.ndim == 0 or x.shape[dim % x.ndim] > 0:
-        x_max = torch.amax(x, dim, keepdim=True)
-    else:  # an empty dimension: amax of a single -inf
-        pad = list(x.shape)
-        pad[dim % x.ndim] = 1
-        x_max = torch.amax(torch.cat((x, x.new_full(pad, float("-inf"))), dim=dim), dim, keepdim=True)
-    unnormalized = _cr(mode, "exp", x - x_max)
-    return unnormalized / _sum(mode, unnormalized, dim, True)
+    a = _np(x).reshape(x.shape or (1,))
+    out = np.moveaxis(_softmax_np(mode, np.moveaxis(a, dim % a.ndim, -1)), -1, dim % a.ndim)
+    return _t(np.ascontiguousarray(out).reshape(x.shape))
 
 
 def _softmax_backward_data(mode, grad, output, dim, input_dtype):
