@@ -1223,6 +1223,18 @@ def _after(e: LogEvent, low_e: float, low: float) -> float:
     return low_e if not e.overflow else 0.0
 
 
+def _limits(gap: LogEvent | None) -> tuple[int, int, int | None, int, int | None]:
+    """How many of a gap's steps are overflows of unknown place, and the least and most of its
+    clean steps and of its steps whose outcome the log does not give (None: no bound); a placed
+    step's group (no gap) has none of them."""
+    if gap is None:
+        return 0, 0, 0, 0, 0
+    lo, hi = gap.span or (0, 0)
+    if gap.overflows is None:
+        return 0, 0, 0, lo, hi
+    return gap.overflows, lo - gap.overflows, None if hi is None else hi - gap.overflows, 0, 0
+
+
 def _outcomes(overflow: bool | None, bound: tuple[float, float], t: float) -> tuple[bool, ...]:
     """Another policy's possible outcomes (True: overflow) at scale ``t`` on a step the log ran at a
     scale within ``bound`` with the outcome ``overflow`` (None: unknown): an overflow at every scale
@@ -1266,11 +1278,7 @@ def _window(policy: Policy, states: set[Any] | None, window: Sequence[LogEvent],
     steps around them followed, each state with how many of the gap's clean, overflowed and
     unknown steps it has taken and how many of the events."""
     *marked, gap = window
-    lo, hi = gap.span or (0, 0)
-    unknown = gap.overflows is None
-    anonymous = 0 if unknown else gap.overflows
-    clean_lo, clean_hi = (0, 0) if unknown else (lo - anonymous, None if hi is None else hi - anonymous)
-    free_lo, free_hi = (lo, hi) if unknown else (0, 0)  # steps whose outcome the log does not give
+    anonymous, clean_lo, clean_hi, free_lo, free_hi = _limits(gap)
     lows = [low]
     for e, bound in zip(marked, known, strict=False):
         lows.append(_after(e, bound[0], lows[-1]))
@@ -1347,7 +1355,7 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     if pin is None:
         return None
     pin = next((j for j, e in enumerate(events) if j >= pin and j - e.among <= pin and e.gap), pin)  # its window
-    steps = sum(hi for _, hi in spans if hi is not None)
+    steps = _bounded_steps(log)
     before = sum(spans[i][1] for i in range(pin + 1))
     overflows_before = int(min(sum(_counts(e)[1] for e in events[:pin + 1]), before))
     logged = next(v for e in events for v in (e.scale, e.next_scale) if v is not None)
@@ -1360,6 +1368,19 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     hystereses = list(range(1, max(4, printed) + 1)) if hyst_name else [None]
     inits = sorted({logged / (grow**a * back**c) for a in range(before + 2) for c in range(overflows_before + 1)})
     return [(cls(**_arguments(log.framework, init, 1, h)), steps + 1) for h in hystereses for init in inits]
+
+
+def _bounded_steps(log: Log) -> int:
+    """The most steps the log's events stand for, a last gap of unknown length left out."""
+    return sum(1 if not e.gap else e.span[1] or 0 for e in log.events)
+
+
+def _followed(log: Log) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """The groups the exact replay follows (:func:`_groups`), and the last one where it is a gap
+    of unknown length (replayed on the bounds), else None."""
+    groups = _groups(log)
+    tail = groups.pop() if log.events and log.events[-1].gap and log.events[-1].span[1] is None else None
+    return groups, tail
 
 
 def _groups(log: Log) -> list[tuple[int, int]]:
@@ -1452,11 +1473,7 @@ def _graph(log: Log, group: Sequence[LogEvent], starts: set[Any], budget: list[i
     *marked, gap = group
     if not gap.gap:
         marked, gap = [*marked, gap], None
-    lo, hi = gap.span if gap is not None else (0, 0)
-    unknown = gap is not None and gap.overflows is None
-    anonymous = 0 if gap is None or unknown else gap.overflows
-    clean_lo, clean_hi = (0, 0) if gap is None or unknown else (lo - anonymous, hi - anonymous)
-    free_lo, free_hi = (lo, hi) if unknown else (0, 0)
+    anonymous, clean_lo, clean_hi, free_lo, free_hi = _limits(gap)
     edges: dict[Any, list[tuple[int, bool, Any]]] = {}
     ends: dict[Any, Any] = {}
     frontier = [(node, 0, 0, 0, 0) for node in starts]
@@ -1546,9 +1563,7 @@ def _reproducing(log: Log) -> _Runs:
     if family is None:
         return _Runs(None, "the log does not bound its framework's run enough (no scale printed, no known policy, "
                      "or steps of unknown number before its end)")
-    groups = _groups(log)
-    if log.events[-1].gap and log.events[-1].span[1] is None:
-        groups.pop()
+    groups, _ = _followed(log)
     cands = _Candidates(_POLICIES[log.framework][2])
     layer = {(cands.id(p), most, p.initial()) for p, most in family}
     graphs, budget = [], [MAX_RUNS]
@@ -1600,7 +1615,7 @@ def _fit(log: Log, cands: _Candidates, ends: set[Any]) -> dict[str, str]:
             run = []
         run.append(w)
     spans.append(run)
-    steps = sum(e.span[1] if e.gap and e.span[1] is not None else 1 for e in log.events)
+    steps = _bounded_steps(log)
     fit = {window_name: ", ".join(f"{r[0]} or more" if r[-1] > steps else f"{r[0]}" if len(r) == 1 else
                                   f"{r[0]} to {r[-1]}" for r in spans if r)}
     if hyst_name:
@@ -1624,12 +1639,11 @@ def _exact(log: Log, policy: Policy, max_states: int) -> list[Decision] | None:
     it (the other policy can follow any of them: a step always has an outcome). A gap of unknown
     length at the end is replayed on the bounds from the states that reach it. None where the log
     is beyond this (see :func:`_family`) or past ``MAX_JOINT`` places."""
-    events, groups = log.events, _groups(log)
-    tail = groups.pop() if events[-1].gap and events[-1].span[1] is None else None
     runs = _runs(log).runs
-    budget = [MAX_JOINT]
     if runs is None:
         return None
+    events, (groups, tail) = log.events, _followed(log)
+    budget = MAX_JOINT
     out: list[Decision] = [Decision((), "unknown")] * len(events)
     other = _Other(policy)
     layer = np.array([(node, 0) for node in runs[0].start], dtype=np.int64).reshape(-1, 2) if runs else None
@@ -1643,8 +1657,8 @@ def _exact(log: Log, policy: Policy, max_states: int) -> list[Decision] | None:
         held[gap_at].update(ot.tolist())
         ending = []
         while len(place):
-            budget[0] -= len(place)
-            if budget[0] < 0:
+            budget -= len(place)
+            if budget < 0:
                 return None
             here = run.end[place] >= 0
             ending.append(np.stack([run.end[place[here]], ot[here]], axis=1))
@@ -1669,7 +1683,7 @@ def _exact(log: Log, policy: Policy, max_states: int) -> list[Decision] | None:
     if tail is not None:
         i, j = tail
         last = {other.states[o] for o in layer[:, 1]} if groups else {policy.initial()}
-        low = min(run_scale for run_scale in _ending_scales(runs)) if groups else 0.0
+        low = float(runs[-1].scale[runs[-1].end >= 0].min()) if groups else 0.0
         known = [(e.scale, e.scale) if e.scale is not None else (0.0, math.inf) for e in events[i:j + 1]]
         out[i:j + 1] = _window(policy, last if len(last) <= max_states else None, events[i:j + 1], known, low,
                                0.0, max_states)[1]
@@ -1711,7 +1725,3 @@ class _Other:
                 self._next = np.concatenate([self._next, np.full((len(self._next), 2), -1, dtype=np.int64)])
         return self._next[ot, o]
 
-
-def _ending_scales(runs: list[_Run]) -> list[float]:
-    """The framework's scales where the last group ends."""
-    return runs[-1].scale[runs[-1].end >= 0].tolist()
