@@ -1453,17 +1453,16 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
     events it raises (see :func:`run`)."""
     kind = _KIND.get(func)
     if kind is None:
-        kind = _KIND[func] = (_out_names(func), func.overloadpacket in _ELEMENTWISE, torch.Tag.pointwise in func.tags)
-    outs, elementwise, pointwise = kind  # out= tensors are written, not read: not operands
+        kind = _KIND[func] = (_out_names(func), func.overloadpacket in _ELEMENTWISE, torch.Tag.pointwise in func.tags,
+                              _POLES.get(func.overloadpacket))
+    outs, elementwise, pointwise, poles = kind  # out= tensors are written, not read: not operands
     operands = _operands(args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs)
     how = _HOW.get(func)
     if how is None:
         how = _HOW[func] = _how(func)
-    poles = _POLES.get(func.overloadpacket)
-    pole_at = poles(operands[0]) if poles is not None and len(operands) == 1 else None
     if how[0] == "native":  # torch's own kernel, which is what the mode would call: no mode to enter
         out = func(*args, **kwargs)
-        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise, pole_at)
+        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise, poles)
     if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
         # The model called as the mode's dispatch would call it (a handler runs with the mode off;
         # DeviceMode calls this from its own handler, below autograd), without a round trip
@@ -1472,7 +1471,7 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
         out = how[1](mode, *args, **kwargs)
         if out is not NotImplemented:
             return out, _judge(out, mode, operands, elementwise, pointwise)
-    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, pole_at)
+    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, poles)
 
 
 class _Flags:
@@ -1492,12 +1491,13 @@ _POLES: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
     aten.polygamma: lambda x: (x <= 0) & (x == torch.floor(x)),
 }
 
-#: Each overload's out= names, and whether it is elementwise (sim.elementary's) and pointwise (torch's tag).
-_KIND: dict[Any, tuple[tuple[str, ...], bool, bool]] = {}
+#: Each overload's out= names, whether it is elementwise (sim.elementary's) and pointwise (torch's tag),
+#: and its poles (``_POLES``, or None).
+_KIND: dict[Any, tuple[tuple[str, ...], bool, bool, Any]] = {}
 
 
 def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
-        pointwise: bool = False, pole_at: torch.Tensor | None = None) -> tuple[Any, int]:
+        pointwise: bool = False, poles: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Any, int]:
     """``fn()`` computed in :class:`Binary32Mode`: its result and the events the float-status
     register records, judged at the outputs. An elementwise function's are its own, element by
     element (sim.elementary's). For any other computation: OVERFLOW where an output is infinite
@@ -1506,16 +1506,16 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     ``pointwise`` computation (torch's tag: each output element a function of the operands'
     elements at its place, broadcast) element by element, so that a NaN elsewhere in the tensor
     hides nothing, for any other over the whole call. An overflow inside a kernel whose outputs
-    stay finite raises nothing: the register sees what reaches them. ``pole_at``: where a pointwise
-    function of one operand has a pole (``_POLES``): an infinite output there is DIVBYZERO."""
+    stay finite raises nothing: the register sees what reaches them. ``poles``: where a pointwise
+    function of one operand has its poles (``_POLES``): an infinite output there is DIVBYZERO."""
     mode = Binary32Mode()
     with mode:
         out = fn()
-    return out, _judge(out, mode, operands, elementwise, pointwise, pole_at)
+    return out, _judge(out, mode, operands, elementwise, pointwise, poles)
 
 
 def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool,
-           pole_at: torch.Tensor | None = None) -> int:
+           poles: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
     """The events of a computation in ``mode`` whose result is ``out`` (see :func:`run`)."""
     if elementwise:
         return mode.flags_seen
@@ -1538,8 +1538,8 @@ def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], eleme
                     finite_at &= torch.isfinite(t)
                     number_at &= ~torch.isnan(t)
                 infinite = torch.isinf(o) & finite_at
-                if pole_at is not None and bool(infinite.any()):
-                    at = torch.broadcast_to(pole_at, o.shape)
+                if poles is not None and len(operands) == 1 and bool(infinite.any()):
+                    at = torch.broadcast_to(poles(operands[0]), o.shape)
                     events |= (_DIVBYZERO if bool((infinite & at).any()) else 0) | (
                         _OVERFLOW if bool((infinite & ~at).any()) else 0)
                 elif bool(infinite.any()):
