@@ -957,9 +957,9 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     for a in arrays:
         if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
             raise TypeError(f"{name}: operands must be float16, bfloat16, float32 or float64, got {a.dtype}")
-    if len(arrays) == 1:
-        shape = arrays[0].shape
-        wide = [arrays[0].astype(np.float64).reshape(-1)]
+    shape = arrays[0].shape
+    if all(a.shape == shape for a in arrays):  # nothing to broadcast (one operand, or alike ones)
+        wide = [a.astype(np.float64).reshape(-1) for a in arrays]
     else:
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
         wide = [np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), shape)).reshape(-1) for a in arrays]

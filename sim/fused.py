@@ -62,8 +62,10 @@ FAMILIES: tuple[Family, ...] = (
            "F.gelu, exact (erf) and tanh"),
     Family("silu", ("silu", "silu_", "silu_backward"), True, "aclnnSilu, aclnnSiluBackward", "F.silu / nn.SiLU"),
     Family("rnn", (), True,
-           "torch.lstm / torch.gru on the NPU: the fused DynamicRNN (aclnnLSTM) and DynamicGRUV2 kernels",
-           "nn.LSTM / nn.GRU (torch.lstm, torch.gru) on a padded batch, without dropout between layers"),
+           "torch.lstm / torch.gru on the NPU: the fused DynamicRNN (aclnnLSTM) and DynamicGRUV2 kernels; "
+           "nn.RNN (torch.rnn_tanh / rnn_relu) modelled as the same kind of kernel (this project's choice)",
+           "nn.LSTM / nn.GRU / nn.RNN on a padded batch: every layer count, direction, bias, batch_first, "
+           "projection and dropout between layers (sim.recurrent)"),
     Family("cross_entropy", ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"),
            True, "aclnnNLLLoss, aclnnNLLLossBackward (after the log_softmax of the softmax family)",
            "F.cross_entropy / F.nll_loss: the negative log-likelihood part"),

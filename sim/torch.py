@@ -45,7 +45,7 @@ argument), is taken by one of the routes of ``ROUTE_KINDS``, counted in
   the device by the exact mask and by 1/(1-p) rounded into the dtype (its
   backward is a device route, the same two multiplies).
 - ``fused``: the fused operation families of ``sim.fused`` (attention, layer/RMS/batch/group
-  norm, softmax and log-softmax, GELU, SiLU, cross-entropy, LSTM and GRU, and the gradient
+  norm, softmax and log-softmax, GELU, SiLU, cross-entropy, RNN, LSTM and GRU, and the gradient
   accumulations of embeddings and max pooling) chosen fused
   (``DeviceMode(dev, fused={"softmax": False, ...})``, the defaults those of ``sim.fused``):
   computed by torch in binary32 from the exact values of the operands, each output rounded
@@ -116,6 +116,7 @@ from torch.utils._pytree import tree_map
 
 from . import elementary, ops
 from . import fused as _fused
+from . import recurrent as _recurrent
 from . import torch_binary32 as _binary32
 from .device import Device
 from .kernels import INVALID as _INVALID
@@ -1071,15 +1072,16 @@ class DeviceMode(TorchDispatchMode):
             _busy.depth = depth
 
     def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype],
-                    operands: list[torch.Tensor]) -> list[Any]:
+                    operands: list[torch.Tensor], *, judged: bool = False) -> list[Any]:
         """A fused kernel above autograd: fn() (a tensor or a list) computed in binary32 by
         ``sim.torch_binary32`` from the binary32 ``operands``, each of its results rounded once on
         the device into ``dtypes`` (one dtype: for each), with the events that reached its
-        outputs; counted as one ``fused`` route."""
+        outputs; counted as one ``fused`` route. ``judged``: fn computes without torch and
+        returns (results, events) itself."""
         dev, label = self.device, self._label()
 
         def kernel():
-            outs, events = _binary32.run(fn, operands)
+            outs, events = fn() if judged else _binary32.run(fn, operands)
             outs = outs if isinstance(outs, list) else [outs]
             each = dtypes if isinstance(dtypes, list) else [dtypes] * len(outs)
             kept = [(i, o, d) for i, (o, d) in enumerate(zip(outs, each, strict=True)) if o is not None]
@@ -1199,7 +1201,8 @@ F = torch.nn.functional
 
 #: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
 #: ``_backward``): torch's CPU build has no aten operation of them for the mode to see.
-ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm", "aten.lstm", "aten.gru")
+ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm", "aten.lstm", "aten.gru", "aten.rnn_tanh",
+                  "aten.rnn_relu")
 
 
 class _FusedFunction(torch.autograd.Function):
@@ -1362,28 +1365,78 @@ def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout
         if dropout_p == 0:
             return NotImplemented  # the aten kernels (flash, efficient) are taken by the fused route
         shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
-        keep = mode._passthrough(lambda: torch.empty(shape, dtype=torch.float32).bernoulli_(1 - dropout_p))
+        # The mask from binary64 uniforms, as every draw of the mode's (sim.torch_binary32): torch's
+        # own bernoulli_ with a scalar p is a kernel with a CPU-vendor branch (MKL's generator on
+        # Intel in torch's CPU distribution kernels), not a function of the seed alone.
+        keep = mode._passthrough(lambda: _binary32.bernoulli_mask(shape, 1 - dropout_p).float())
         return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[0], _attention32, q, k, v, keep,
                                     attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       softmax=lambda s, d: _call(mode, F.softmax, s, d), dropout=lambda a, p: F.dropout(a, p))
 
 
-def _f_rnn(mode, fused, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    """torch.lstm / torch.gru (nn.LSTM, nn.GRU) on a padded batch: one fused kernel, its state
-    (h, or h and c) and weights its operands. A packed sequence, or dropout between layers in
-    training (a draw inside the kernel), takes torch's own decomposition."""
-    if not fused or not isinstance(has_biases, bool) or (dropout and train):  # a packed call: (data,
-        return NotImplemented  # batch_sizes, hx, params, has_biases, ...), has_biases then a list
-    lstm = isinstance(hx, (tuple, list))
-    state = tuple(hx) if lstm else (hx,)
-    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+def _f_rnn(mode, fused, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, *,
+           kind: str = "lstm"):
+    """torch.lstm / gru / rnn_tanh / rnn_relu (nn.LSTM, nn.GRU, nn.RNN) on a padded batch: one fused
+    kernel (``sim.recurrent``), its state (h, or h and c) and weights its operands; dropout between
+    layers in training draws its masks (``sim.torch_binary32.bernoulli_mask``, one a layer, as
+    torch's decomposition draws them) before the kernel. A packed sequence takes torch's
+    decomposition, as do operands of mixed dtypes or shapes torch would refuse."""
+    if not fused or not isinstance(has_biases, bool):  # a packed call: (data, batch_sizes, hx, params, ...)
+        return NotImplemented
+    state = tuple(hx) if kind == "lstm" else (hx,)
+    tensors = (x, *state, *params)
+    if x.dim() != 3 or 0 in x.shape or any(not isinstance(t, torch.Tensor) or t.dtype != x.dtype
+                                           or t.device != x.device for t in tensors):
+        return NotImplemented
+    p = float(dropout) if train and num_layers > 1 else 0.0
+    keep = None
+    if 0 < p < 1:
+        steps, batch = (x.shape[1], x.shape[0]) if batch_first else x.shape[:2]
+        shape = (steps, batch, state[0].shape[2] * (2 if bidirectional else 1))
+        keep = [mode._passthrough(lambda: _binary32.bernoulli_mask(shape, 1 - p)).numpy()
+                for _ in range(num_layers - 1)]
+    config = {"has_biases": has_biases, "num_layers": num_layers, "bidirectional": bidirectional,
+              "batch_first": batch_first, "dropout": p, "keep": keep}
+    return _Recurrent.apply(mode, kind, config, *tensors)
 
-    def rnn32(x, *rest):
-        h, ps = rest[:len(state)], list(rest[len(state):])
-        return torch.lstm(x, h, ps, *flags) if lstm else torch.gru(x, h[0], ps, *flags)
 
-    return _FusedFunction.apply(mode, ABOVE_AUTOGRAD[2 if lstm else 3], rnn32, x, *state, *params)
+class _Recurrent(torch.autograd.Function):
+    """A recurrent layer as one fused kernel (``sim.recurrent``): forward and backward in binary32
+    from the exact values of the operands, each output and gradient rounded once on the device
+    into the operands' dtype, with the events that reached them. An output the loss does not use
+    sends no gradient (not a zero, which autograd's decomposition would not add either)."""
+
+    @staticmethod
+    def forward(ctx, mode: DeviceMode, kind: str, config: dict, *xs):
+        ctx.set_materialize_grads(False)
+        ctx.mode, ctx.kind, ctx.dtype = mode, kind, xs[0].dtype
+        wide = [_wide(x).detach() for x in xs]
+        states = 2 if kind == "lstm" else 1
+
+        def kernel():
+            arrays = [w.numpy() for w in wide]
+            outs, ctx.tape, flags = _recurrent.forward(kind, arrays[0], arrays[1:1 + states], arrays[1 + states:],
+                                                      **config)
+            outs = [_tensor(o) for o in outs]
+            return outs, _binary32.judge(outs, wide, flags)
+
+        ctx.wide = wide
+        return tuple(mode._fused_call("aten." + kind, kernel, ctx.dtype, wide, judged=True))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads32 = [None if g is None else g.float() for g in grads]
+        wanted = ctx.needs_input_grad[3:]
+
+        def kernel():
+            gs, flags = _recurrent.backward(ctx.tape, [None if g is None else g.numpy() for g in grads32])
+            gs = [_tensor(g) if g is not None and need else None for g, need in zip(gs, wanted, strict=True)]
+            return gs, _binary32.judge(gs, _floating(ctx.wide + grads32), flags)
+
+        rounded = ctx.mode._fused_call(f"aten.{ctx.kind}_backward", kernel, ctx.dtype,
+                                       _floating(ctx.wide + grads32), judged=True)
+        return (None, None, None, *rounded)
 
 
 def _norm(x, dims, eps):
@@ -1530,7 +1583,8 @@ FUNCTIONS: dict[Callable, tuple[str, Callable]] = {
 }
 if hasattr(F, "rms_norm"):
     FUNCTIONS[F.rms_norm] = ("rms_norm", _f_rms_norm)
-FUNCTIONS[torch.lstm] = FUNCTIONS[torch.gru] = ("rnn", _f_rnn)  # as nn.LSTM / nn.GRU call them (torch._VF)
+FUNCTIONS.update({getattr(torch, k): ("rnn", functools.partial(_f_rnn, kind=k))  # as nn.LSTM, nn.GRU, nn.RNN
+                  for k in _recurrent.KINDS})                                    # call them (torch._VF)
 
 
 def _call(mode: DeviceMode, func: Callable, *args, **kwargs):

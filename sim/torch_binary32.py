@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import binary32, conv, elementary
 from . import kernels as K
 
-__all__ = ["Binary32Mode", "evaluate", "run", "bernoulli_mask", "IMPLEMENTED", "NATIVE"]
+__all__ = ["Binary32Mode", "evaluate", "run", "judge", "bernoulli_mask", "IMPLEMENTED", "NATIVE"]
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _F32, _F64 = torch.float32, torch.float64
@@ -1512,6 +1512,15 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     with mode:
         out = fn()
     return out, _judge(out, mode, operands, elementwise, pointwise, poles)
+
+
+def judge(out, operands: list[torch.Tensor], flags: int = 0) -> int:
+    """The events of a binary32 computation made without a mode (numpy's: ``sim.recurrent``) whose
+    result is ``out``, as :func:`run` judges a computation that is not pointwise; ``flags`` the
+    elementwise functions' flags it raised."""
+    seen = _Flags()
+    seen.flags_seen = flags
+    return _judge(out, seen, operands, False, False)
 
 
 def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool,

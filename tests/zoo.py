@@ -117,16 +117,33 @@ def _hf(config: str, model: str, **kw: Any) -> Callable[[], torch.nn.Module]:
 
 
 class Recurrent(torch.nn.Module):
-    """An embedding, a 2-layer recurrent network (batch first) and a linear head on every step."""
+    """An embedding, a 2-layer recurrent network (batch first; ``kw`` the rest of its configuration)
+    and a linear head on every step."""
 
-    def __init__(self, rnn: type) -> None:
+    def __init__(self, rnn: type, width: int = 32, vocab: int = VOCAB, **kw: Any) -> None:
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 32)
-        self.rnn = rnn(32, 32, num_layers=2, batch_first=True)
-        self.head = torch.nn.Linear(32, VOCAB)
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.rnn = rnn(width, width, num_layers=2, batch_first=True, **kw)
+        out = kw.get("proj_size") or width
+        self.head = torch.nn.Linear(out * (2 if kw.get("bidirectional") else 1), vocab)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.rnn(self.embed(input_ids))[0])
+
+
+class EmbeddingNorm(torch.nn.Module):
+    """Word embeddings (1000 words, width 64), BatchNorm1d over the features, dropout and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(1000, 64)
+        self.norm = torch.nn.BatchNorm1d(64)
+        self.drop = torch.nn.Dropout(0.1)
+        self.head = torch.nn.Linear(64, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        e = self.norm(self.embed(input_ids).transpose(1, 2)).transpose(1, 2)
+        return self.head(self.drop(e))
 
 
 class ConvZoo(torch.nn.Module):
@@ -280,6 +297,16 @@ ZOO: dict[str, Entry] = {
         torch.nn.LSTM), "tokens"),
     "gru": Entry("torch", "nn.GRU 32-32, 2 layers, batch first, embedding and head", lambda: Recurrent(torch.nn.GRU),
                  "tokens"),
+    "lstm_lm": Entry("torch", "nn.LSTM language model: 1000 words, width 64, 2 layers, dropout 0.1 between them",
+                     lambda: Recurrent(torch.nn.LSTM, 64, 1000, dropout=0.1), "tokens"),
+    "gru_lm": Entry("torch", "nn.GRU language model: 1000 words, width 64, 2 layers, dropout 0.1 between them",
+                    lambda: Recurrent(torch.nn.GRU, 64, 1000, dropout=0.1), "tokens"),
+    "rnn_tanh": Entry("torch", "nn.RNN (tanh) language model: 1000 words, width 64, 2 layers",
+                      lambda: Recurrent(torch.nn.RNN, 64, 1000), "tokens"),
+    "bilstm_proj": Entry("torch", "bidirectional nn.LSTM 32-32 with projections to 16, 2 layers, dropout 0.2",
+                         lambda: Recurrent(torch.nn.LSTM, bidirectional=True, proj_size=16, dropout=0.2), "tokens"),
+    "embed_norm": Entry("torch", "embedding (1000 words, width 64), BatchNorm1d, dropout 0.1 and a head",
+                        EmbeddingNorm, "tokens"),
     "sdpa": Entry("torch", "a causal transformer layer on F.scaled_dot_product_attention (dropout 0.1), width 32",
                   SDPABlock, "tokens"),
 }
