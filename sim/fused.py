@@ -106,28 +106,58 @@ FAMILIES: tuple[Family, ...] = (
                           "leaky_relu_backward", "elu", "elu_", "elu_backward", "celu", "celu_", "softplus",
                           "softplus_backward", "mish", "mish_", "mish_backward", "log_sigmoid_forward",
                           "log_sigmoid_backward", "glu", "glu_backward", "_prelu_kernel", "_prelu_kernel_backward",
-                          "hardshrink", "hardshrink_backward", "softshrink", "softshrink_backward"), True,
+                          "hardshrink", "hardshrink_backward", "softshrink", "softshrink_backward",
+                          "rrelu_with_noise_backward"), True,
            "aclnnHardtanh, aclnnLeakyRelu, aclnnElu, aclnnCelu, aclnnSoftplus, aclnnMish, aclnnLogSigmoid, aclnnGlu, "
-           "aclnnPrelu, aclnnHardshrink, aclnnSoftshrink and their backward: the fused model (binary32 inside, one "
+           "aclnnPrelu, aclnnHardshrink, aclnnSoftshrink and their backward, and rrelu's (aclnnRReluWithNoise's "
+           "gradient: the noise the forward drew times the gradient): the fused model (binary32 inside, one "
            "rounding per output); no unfused model: chosen unfused, it takes the float32 route",
            "the other activations: F.hardtanh / F.relu6 / nn.ReLU6, leaky_relu, elu / selu / celu, softplus, "
            "mish, logsigmoid, glu, prelu, hardshrink, softshrink (clamps and selections are exact either way)"),
     Family("reduction", ("var", "std", "var_mean", "std_mean", "linalg_vector_norm", "norm", "logsumexp", "prod",
-                         "cumsum", "cumsum_", "cumprod"), True,
+                         "cumsum", "cumsum_", "cumprod", "nansum", "dot", "vdot", "mv", "addmv", "addmv_", "addr",
+                         "addr_", "trace", "renorm", "renorm_", "dist"), True,
            "aclnnVar, aclnnStd, aclnnVarMean, aclnnStdMeanCorrection, aclnnLinalgVectorNorm, aclnnNorm, "
-           "aclnnLogSumExp, aclnnProd, aclnnCumsum, aclnnCumprod: the fused model (binary32 accumulation, one "
-           "rounding per output), the kernels' own order inside not modelled; no unfused model: chosen unfused, "
-           "it takes the float32 route",
+           "aclnnLogSumExp, aclnnProd, aclnnCumsum, aclnnCumprod, aclnnReduceNansum, aclnnDot, aclnnMv, aclnnAddmv, "
+           "aclnnAddr, aclnnTrace, aclnnRenorm (dist: a vector norm of the difference): the fused model (binary32 "
+           "accumulation, one rounding per output), the kernels' own order inside not modelled; no unfused "
+           "model: chosen unfused, it takes the float32 route",
            "the reductions beyond sum, mean, amax and amin (those are the device's own): var and std, vector "
-           "norms (F.normalize, gradient clipping's norm), logsumexp, prod, cumsum and cumprod"),
+           "norms (F.normalize, gradient clipping's norm), logsumexp, prod, cumsum and cumprod, nansum, the "
+           "vector products (dot, mv, addmv, addr), trace, renorm and dist"),
+    Family("pad_fold", ("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward",
+                        "replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward",
+                        "col2im", "unfold_backward"), True,
+           "aclnnReflectionPad1d/2d/3dBackward, aclnnReplicationPad1d/2d/3dBackward, aclnnUnfoldGrad (hicann/ops-math "
+           "docs/zh/menu_aclnn_api.md) and F.fold's col2im, the inverse of aclnnIm2col: the fused model (the "
+           "gradients that meet at one place summed in binary32, one rounding), the kernels' own order inside not "
+           "modelled; no unfused model: chosen unfused, it takes the float32 route",
+           "the input gradients of reflection and replication padding and of Tensor.unfold, and F.fold: "
+           "overlapping contributions summed (the forward copies are exact)"),
+    Family("weight_norm", ("_weight_norm_interface", "_weight_norm_interface_backward"), True,
+           "at::_weight_norm_interface, which at::_weight_norm calls on every device for the first or last "
+           "dimension (pytorch aten/src/ATen/native/WeightNorm.cpp, can_use_fused): CANN's operator lists have no "
+           "kernel of its own, so it is modelled as a fused kernel (this project's choice): w = v * (g / ||v||) "
+           "and its backward (torch's analytic formulas, _weight_norm_differentiable_backward) in binary32, one "
+           "rounding per output, the norms kept in binary32 as torch's kernel keeps them; no unfused model: "
+           "chosen unfused, it takes the float32 route",
+           "torch.nn.utils.weight_norm and parametrizations.weight_norm (Wav2Vec2's, HuBERT's and WavLM's "
+           "positional convolution, vocoders)"),
     Family("math", tuple(f"{name}{suffix}" for name in (
         "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "expm1", "log1p", "log2", "log10", "exp2",
-        "erfinv") for suffix in ("", "_")) + ("atan2", "atan2_"), True,
+        "erfinv", "atan2", "fmod", "remainder", "xlogy", "sinc", "logit", "floor_divide", "hypot", "deg2rad")
+        for suffix in ("", "_")) + ("logaddexp", "logaddexp2", "logit_backward", "linalg_cross"), True,
            "aclnnSin, aclnnCos, aclnnTan, aclnnSinh, aclnnCosh, aclnnAsin, aclnnAcos, aclnnAtan, aclnnAtan2, "
-           "aclnnExpm1, aclnnLog1p, aclnnLog2, aclnnLog10, aclnnExp2, aclnnErfinv: the fused model (binary32 inside, "
-           "one rounding); the device's own exp, log, sqrt, rsqrt, erf, tanh and sigmoid are correctly rounded "
-           "operations instead; no unfused model: chosen unfused, it takes the float32 route",
-           "the elementary functions the device table does not have (their backward: device operations)"),
+           "aclnnExpm1, aclnnLog1p, aclnnLog2, aclnnLog10, aclnnExp2, aclnnErfinv, aclnnFmodScalar/Tensor, "
+           "aclnnRemainderTensorScalar/TensorTensor/ScalarTensor, aclnnXLogYTensor, aclnnSinc, aclnnLogit, "
+           "aclnnLogitGrad, aclnnFloorDivide, aclnnLogAddExp, aclnnLogAddExp2, aclnnLinalgCross (hicann/ops-math "
+           "docs/zh/menu_aclnn_api.md), and pow's general kernels (aclnnPowTensorScalar for exponents the Pows "
+           "kernel does not take, aclnnPowTensorTensor, aclnnPowScalarTensor); hypot and deg2rad, which have no "
+           "kernel of their own there, modelled the same way (this project's choice): the fused model (binary32 "
+           "inside, one rounding); the device's own exp, log, sqrt, rsqrt, erf, tanh and sigmoid are correctly "
+           "rounded operations instead; no unfused model: chosen unfused, it takes the float32 route",
+           "the elementary functions the device table does not have, remainders, xlogy, logit, logaddexp, "
+           "cross products and general powers (their backward: device operations)"),
     Family("accumulate", ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_", "scatter_add",
                           "scatter_add_"), True,
            "aclnnIndexPutImpl, aclnnIndexAdd, aclnnScatterAdd: the fused model (the values, and the destination's "

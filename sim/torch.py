@@ -245,6 +245,14 @@ def _reduce(kind: str) -> Callable:
     return run
 
 
+def _div(op: _Op, a, b, rounding_mode=None):
+    """a / b on the device, rounded once; with a rounding mode (``trunc``, ``floor``: fmod's and
+    remainder's gradients make it) aclnnDivMod: the fused model, binary32 inside, one rounding."""
+    if rounding_mode is not None:
+        raise _Fused
+    return _binary("div")(op, a, b)
+
+
 def _mm(op: _Op, a, b):
     """mm and bmm: two binary16 or two bfloat16 operands (a profile whose cube refuses bfloat16
     raises TypeError: the float32 route, counted)."""
@@ -503,9 +511,15 @@ class _Exact(Exception):
     """This call is exact as torch computes it: take the exact route."""
 
 
+class _Fused(Exception):
+    """This call is a fused kernel of its family (binary32 inside, each output rounded once): take
+    the fused route."""
+
+
 #: The packets whose calls need more than the device method of the same name (sim.ops says which
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
+                                  "div": _div,
                                   "masked_fill": _masked_fill, "nan_to_num": _nan_to_num, "where": _where,
                                   "baddbmm": _baddbmm,
                                   "convolution": _convolution, "convolution_backward": _convolution_backward}
@@ -545,10 +559,11 @@ def _pow(op: _Op, x, exponent):
     The model takes the Pows kernel on every profile; on the Atlas training series (Ascend910)
     aclnn sends these exponents to its general Pow kernel, whose binary32 algorithm is not
     modelled. The exponents 0 and 1 are exact (1 and x). Any other exponent, a tensor one, or a
-    Python-number base takes the float32 route."""
+    Python-number base is aclnn's general kernel (aclnnPowTensorScalar, aclnnPowTensorTensor,
+    aclnnPowScalarTensor): the fused model, binary32 inside (x ** e correctly rounded), one rounding."""
     if (not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or isinstance(exponent, (torch.Tensor, bool))
             or not isinstance(exponent, (int, float)) or exponent not in (*_POWS, 0, 1)):
-        raise _Unmapped
+        raise _Fused
     if exponent in (0, 1):  # x ** 0 is 1 and x ** 1 is x (NaN included), exactly: x ** 2's backward makes x ** 1
         raise _Exact
     a = _numpy(x)
@@ -714,6 +729,13 @@ EXACT = frozenset({
     aten.argmax, aten.argmin, aten.pixel_shuffle, aten.pixel_unshuffle, aten.diagonal_backward, aten.masked_scatter,
     aten._local_scalar_dense, aten.promote_types, aten.can_cast, aten.nextafter,
     aten.nextafter_,
+    # Selections and copies whose every output is an operand's value or a constant 0 or 1: the sign
+    # copied (IEEE copysign is a quiet operation), a step, a median, running maxima, an unpooling's
+    # scatter, padding by reflection or replication, im2col's windows, a channel shuffle.
+    aten.copysign, aten.copysign_, aten.heaviside, aten.heaviside_, aten.diag_embed, aten.channel_shuffle,
+    aten.median, aten.nanmedian, aten.cummax, aten.cummin, aten.max_unpool2d,
+    aten.max_unpool3d, aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
+    aten.replication_pad2d, aten.replication_pad3d, aten.im2col,
 })
 
 #: Overloads exact where others of their packet are not: a scatter that places values (not one
@@ -735,6 +757,7 @@ _SEQUENCES = frozenset({aten.arange, aten.linspace, aten.logspace})
 FACTORIES = frozenset({
     aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.zeros,
     aten.ones, aten.zeros_like, aten.ones_like, aten.new_zeros, aten.new_ones, aten.zero_, aten.eye,
+    aten._efficientzerotensor,
     *_FILLS, *_SEQUENCES,
 })
 
@@ -1046,6 +1069,8 @@ class DeviceMode(TorchDispatchMode):
                 result = handler(op, *args, **rest)
             except _Exact:
                 return "exact", func(*args, **kwargs)
+            except _Fused:
+                return "fused", self._float32(func, args, kwargs)
             except (_Unmapped, TypeError):
                 pass
             else:

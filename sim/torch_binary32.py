@@ -679,6 +679,34 @@ def _upsample_backward(forward_packet) -> Callable:
     return run
 
 
+def _replication_pad_backward(forward_packet) -> Callable:
+    """Replication padding's gradient: autograd of its forward as torch decomposes it (a gather of
+    clamped indices, evaluated here), whose gradient accumulates in order (index_put)."""
+    decomposed = decomposition_table[forward_packet.default]
+
+    def run(mode, grad, x, padding):
+        if grad.dtype != _F32:
+            return NotImplemented
+        return _vjp(lambda t: decomposed(t, padding), torch.zeros(x.shape, dtype=_F32), grad, mode)
+    return run
+
+
+def _weight_norm_interface_backward(mode, grad_w, v, g, norms, dim):
+    """torch's analytic weight-norm gradient (aten/src/ATen/native/WeightNorm.cpp,
+    _weight_norm_differentiable_backward) in binary32: each row's sum of grad_w * v the pairwise
+    tree, the rest IEEE operations in its order."""
+    last = v.dim() - 1
+    if not _all32(grad_w, v, g) or dim not in (0, last):
+        return NotImplemented
+    norms = norms.to(_F32)
+    products = _np(grad_w * v)
+    rows = products.reshape(v.shape[0], -1) if dim == 0 else products.reshape(-1, v.shape[last])
+    shape = [1] * v.dim()
+    shape[dim] = v.shape[dim]
+    sums = _t(binary32.sum(rows, 1 if dim == 0 else 0)).view(shape)
+    return (g / norms) * (grad_w - v * (sums / (norms * norms))), sums / norms
+
+
 # -- attention ---------------------------------------------------------------------------------------
 def _attention_math(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, mode=None):
     """torch's math path: softmax(q k^T * scale + mask) @ v; also the log-sum-exp of each row. Fewer
@@ -1258,6 +1286,10 @@ for _kind in ("nearest1d", "nearest2d", "nearest3d", "linear1d", "bilinear2d", "
 for _kind in ("nearest_exact1d", "nearest_exact2d", "nearest_exact3d", "bilinear2d_aa"):
     _fwd = getattr(aten, f"_upsample_{_kind}")
     IMPLEMENTED[getattr(aten, f"_upsample_{_kind}_backward")] = _upsample_backward(_fwd)
+for _d in (1, 2, 3):
+    IMPLEMENTED[getattr(aten, f"replication_pad{_d}d_backward")] = _replication_pad_backward(
+        getattr(aten, f"replication_pad{_d}d"))
+IMPLEMENTED[aten._weight_norm_interface_backward] = _weight_norm_interface_backward
 _RANDOM = frozenset({aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli, aten.bernoulli_,
                      aten.uniform, aten.uniform_, aten.normal, aten.normal_, aten.exponential_, aten.log_normal_,
                      aten.cauchy_, aten.geometric_})

@@ -141,6 +141,21 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
     ("addcmul_addcdiv", lambda x, y: torch.addcdiv(torch.addcmul(x, x, y, value=0.5), y, x.abs() + 1, value=-2),
      (X, X.flip(0))),
     ("lerp", lambda x, y: torch.lerp(x, y, 0.1), (X, X.flip(1))),
+    # The rarer functions' kernels (issue 33's probe).
+    ("pow_general", lambda x, y: x.abs() ** y + 2.0 ** x + x.abs() ** 0.75, (X, X.flip(0))),
+    ("fmod_remainder", lambda x, y: torch.fmod(x, 0.75) + torch.remainder(x, y.abs() + 1), (X, X.flip(1))),
+    ("xlogy_logaddexp", lambda x, y: torch.xlogy(x.abs(), y.abs()) + torch.logaddexp(x, y), (X, X.flip(0))),
+    ("sinc_hypot_logit", lambda x, y: torch.sinc(x) + torch.hypot(x, y) + torch.logit(x / 8 + 0.5),
+     (X, X.flip(1))),
+    ("cross", torch.linalg.cross, (X.reshape(-1, 3), X.flip(0).reshape(-1, 3))),
+    ("dot_mv_addr", lambda x, y: torch.addr(torch.mv(x, y[0])[:, None], x[:, 0], y[1]).sum(1) + torch.dot(x[0], y[0]),
+     (X, X.flip(1))),
+    ("dist_nansum", lambda x, y: torch.dist(x, y) + torch.nansum(x, 1), (X, X.flip(0))),
+    ("pad_backward", lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect") + F.pad(x, (2, 1, 1, 2), mode="replicate"),
+     (IMG,)),
+    ("fold_unfold", lambda x: F.fold(F.unfold(x, 3, padding=1), (5, 5), 3, padding=1) + x.unfold(3, 3, 1).sum(-1).sum(
+        -1, keepdim=True), (IMG,)),
+    ("weight_norm", lambda v, g: torch._weight_norm(v, g, 0), (X, X[:, :1].abs() + 1)),
 ])
 def test_fused_within_one_rounding_of_float64(name, fn, xs, monkeypatch):
     _check_fused(fn, *xs, monkeypatch=monkeypatch)
@@ -301,12 +316,19 @@ def test_inplace_silu_takes_its_functional_route(fused_):
     assert fused_ == any(r == "fused" for _, r in mode.routes)
 
 
-def test_square_is_the_device_product_and_other_powers_float32():
+def test_square_is_the_device_product_and_other_powers_the_fused_general_kernel():
+    """x ** 2 is the device's product; x ** 1.5, x ** y and 2 ** y are aclnn's general pow kernels:
+    fused, the exact power rounded to binary32 and then once into the dtype (float64's, rounded twice)."""
     dev, ref = sim.Device("atlas-training"), sim.Device("atlas-training")
-    with DeviceMode(dev) as mode:
+    y = X[:1].abs()
+    with DeviceMode(dev, strict=True) as mode:
         sq = X ** 2
-        cube = X.abs() ** 1.5
+        powers = [X.abs() ** 1.5, X.abs() ** y, 2.0 ** X]
     a = X.numpy()
     assert np.array_equal(sq.numpy().view(np.uint16), ref.mul(a, a).view(np.uint16))
     assert mode.routes["aten.pow.Tensor_Scalar", "device"] == 1
-    assert mode.routes["aten.pow.Tensor_Scalar", "float32"] == 1 and torch.isfinite(cube).all()
+    assert mode.routes["aten.pow.Tensor_Scalar", "fused"] == 1
+    assert mode.routes["aten.pow.Tensor_Tensor", "fused"] == 1 and mode.routes["aten.pow.Scalar", "fused"] == 1
+    wide = X.double()
+    for got, want in zip(powers, [wide.abs() ** 1.5, wide.abs() ** y.double(), 2.0 ** wide], strict=True):
+        assert torch.equal(got, want.float().half())

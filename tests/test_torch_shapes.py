@@ -184,7 +184,7 @@ case("pow 3 0-d", lambda x: x ** 3, h())
 case("pow 0.5", lambda x: x ** 0.5, h(1, pos=True))
 case("pow -1 backward", lambda x: x ** -1, h(3, pos=True), backward=True)
 case("pow 1", lambda x: x ** 1, h(2, 3, t=True), kind="exact")
-case("pow 1.5", lambda x: x ** 1.5, h(pos=True), kind="float32")
+case("math: pow 1.5", lambda x: x ** 1.5, h(pos=True), kind="fused", packet="pow")  # aclnn's general kernel
 # (F.dropout on the CPU is torch's bernoulli_ and mul decomposition; native_dropout is called as such.)
 case("native_dropout_backward", lambda x: aten.native_dropout(x, 0.5, True), h(3, 4, t=True), backward=True,
      values=False)
@@ -352,14 +352,63 @@ fused("loss", "mse_loss", F.mse_loss, h(2, 3, t=True), h(2, 3, seed=1), backward
 fused("loss", "binary_cross_entropy_with_logits 0-d", F.binary_cross_entropy_with_logits, h(),
       lambda: torch.tensor(1.0, dtype=H))
 
+# The rarer functions of models (issue 33's probe): selections and copies exact, the rest fused.
+exact("median", torch.median, h(3, 4, t=True))
+exact("median dim keepdim", lambda x: torch.median(x, 1, keepdim=True), h(3, 4), packet="median")
+exact("nanmedian dim", lambda x: torch.nanmedian(x, 0), h(3, 4), backward=True, packet="nanmedian")
+exact("cummax 0-d", lambda x: torch.cummax(x, 0), h(), packet="cummax")
+exact("cummin", lambda x: torch.cummin(x, 1), h(3, 4, t=True), backward=True)
+exact("copysign", torch.copysign, h(3, 4, t=True), h(3, 4, seed=1), backward=True)
+exact("heaviside", torch.heaviside, h(5, grad=False), h(5, seed=1, grad=False))
+exact("diag_embed", torch.diag_embed, h(2, 3), backward=True)
+exact("channel_shuffle", lambda x: F.channel_shuffle(x, 2), h(1, 4, 2, 2))
+exact("copysign_", lambda x, y: x.copysign_(y), h(3, grad=False), h(3, seed=1))
+exact("heaviside_", lambda x, y: x.heaviside_(y), h(3, grad=False), h(3, seed=1, grad=False))
+exact("max_unpool3d", lambda x: F.max_unpool3d(*F.max_pool3d(x, 2, return_indices=True), 2), h(1, 1, 2, 4, 2))
+exact("reflection_pad1d", lambda x: F.pad(x, (1, 2), mode="reflect"), h(1, 2, 3))
+exact("reflection_pad3d", lambda x: F.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect"), h(1, 1, 2, 2, 2))
+exact("replication_pad2d", lambda x: F.pad(x, (1, 0, 0, 1), mode="replicate"), h(1, 1, 2, 3, t=True))
+exact("replication_pad3d", lambda x: F.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate"), h(1, 1, 2, 2, 2))
+exact("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2), h(1, 1, 4, 4),
+      backward=True)
+exact("reflection_pad2d", lambda x: F.pad(x, (1, 1, 1, 1), mode="reflect"), h(1, 1, 3, 3))
+exact("replication_pad1d", lambda x: F.pad(x, (2, 1), mode="replicate"), h(1, 2, 3, t=True))
+exact("im2col", lambda x: F.unfold(x, 2), h(1, 1, 3, 3))
+fused("reduction", "dot", torch.dot, h(3), h(3, seed=1), backward=True)
+fused("reduction", "mv", torch.mv, h(3, 4, t=True), h(4, seed=1))
+fused("reduction", "addmv", torch.addmv, h(3), h(3, 4), h(4, seed=1))
+fused("reduction", "addr", torch.addr, h(3, 4), h(3, seed=1), h(4, seed=2))
+fused("reduction", "trace", torch.trace, h(3, 3, t=True))
+fused("reduction", "nansum dim", lambda x: torch.nansum(x, 1), h(3, 4), packet="nansum")
+fused("reduction", "dist", torch.dist, h(3, 4), h(3, 4, seed=1), backward=True)
+fused("reduction", "renorm", lambda x: torch.renorm(x, 2, 0, 1.0), h(3, 4))
+fused("math", "fmod", lambda x: torch.fmod(x, 0.75), h(3, 4, t=True), backward=True)
+fused("math", "remainder", torch.remainder, h(3, 4), h(3, 4, pos=True, seed=1))
+fused("math", "div rounding_mode", lambda x, y: torch.div(x, y, rounding_mode="floor"), h(3, 4),
+      h(3, 4, pos=True, seed=1), packet="div")
+fused("math", "xlogy", torch.xlogy, h(3, 4, pos=True), h(3, 4, pos=True, seed=1), backward=True)
+fused("math", "logaddexp", torch.logaddexp, h(3, 4), h(3, 4, seed=1))
+fused("math", "sinc", torch.sinc, h(3, 4, t=True), backward=True)
+fused("math", "logit_backward", lambda x: torch.logit(x / 4 + 0.5), h(3, 4), backward=True)
+fused("math", "hypot", torch.hypot, h(3), h(3, seed=1), backward=True)
+fused("math", "deg2rad", torch.deg2rad, h(2, 2))
+fused("math", "linalg_cross", torch.linalg.cross, h(2, 3), h(2, 3, seed=1), backward=True)
+fused("math", "floor_divide", torch.floor_divide, h(3, grad=False), h(3, pos=True, seed=1, grad=False))
+fused("pad_fold", "reflection_pad1d_backward", lambda x: F.pad(x, (2, 2), mode="reflect"), h(1, 2, 3),
+      backward=True)
+fused("pad_fold", "replication_pad2d_backward", lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate"), h(1, 1, 2, 3),
+      backward=True)
+fused("pad_fold", "col2im", lambda x: F.fold(x, (3, 3), 2), h(1, 4, 4))
+fused("pad_fold", "unfold_backward", lambda x: x.unfold(0, 3, 2), h(7), backward=True)
+fused("weight_norm", "_weight_norm_interface", lambda v, g: torch._weight_norm(v, g, 0), h(3, 4), h(3, 1, seed=1))
+fused("weight_norm", "_weight_norm_interface_backward", lambda v, g: torch._weight_norm(v, g, 1), h(3, 4, t=True),
+      h(1, 4, seed=1), backward=True)
+
 # The float32 route: what no table names.
-case("median", torch.median, h(3, 4, t=True), kind="float32")
-case("median dim keepdim", lambda x: torch.median(x, 1, keepdim=True), h(3, 4), kind="float32", packet="median")
-case("dot", torch.dot, h(3), h(3, seed=1), kind="float32")
 case("allclose", torch.allclose, h(3, 4, t=True), h(3, 4, t=True), kind="float32")
 case("allclose differing", torch.allclose, h(3, 4, t=True), h(3, 4, seed=1), kind="float32", packet="allclose")
 case("equal 0-d", torch.equal, h(), h(), kind="float32")
-case("cummax 0-d", lambda x: torch.cummax(x, 0), h(), kind="float32", packet="cummax")
+case("logcumsumexp", lambda x: torch.logcumsumexp(x, 0), h(3, 4), kind="float32")
 
 
 # --- the comparison ---------------------------------------------------------------------------
