@@ -30,7 +30,7 @@ import logging
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lossscale.app.cli import main
@@ -760,6 +760,10 @@ def _every_history(lines: list[str], every: int, steps: int, other, events: set[
 
 
 @settings(max_examples=60, deadline=None)
+# Two ranks print each overflow; step 1's line is missing and step 2's printed twice without its scale:
+# the two identical lines are one overflow (the scaled lines show two ranks printing), not two.
+@example(log2g=[0.0], every=3, window=1, shift=3, init_log=16, other_window=1, other_log=11, drop=frozenset([0]),
+         bare=frozenset([1]), ranks=2)
 @given(st.lists(st.floats(-30, 12), min_size=1, max_size=4), st.sampled_from([1, 2, 3]), st.integers(1, 3),
        st.integers(1, 3), st.sampled_from([12, 16]), st.integers(1, 3), st.sampled_from([11, 12, 13, 16]),
        st.frozensets(st.integers(0, 8), max_size=2), st.frozensets(st.integers(0, 8), max_size=2),
@@ -980,3 +984,19 @@ def test_every_shape_of_log_replays_with_managers(capsys, tmp_path, shape) -> No
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert {k: summary[k] for k in log_steps(log)} == log_steps(log)
     assert "consistent with" not in out or summary["consistency"]["compared"] > 0
+
+
+def test_lines_naming_no_rank_are_read_in_groups_of_the_ranks_the_log_shows() -> None:
+    """Two ranks print each overflow (the scaled lines name ranks 0 and 1), so the two identical
+    scale-less lines before them are one overflow printed twice, and the counter's third skipped
+    step is an overflow whose line is missing: two overflow lines and a gap of one step, not three
+    overflow lines."""
+    bare = "[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated."
+    text = "\n".join([bare, bare] + [f"[deepspeed] OVERFLOW! Rank {r} Skipping step. Attempted loss scale: 65536.0, "
+                                     f"reducing to 32768.0" for r in (0, 1)]
+                     + ["[Rank 0] step=3, skipped=3, lr=[0.001], mom=[(0.9, 0.999)]"])
+    log = read_log(text)
+    assert [(e.line, e.overflow, e.span, e.overflows) for e in log.events] == [
+        (1, True, None, 0), (3, True, None, 0), (5, False, (1, 1), 1)]
+    first = counterfactual(log, TorchPolicy(init_scale=2048.0, growth_interval=1))[0]
+    assert set(first.scales) == {1024.0, 2048.0, 4096.0}  # the missing overflow may come first: 2048 halved or grown

@@ -434,6 +434,22 @@ def _rank(text: str) -> str | None:
     return next((g for g in m.groups() if g is not None), None) if m else None
 
 
+def _ranks_printing(lines: Sequence[str], words: re.Pattern[str]) -> int:
+    """How many ranks print each overflow line, where the log shows it: the most lines in a row that
+    repeat one message under distinct rank prefixes (1 where none do). The frameworks print an
+    overflow's scaled and unscaled forms from one function on every rank that prints either
+    (DeepSpeed's ``update_scale``), so the count holds for the lines that name no rank too."""
+    most, ranks, last = 1, set(), None
+    for text in lines:
+        rank, message = _rank(text), _PREFIX.sub("", text).strip()
+        if rank is not None and message == last and rank not in ranks and words.search(text):
+            ranks.add(rank)
+            most = max(most, len(ranks))
+        else:
+            ranks, last = ({rank}, message) if rank is not None else (set(), None)
+    return most
+
+
 def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
     line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
@@ -441,16 +457,19 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     bar is not a step counter), read in its place on the line (a message pasted after a bar on the
     same line follows it); a bar that goes backwards is noted. A line identical to the overflow
     line just before it, prefixes aside and no counter between, is another rank printing the same
-    step's overflow: one overflow, the copies noted."""
+    step's overflow: one overflow, the copies noted. Where the log shows R ranks printing each
+    overflow (the same line under R rank prefixes), identical lines naming no rank are read in
+    groups of R, one overflow each."""
     b = _Builder(framework)
     words = _SIGNS[framework][1]
+    printing = _ranks_printing(lines, words)
     totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
     training = max(totals) if totals else None
     other_bars: set[int] = set()
-    copies, last_message = 0, None  # last_message: the last overflow line's message and rank
+    copies, last_message, group = 0, None, 0  # the last overflow line's message and rank; its lines in a row
 
     def read(i: int, text: str) -> bool:
-        nonlocal copies, last_message
+        nonlocal copies, last_message, group
         before = len(b.pending)
         if not handle(b, i, text):
             return False
@@ -461,14 +480,19 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
         # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
         # line is a copy where the first one changed it, or where the two name different ranks
         changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
-        if last_message is not None and message == last_message[0] and (
-                changed or (rank is not None and last_message[1] is not None and rank != last_message[1])):
+        same = last_message is not None and message == last_message[0]
+        if same and printing > 1 and rank is None:  # R ranks print each overflow: R identical lines, one overflow
+            copy = group % printing != 0
+        else:
+            copy = same and (changed or (rank is not None and last_message[1] is not None and rank != last_message[1]))
+        if copy:
             b.pending.pop()
             copies += 1
+            group += 1
         else:
-            if last_message is not None and message == last_message[0]:  # a copy, or the same line again
+            if same:  # a copy, or the same line again
                 b.maybe_copies.add(i)
-            last_message = (message, rank)
+            last_message, group = (message, rank), 1
         return True
 
     for i, text in enumerate(lines, start=1):
