@@ -3,10 +3,11 @@
 GPT-2 small (124M parameters, the default GPT2Config; sequences of 128 tokens) and ResNet-50 at
 224x224, batch 2 each, weights random (no hub access). Each measurement runs in a fresh process,
 so that its peak memory is its own: the model is built, one step runs as a warm-up (first-use
-compilation and caches), then one step is timed. Printed: the step's wall time and the process's
-peak resident memory above what it held once the model and batch were built, for eager float32
-and for float16 under DeviceMode on atlas-training, and their ratios. One thread (``--threads``
-for more: eager torch and the device both use them).
+compilation and caches), then one step is timed. Printed, for eager float32 and for float16
+under DeviceMode on atlas-training: the step's wall time, the process's peak resident memory
+during it (Linux's VmHWM, reset before the step: model, caches and the step's own), and that
+peak above what was resident when the step began (the step's own); and the ratios. One thread
+(``--threads`` for more: eager torch and the device both use them).
 
     python bench/bench_real.py [--models gpt2 resnet50] [--threads 1]
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -24,9 +24,17 @@ import time
 MODELS = ("gpt2", "resnet50")
 
 
-def _rss_mb() -> float:
-    """The process's peak resident memory so far, in MB (Linux reports ru_maxrss in kB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: resident now; VmHWM: the
+    peak since the last reset), in MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def _reset_peak() -> None:
+    """Start the peak (VmHWM) afresh from the resident memory now (Linux: clear_refs, 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def _build(name: str):
@@ -74,12 +82,14 @@ def child(name: str, mode: str, threads: int) -> dict:
         else:
             loss(model, dtype).backward()
 
-    base = _rss_mb()
     step()  # warm-up
+    _reset_peak()
+    resident = _status_mb("VmRSS")
     t = time.perf_counter()
     step()
     seconds = time.perf_counter() - t
-    return {"seconds": seconds, "peak_mb": _rss_mb() - base}
+    peak = _status_mb("VmHWM")
+    return {"seconds": seconds, "peak_mb": peak, "step_mb": peak - resident}
 
 
 def main() -> None:
@@ -94,7 +104,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; threads: {args.threads}; "
           f"batch 2; one step after a warm-up step, each in its own process")
     print(f"{'model':<10}{'eager f32 s':>12}{'DeviceMode s':>14}{'ratio':>7}{'eager MB':>10}{'device MB':>11}"
-          f"{'ratio':>7}")
+          f"{'ratio':>7}{'eager step MB':>15}{'device step MB':>16}")
     for name in args.models:
         got = {}
         for mode in ("eager", "device"):
@@ -105,7 +115,8 @@ def main() -> None:
             got[mode] = json.loads(run.stdout.strip().splitlines()[-1])
         e, d = got["eager"], got["device"]
         print(f"{name:<10}{e['seconds']:>12.2f}{d['seconds']:>14.2f}{d['seconds'] / e['seconds']:>7.1f}"
-              f"{e['peak_mb']:>10.0f}{d['peak_mb']:>11.0f}{d['peak_mb'] / e['peak_mb']:>7.2f}", flush=True)
+              f"{e['peak_mb']:>10.0f}{d['peak_mb']:>11.0f}{d['peak_mb'] / e['peak_mb']:>7.2f}{e['step_mb']:>15.0f}"
+              f"{d['step_mb']:>16.0f}", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

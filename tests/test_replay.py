@@ -715,18 +715,26 @@ def _every_history(lines: list[str], every: int, steps: int, other, events: set[
     counters = [n for n, line in enumerate(lines, 1) if "step=" in line]
     found: dict[int, tuple[set[bool], set[float]]] = {}
 
-    def go(t: int, p: int, fw, ot, skipped: int, trail: list, policy) -> None:
+    def record(line: int, outcomes: set[bool], scales: set[float]) -> None:
+        o, s = found.setdefault(line, (set(), set()))
+        o.update(outcomes)
+        s.update(scales)
+
+    def go(t: int, p: int, fw, ot, skipped: int, policy, seen: dict) -> bool:
+        """Whether a run from this state prints the rest of the lines; each step taken on such a
+        run is recorded. Every state is reached from the start, so a state met again (by another
+        path) completes the same way and was recorded the first time: ``seen`` keeps its answer."""
+        key = (t, p, fw, ot, skipped)
+        if key in seen:
+            return seen[key]
         if t > steps:
-            if p == len(lines):
-                for line, o, scale in trail:
-                    outcomes, scales = found.setdefault(line, (set(), set()))
-                    outcomes.update(o)
-                    scales.update(scale)
-            return
+            seen[key] = p == len(lines)
+            return seen[key]
         s, tt = float(fw.scale), float(ot.scale)
         closes = t % every == 0
         window_line = counters[(t - 1) // every]
-        start = [(window_line, set(), {tt})] if (t - 1) % every == 0 else []
+        begins = (t - 1) % every == 0
+        completes = False
         for overflow in (False, True):
             after = policy.next(fw, not overflow)
             if overflow:
@@ -744,8 +752,13 @@ def _every_history(lines: list[str], every: int, steps: int, other, events: set[
                 line = p + 1 if own else window_line
                 possible = [True] if overflow and tt >= s else [False] if not overflow and tt <= s else [True, False]
                 for o in possible:
-                    go(t + 1, p + len(emitted), after, other.next(ot, not o), skipped + overflow,
-                       trail + start + [(line, {o}, {tt} if own else set())], policy)
+                    if go(t + 1, p + len(emitted), after, other.next(ot, not o), skipped + overflow, policy, seen):
+                        completes = True
+                        if begins:
+                            record(window_line, set(), {tt})
+                        record(line, {o}, {tt} if own else set())
+        seen[key] = completes
+        return completes
 
     printed = [float(x) for line in lines for x in re.findall(r"Attempted loss scale: ([0-9.e+]+)", line)]
     for window in range(1, steps + 2):
@@ -755,7 +768,7 @@ def _every_history(lines: list[str], every: int, steps: int, other, events: set[
                                          raise_error_at_min_scale=False)
                 if printed and not printed[0] / 2.0**steps <= 2.0**e <= printed[0] * 2.0**steps:
                     continue  # no run from there prints that scale (a step at most doubles or halves it)
-                go(1, 0, policy.initial(), other.initial(), 0, [], policy)
+                go(1, 0, policy.initial(), other.initial(), 0, policy, {})
     return found
 
 
