@@ -62,19 +62,37 @@ def pad(x: np.ndarray, lo, hi) -> np.ndarray:
     return out
 
 
+#: The most elements an im2col gather index may have to be kept (8 bytes each): a larger one would
+#: hold tens of MB per convolution geometry at real sizes; those are copied from a strided view.
+INDEXED = 1 << 20
+
+
 def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
     """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
-    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS."""
+    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS. Small
+    geometries gather by a kept index (fast for the tiny inner runs of grouped convolutions);
+    larger ones copy a strided view of the padded input (no index kept), the same values."""
     xp = pad(x, padding, padding)
+    d = xp.ndim - 2
     spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
     if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
         raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
                          f"{xp.shape[2:]}")
-    index, out_shape = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
-    return np.take(np.ascontiguousarray(xp).reshape(-1), index), list(out_shape)
+    n, c = xp.shape[:2]
+    out_shape = [(size - span) // st + 1 for size, span, st in zip(xp.shape[2:], spans, stride, strict=True)]
+    if n * c * math.prod(out_shape) * math.prod(k) <= INDEXED:
+        index, _ = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
+        return np.take(np.ascontiguousarray(xp).reshape(-1), index), out_shape
+    windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, d + 2)))
+    windows = windows[(slice(None), slice(None), *(slice(None, None, st) for st in stride),
+                       *(slice(None, None, di) for di in dilation))]  # (N, C, *OS, *K)
+    cols = windows.reshape(n, groups, c // groups, *windows.shape[2:])  # (N, g, Cg, *OS, *K)
+    cols = cols.transpose(1, 0, *range(3, d + 3), 2, *range(d + 3, 2 * d + 3))  # (g, N, *OS, Cg, *K)
+    rows, width = n * math.prod(out_shape), (c // groups) * math.prod(k)
+    return np.ascontiguousarray(cols).reshape(groups, rows, width), out_shape
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
                   groups: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`im2col`),

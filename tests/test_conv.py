@@ -349,3 +349,28 @@ def test_torch_addmm_places_the_bias_as_the_device_says() -> None:
             got[where] = torch.nn.functional.linear(torch.from_numpy(a), torch.from_numpy(w), torch.from_numpy(bias))
         assert mode.routes["aten.addmm.default", "device"] == 1
     assert got["after"].tolist() == [[1.0], [1.0]] and got["fused"].tolist() == [[1 + 2.0 ** -10]] * 2
+
+
+def test_im2col_copies_the_same_columns_as_its_kept_index(monkeypatch) -> None:
+    """Large geometries copy a strided view instead of gathering by a kept index: the same columns
+    bit for bit, over 1-3 spatial dimensions, groups, strides, dilations and padding."""
+    from sim import conv
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(300):
+        d, g, cg = int(rng.integers(1, 4)), int(rng.choice([1, 2, 3])), int(rng.integers(1, 3))
+        shape = (int(rng.integers(1, 3)), g * cg, *(int(v) for v in rng.integers(3, 8, d)))
+        k, stride, dilation, padding = ([int(v) for v in rng.integers(lo, hi, d)] for lo, hi in
+                                        ((1, 4), (1, 3), (1, 3), (0, 3)))
+        x = rng.standard_normal(shape).astype(np.float16)
+        monkeypatch.setattr(conv, "INDEXED", 1 << 62)
+        try:
+            indexed, out_shape = conv.im2col(x, k, stride, padding, dilation, g)
+        except ValueError:  # a kernel larger than the padded input
+            continue
+        monkeypatch.setattr(conv, "INDEXED", 0)
+        copied, copied_shape = conv.im2col(x, k, stride, padding, dilation, g)
+        assert copied_shape == out_shape and np.array_equal(copied.view(np.uint16), indexed.view(np.uint16))
+        checked += 1
+    assert checked > 200
