@@ -81,7 +81,7 @@ def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np
     n, c = xp.shape[:2]
     out_shape = [(size - span) // st + 1 for size, span, st in zip(xp.shape[2:], spans, stride, strict=True)]
     if n * c * math.prod(out_shape) * math.prod(k) <= INDEXED:
-        index, _ = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups)
+        index = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups, tuple(out_shape))
         return np.take(np.ascontiguousarray(xp).reshape(-1), index), out_shape
     windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, d + 2)))
     windows = windows[(slice(None), slice(None), *(slice(None, None, st) for st in stride),
@@ -94,13 +94,12 @@ def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np
 
 @functools.lru_cache(maxsize=64)
 def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-                  groups: int) -> tuple[np.ndarray, tuple[int, ...]]:
-    """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`im2col`),
-    one gather per convolution of that geometry (kept: a model's convolutions repeat)."""
+                  groups: int, out_shape: tuple[int, ...]) -> np.ndarray:
+    """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`im2col`;
+    ``out_shape`` the output's spatial shape), one gather per convolution of that geometry (kept:
+    a model's convolutions repeat)."""
     n, c, sizes = shape[0], shape[1], shape[2:]
     d = len(sizes)
-    out_shape = tuple((s - di * (ki - 1) - 1) // st + 1
-                      for s, ki, st, di in zip(sizes, k, stride, dilation, strict=True))
     strides = [math.prod(sizes[i + 1:]) for i in range(d)]  # element strides of the spatial axes
     spatial = np.zeros(out_shape + k, np.int64)  # (*OS, *K): the offset of each output's taps
     for i in range(d):
@@ -115,7 +114,7 @@ def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int,
     index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
     index = index.astype(np.intp)  # take's own index type: no conversion of the index on every call
     index.flags.writeable = False
-    return index, out_shape
+    return index
 
 
 def from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:

@@ -87,9 +87,8 @@ class Tape:
     kind: str
     batch_first: bool
     layers: list[list[_Direction]]
-    inputs: list[np.ndarray]  # each layer's input, (T, B, features)
-    noise: list[np.ndarray | None]  # the dropout factor applied to each layer's input (None: none)
-    hx_shapes: list[tuple[int, ...]]
+    inputs: list[np.ndarray]  # each layer's input as the product takes it, (T * B, features)
+    noise: list[np.ndarray | None]  # the dropout factor applied to each layer after the first (None: none)
 
 
 def _cell(kind: str, d: _Direction, ig: np.ndarray, h: np.ndarray, c: np.ndarray | None, f: _Flags,
@@ -141,10 +140,10 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
     if not 0 <= dropout <= 1 or (0 < dropout < 1 and num_layers > 1 and (keep is None or len(keep) < num_layers - 1)):
         raise ValueError(f"dropout {dropout} needs a probability in [0, 1] and, below 1, one keep mask for "
                          f"each of the {num_layers - 1} layers after the first")
-    noise = None
+    noise: list[np.ndarray | None] = [None] * (num_layers - 1)
     if dropout and num_layers > 1:  # at::dropout: x * (mask / (1 - p)), one rounding each; p = 1: x * 0
         noise = [np.zeros(1, _F32) if dropout == 1 else k.astype(_F32) / _F32(1 - dropout)
-                 for k in (keep if dropout < 1 else [None] * (num_layers - 1))]
+                 for k in (keep if dropout < 1 else noise)]
     dirs = 2 if bidirectional else 1
     per = len(params) // (num_layers * dirs)
     proj = kind == "lstm" and per == (5 if has_biases else 3)
@@ -153,18 +152,15 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
     steps, batch = seq.shape[0], seq.shape[1]
     h0 = hx[0]
     c0 = hx[1] if kind == "lstm" else None
-    layers, inputs, noises = [], [], []
+    layers, inputs = [], []
     final_h, final_c = [], []
     layer_input = seq
     for layer in range(num_layers):
-        if layer and noise is not None and noise[layer - 1] is not None:
+        if layer and noise[layer - 1] is not None:
             layer_input = layer_input * noise[layer - 1]
-            noises.append(noise[layer - 1])
-        elif layer:
-            noises.append(None)
-        inputs.append(layer_input)
         outs, directions = [], []
         flat = np.ascontiguousarray(layer_input).reshape(steps * batch, -1)
+        inputs.append(flat)
         for way in range(dirs):
             w = params[(layer * dirs + way) * per:(layer * dirs + way + 1) * per]
             d = _Direction(w[0], w[1], w[2] if has_biases else None, w[3] if has_biases else None,
@@ -191,7 +187,7 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
         layer_input = outs[0] if dirs == 1 else np.concatenate(outs, axis=2)
     out = np.swapaxes(layer_input, 0, 1) if batch_first else layer_input
     results = [out, np.stack(final_h)] + ([np.stack(final_c)] if kind == "lstm" else [])
-    tape = Tape(kind, batch_first, layers, inputs, noises, [a.shape for a in hx])
+    tape = Tape(kind, batch_first, layers, inputs, noise)
     return results, tape, f.value
 
 
@@ -259,7 +255,8 @@ def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarra
     g_params: list[np.ndarray | None] = []
     for layer in range(len(tape.layers) - 1, -1, -1):
         x = tape.inputs[layer]
-        steps, batch = x.shape[0], x.shape[1]
+        steps = len(tape.layers[layer][0].steps)
+        batch = x.shape[0] // steps
         g_input = None
         layer_params = []
         for way, d in enumerate(tape.layers[layer]):
@@ -280,7 +277,7 @@ def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarra
             g_ig = np.stack(g_igs).reshape(steps * batch, -1)
             g_x = _mm(g_ig, d.w_ih).reshape(steps, batch, -1)
             g_input = _added(g_input, g_x)
-            w_ih = _mm(np.ascontiguousarray(g_ig.T), np.ascontiguousarray(x).reshape(steps * batch, -1))
+            w_ih = _mm(np.ascontiguousarray(g_ig.T), x)
             order = [w_ih, wgrads.get("w_hh")]
             if d.b_ih is not None:
                 order += [binary32.sum(g_ig, 0), wgrads.get("b_hh")]

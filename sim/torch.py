@@ -245,12 +245,15 @@ def _reduce(kind: str) -> Callable:
     return run
 
 
+_true_div = _binary("div")
+
+
 def _div(op: _Op, a, b, rounding_mode=None):
     """a / b on the device, rounded once; with a rounding mode (``trunc``, ``floor``: fmod's and
     remainder's gradients make it) aclnnDivMod: the fused model, binary32 inside, one rounding."""
     if rounding_mode is not None:
         raise _Fused
-    return _binary("div")(op, a, b)
+    return _true_div(op, a, b)
 
 
 def _mm(op: _Op, a, b):
@@ -1097,16 +1100,20 @@ class DeviceMode(TorchDispatchMode):
             _busy.depth = depth
 
     def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype],
-                    operands: list[torch.Tensor], *, judged: bool = False) -> list[Any]:
+                    operands: list[torch.Tensor], *, numpy: bool = False) -> list[Any]:
         """A fused kernel above autograd: fn() (a tensor or a list) computed in binary32 by
         ``sim.torch_binary32`` from the binary32 ``operands``, each of its results rounded once on
         the device into ``dtypes`` (one dtype: for each), with the events that reached its
-        outputs; counted as one ``fused`` route. ``judged``: fn computes without torch and
-        returns (results, events) itself."""
+        outputs; counted as one ``fused`` route. ``numpy``: fn computes outside any mode (numpy's
+        binary32) and returns (results, the elementwise functions' flags), judged the same way."""
         dev, label = self.device, self._label()
 
         def kernel():
-            outs, events = fn() if judged else _binary32.run(fn, operands)
+            if numpy:
+                outs, flags = fn()
+                events = _binary32.judge(outs, operands, flags)
+            else:
+                outs, events = _binary32.run(fn, operands)
             outs = outs if isinstance(outs, list) else [outs]
             each = dtypes if isinstance(dtypes, list) else [dtypes] * len(outs)
             kept = [(i, o, d) for i, (o, d) in enumerate(zip(outs, each, strict=True)) if o is not None]
@@ -1443,11 +1450,10 @@ class _Recurrent(torch.autograd.Function):
             arrays = [w.numpy() for w in wide]
             outs, ctx.tape, flags = _recurrent.forward(kind, arrays[0], arrays[1:1 + states], arrays[1 + states:],
                                                       **config)
-            outs = [_tensor(o) for o in outs]
-            return outs, _binary32.judge(outs, wide, flags)
+            return [_tensor(o) for o in outs], flags
 
         ctx.wide = wide
-        return tuple(mode._fused_call("aten." + kind, kernel, ctx.dtype, wide, judged=True))
+        return tuple(mode._fused_call("aten." + kind, kernel, ctx.dtype, wide, numpy=True))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -1456,11 +1462,10 @@ class _Recurrent(torch.autograd.Function):
 
         def kernel():
             gs, flags = _recurrent.backward(ctx.tape, [None if g is None else g.numpy() for g in grads32])
-            gs = [_tensor(g) if g is not None and need else None for g, need in zip(gs, wanted, strict=True)]
-            return gs, _binary32.judge(gs, _floating(ctx.wide + grads32), flags)
+            return [_tensor(g) if g is not None and need else None for g, need in zip(gs, wanted, strict=True)], flags
 
         rounded = ctx.mode._fused_call(f"aten.{ctx.kind}_backward", kernel, ctx.dtype,
-                                       _floating(ctx.wide + grads32), judged=True)
+                                       _floating(ctx.wide + grads32), numpy=True)
         return (None, None, None, *rounded)
 
 
