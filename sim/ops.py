@@ -11,8 +11,8 @@ An aten packet is declared once, here, under the operation its device route is m
 (``pow``, taken for an exponent of 2 as ``mul(x, x)``, under ``mul``; ``tanh_backward`` and
 ``sigmoid_backward``, compositions of ``sub`` and ``mul`` of the function's value, under the
 function; ``clamp`` under ``maximum``; ``hardsigmoid``, ``hardswish`` and their backward under
-their last operation; ``masked_fill``, ``nan_to_num`` and ``where``, selections whose values may need
-rounding, under ``cast``),
+their last operation; ``masked_fill``, ``index_fill``, ``nan_to_num``, ``where`` and ``angle``, selections whose
+values may need rounding, under ``cast``),
 or, for the packets of a fused kernel (binary32 inside, one rounding per output), in
 :data:`sim.fused.FAMILIES`; ``sim.torch`` has the handlers of the packets that need more
 than the device method of the same name.
@@ -129,8 +129,8 @@ OPS: tuple[Op, ...] = (
     Op("conv", OTHER, 0, "An N-d convolution (forward, transposed, and its gradients) as im2col and one matmul.",
        aten=("convolution", "convolution_backward"), fpu=False),
     Op("cast", OTHER, 1, "A conversion between formats (Fpu.convert), rounded once.",
-       aten=("_to_copy", "copy_", "masked_fill", "nan_to_num", "where"), jax=("convert_element_type",),
-       fpu=False),
+       aten=("_to_copy", "copy_", "masked_fill", "index_fill", "nan_to_num", "where", "angle"),
+       jax=("convert_element_type",), fpu=False),
 )
 
 #: The table by operation name.

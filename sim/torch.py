@@ -222,12 +222,17 @@ def _dims(x: torch.Tensor, dim) -> tuple[int, ...]:
 
 
 def _reduce(kind: str) -> Callable:
-    """sum, mean (binary32 accumulation, one rounding to the tensor's dtype), amax, amin over
-    any set of dimensions: those are moved to the front and flattened into one."""
+    """sum, mean (binary32 accumulation, one rounding to the tensor's dtype, or to binary32 with
+    ``dtype=torch.float32``: the elements widen exactly, aclnnReduceSum's and aclnnMean's dtype
+    argument), amax, amin over any set of dimensions: those are moved to the front and flattened
+    into one."""
     def run(op: _Op, x, dim=None, keepdim=False, dtype=None):
-        if dtype is not None and dtype != x.dtype:
-            raise _Unmapped
         a = _numpy(x)
+        into = a.dtype
+        if dtype is not None and dtype != x.dtype:
+            if dtype is not torch.float32 or x.dtype not in (torch.float16, torch.bfloat16):
+                raise _Unmapped  # a narrowing dtype= rounds each element first (torch's cast)
+            into = np.dtype(np.float32)
         dims = _dims(x, dim)
         rest = [d for d in range(a.ndim) if d not in dims]
         if kind in ("amax", "amin") and any(a.shape[d] == 0 for d in dims):
@@ -235,7 +240,7 @@ def _reduce(kind: str) -> Callable:
         count = math.prod(a.shape[d] for d in dims)  # not -1: ambiguous where another dimension is 0
         flat = np.transpose(a, dims + tuple(rest)).reshape(count, *[a.shape[d] for d in rest])
         if kind in ("sum", "mean"):
-            r = getattr(op.dev, kind)(flat, axis=0, accumulate=np.float32, out_dtype=a.dtype)
+            r = getattr(op.dev, kind)(flat, axis=0, accumulate=np.float32, out_dtype=into)
         else:
             r = getattr(op.dev, kind)(flat, axis=0)
         r = np.asarray(r)
@@ -346,6 +351,31 @@ def _masked_fill(op: _Op, x, mask, value):
     result = torch.masked_fill(x, mask, value)
     v = _into(op, value, x.dtype)
     return result if v is value else torch.masked_fill(x, mask, v)
+
+
+def _index_fill(op: _Op, x, dim, index, value):
+    """x with ``value`` at ``index`` along ``dim`` (a selection, exact: trace's gradient writes the
+    diagonal so), torch's own checks first; the value in x's dtype as every selection's
+    (``_into``)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
+                                                                     and value.dim() != 0):
+        raise _Unmapped
+    result = torch.index_fill(x, dim, index, value)
+    v = _into(op, value, x.dtype)
+    return result if v is value else torch.index_fill(x, dim, index, v)
+
+
+def _angle(op: _Op, x):
+    """The angle of a real tensor (aclnnAngleV2): a selection of pi (rounded into x's dtype on the
+    device), 0 where x is not negative (-0 included), and x's own NaN where x is NaN (a selection:
+    no flag), as torch's scalar kernel selects (UnaryOpsKernel.cpp, angle_impl; its vectorised
+    loop gives the default NaN instead, so natively a tensor's length decides); its gradient is
+    zero."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY:
+        raise _Unmapped
+    a = _numpy(x)
+    pi = op.operand(math.pi, x.dtype)
+    return _tensor(np.where(np.isnan(a), a, np.where(a < 0, pi, np.zeros((), a.dtype))))
 
 
 def _nan_to_num(op: _Op, x, nan=None, posinf=None, neginf=None):
@@ -523,7 +553,8 @@ class _Fused(Exception):
 #: operation each packet is).
 _HANDLERS: dict[str, Callable] = {"mm": _mm, "bmm": _mm, "addmm": _addmm, "_to_copy": _to_copy, "copy_": _copy_,
                                   "div": _div,
-                                  "masked_fill": _masked_fill, "nan_to_num": _nan_to_num, "where": _where,
+                                  "masked_fill": _masked_fill, "index_fill": _index_fill, "angle": _angle,
+                                  "nan_to_num": _nan_to_num, "where": _where,
                                   "baddbmm": _baddbmm,
                                   "convolution": _convolution, "convolution_backward": _convolution_backward}
 

@@ -87,6 +87,7 @@ def test_reductions_matmuls_and_conv_are_the_device_ops() -> None:
     t = torch.from_numpy
     with DeviceMode(dev) as mode:
         s = t(x).sum(dim=(0, 2))
+        wide = t(x).sum(dim=(0, 2), dtype=torch.float32)  # the elements widen exactly: one binary32 sum
         mean = t(x).mean(dim=1, keepdim=True)
         top = t(x).amax(dim=-1)
         mm = t(m) @ t(w)
@@ -94,6 +95,8 @@ def test_reductions_matmuls_and_conv_are_the_device_ops() -> None:
         conv = torch.nn.functional.conv2d(t(img), t(ker), padding=1)
     flat = np.transpose(x, (0, 2, 1)).reshape(-1, 6)
     assert bits(s) == bits(ref.sum(flat, axis=0, accumulate=F32, out_dtype=H))
+    assert wide.dtype == torch.float32 and bits(wide) == bits(ref.sum(flat, axis=0, accumulate=F32, out_dtype=F32))
+    assert bool((wide.half().float() != wide).any()), "totals binary16 holds could not tell the two apart"
     assert bits(mean) == bits(ref.mean(x, axis=1, accumulate=F32, out_dtype=H))
     assert bits(top) == bits(ref.amax(np.moveaxis(x, 2, 0).reshape(5, -1), axis=0))
     assert bits(mm) == bits(ref.matmul(m, w))

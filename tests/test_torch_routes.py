@@ -7,6 +7,8 @@ numpy float16 arithmetic (binary32 then rounded to binary16, the same as one bin
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -281,6 +283,51 @@ def test_masked_fill_rounds_only_a_value_the_dtype_cannot_hold(dtype) -> None:
             x.masked_fill(mask, 1e9)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_index_fill_rounds_its_value_by_the_rule_of_every_selection(dtype) -> None:
+    """index_fill (trace's gradient writes the diagonal with it) selects exactly; a binary32 value
+    is rounded into the dtype on the device, -inf is held as it is, and a value the dtype
+    overflows is refused by torch, as natively."""
+    x = torch.arange(12, dtype=torch.float32).to(dtype).reshape(3, 4)
+    index = torch.tensor([0, 2])
+    dev = Device("atlas-training")
+    with DeviceMode(dev, strict=True) as mode:
+        tenth = x.index_fill(1, index, torch.tensor(0.1))
+        inf = x.index_fill(0, index, torch.tensor(float("-inf")))
+        y = x.clone().index_fill_(1, index, 0.1)
+    assert {route for _, route in mode.routes} <= {"device", "exact"}
+    assert tenth[:, [0, 2]].flatten().tolist() == [float(torch.tensor(0.1).to(dtype))] * 6
+    assert torch.equal(tenth[:, [1, 3]], x[:, [1, 3]]) and torch.equal(y, tenth)
+    assert inf[[0, 2]].isneginf().all() and torch.equal(inf[1], x[1])
+    assert not dev.get_float_status().any()
+    if dtype == torch.float16:
+        with DeviceMode(dev), pytest.raises(RuntimeError, match="overflow"):
+            x.index_fill(0, index, torch.tensor(1e9))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_angle_selects_pi_rounded_on_the_device_zero_or_the_nan_itself(dtype) -> None:
+    """angle of a real tensor: pi in the dtype (one rounding) where negative, +0 where not (-0
+    included), the operand's own NaN (payload and sign) where NaN; every binary16 or bfloat16
+    value against torch's native kernel, bit for bit (its NaNs excepted: its vectorised loop gives
+    the default NaN, its scalar loop the operand, so a tensor's length decides); the gradient is
+    zero; the register stays clear."""
+    x = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(dtype)
+    dev = Device("atlas-training")
+    with DeviceMode(dev, strict=True) as mode:
+        got = torch.angle(x)
+    assert mode.routes["aten.angle.default", "device"] == 1
+    number = ~x.isnan()
+    assert torch.equal(got.view(torch.int16)[number], torch.angle(x).view(torch.int16)[number])
+    assert got.view(torch.int16)[x.isnan()].tolist() == x.view(torch.int16)[x.isnan()].tolist()
+    assert got[x < 0].unique().tolist() == [float(torch.tensor(math.pi).to(dtype))]
+    assert (got[x == 0].view(torch.int16) == 0).all()
+    w = x[:8].clone().requires_grad_()
+    with DeviceMode(dev, strict=True):
+        torch.angle(w).sum().backward()
+    assert (w.grad == 0).all() and not dev.get_float_status().any()
+
+
 def test_baddbmm_is_the_cube_binary32_sum_then_alpha_and_beta_then_one_rounding() -> None:
     """baddbmm against a loop: products exact, summed in order in binary32, times alpha, plus beta
     times the bias (binary32), rounded once to binary16; an overflow of that rounding reaches the
@@ -535,6 +582,8 @@ PROBE = {
     + Fn.local_response_norm(_probe((1, 4, 3, 3), d), 2).sum() + torch.linalg.vector_norm(_probe((3, 4), d), 3),
     "scans and sorts": lambda d: torch.cumsum(_probe(5, d), 0) + torch.cumprod(_probe(5, d), 0) + torch.sort(
         _probe(5, d))[0] + torch.diff(_probe(6, d)),
+    "angle": lambda d: torch.angle(_probe(5, d)),
+    "trace and renorm": lambda d: torch.trace(_probe((4, 4), d)) + torch.renorm(_probe((3, 4), d), 2, 0, 1.0).sum(),
     "interpolation": lambda d: Fn.interpolate(_probe((1, 1, 4, 4), d), scale_factor=2, mode="bicubic").sum()
     + Fn.interpolate(_probe((1, 1, 2, 2, 2), d), scale_factor=2, mode="trilinear").sum(),
 }
@@ -550,12 +599,9 @@ STILL_FLOAT32 = {
                                            align_corners=False),
     "ctc_loss": lambda d: Fn.ctc_loss(_probe((6, 2, 5), d).log_softmax(2), torch.tensor([[1, 2], [3, 4]]),
                                       torch.tensor([6, 6]), torch.tensor([2, 2])),
-    "angle": lambda d: torch.angle(_probe(5, d)),
     "multi_margin_loss": lambda d: Fn.multi_margin_loss(_probe((3, 4), d), torch.tensor([0, 1, 2])),
     "affine_grid": lambda d: Fn.affine_grid(_probe((1, 2, 3), d), (1, 1, 4, 4), align_corners=False),
     "embedding max_norm": lambda d: Fn.embedding(torch.tensor([1, 2]), _probe((5, 3), d, grad=False), max_norm=1.0),
-    "trace's gradient": lambda d: torch.trace(_probe((4, 4), d)),
-    "renorm's gradient": lambda d: torch.renorm(_probe((3, 4), d), 2, 0, 1.0),
 }
 
 

@@ -113,7 +113,8 @@ for name in ("eq", "ne", "lt", "le", "gt", "ge"):
 case("tanh_backward", torch.tanh, h(2, 3, t=True), backward=True)
 case("sigmoid_backward", torch.sigmoid, h(), backward=True)
 
-# Reductions: dims, keepdim and dtype= (equal to the input's: the device; another: float32).
+# Reductions: dims, keepdim and dtype= (equal to the input's or the exact widening to float32: the
+# device; a narrowing one: float32).
 for name in ("sum", "mean", "amax", "amin"):
     fn = getattr(torch, name)
     case(f"{name} all", fn, h(3, 4))
@@ -137,9 +138,10 @@ for name in ("sum", "mean"):
     case(f"{name} dim keepdim dtype=float16", lambda x, fn=fn: fn(x, 1, True, dtype=H), h(3, 4))
     case(f"{name} 0-d dtype=float16", lambda x, fn=fn: fn(x, dtype=H), h())
     case(f"{name} bfloat16 dim keepdim dtype=bfloat16", lambda x, fn=fn: fn(x, -1, True, dtype=B), h(3, 4, dtype=B))
-    case(f"{name} dim keepdim dtype=float32", lambda x, fn=fn: fn(x, 1, True, dtype=F32), h(3, 4),
-         kind="float32")
-    case(f"{name} dtype=float32", lambda x, fn=fn: fn(x, dtype=F32), h(3, 4), kind="float32")
+    case(f"{name} dim keepdim dtype=float32", lambda x, fn=fn: fn(x, 1, True, dtype=F32), h(3, 4))
+    case(f"{name} dtype=float32", lambda x, fn=fn: fn(x, dtype=F32), h(3, 4))
+    case(f"{name} bfloat16 dtype=float32", lambda x, fn=fn: fn(x, 0, dtype=F32), h(3, 4, dtype=B))
+    case(f"{name} float32 dtype=float16", lambda x, fn=fn: fn(x, 1, dtype=H), h(3, 4, dtype=F32), kind="float32")
     case(f"{name} backward dim keepdim", lambda x, fn=fn: fn(x, 0, keepdim=True), h(3, 4, t=True), backward=True)
 
 # Matrix products and convolutions.
@@ -163,6 +165,10 @@ case("copy_ from float32", lambda d, s: d.copy_(s), h(2, 3, grad=False), h(2, 3,
 case("copy_ 0-d", lambda d, s: d.copy_(s), h(grad=False), lambda: torch.tensor(7.0, dtype=torch.float64))
 case("masked_fill", lambda x, m: x.masked_fill(m, 1e-8), h(3, 4, t=True), mask(3, 4))
 case("masked_fill 0-d", lambda x, m: x.masked_fill(m, 0.1), h(), lambda: torch.tensor(True))
+case("angle", torch.angle, h(3, 4, t=True), backward=True)
+case("angle 0-d", torch.angle, h(), packet="angle")
+case("index_fill", lambda x: x.index_fill(1, torch.tensor([0, 2]), torch.tensor(0.1)), h(3, 4, t=True))
+case("index_fill scalar", lambda x: x.index_fill(0, torch.tensor([1]), -2.5), h(3, 4), packet="index_fill")
 case("nan_to_num", lambda x: torch.nan_to_num(x, posinf=1e6), h(2, 3, t=True))
 case("nan_to_num 0-d", torch.nan_to_num, h())
 # A Python number is made a tensor of x's dtype first (scalar_tensor, the factory route): the where is exact.
