@@ -172,10 +172,13 @@ FAMILIES: tuple[Family, ...] = (
            "state) and the same functions in models"),
     Family("loss", ("mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
                     "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
-                    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward"), True,
+                    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward",
+                    "multi_margin_loss", "multi_margin_loss_backward"), True,
            "aclnnMseLoss, aclnnSmoothL1Loss, aclnnHuberLoss, aclnnBinaryCrossEntropy, "
            "aclnnBinaryCrossEntropyWithLogits, aclnnSoftMarginLoss and their backward: the fused model (binary32 "
-           "inside, one rounding per output); no unfused model: chosen unfused, it takes the float32 route",
+           "inside, one rounding per output); multi_margin_loss, which has no kernel of its own there, "
+           "modelled the same way (this project's choice) in the order of torch's CPU kernel "
+           "(LossMultiMargin.cpp); no unfused model: chosen unfused, it takes the float32 route",
            "losses computed in float16 or bfloat16 (a mixed-precision loop usually computes them in float32)"),
 )
 

@@ -1093,6 +1093,69 @@ def _embedding_dense_backward(mode, grad, indices, num_weights, padding_idx, sca
     return _index_put(mode, weight, [index], grad.masked_fill(~mask, 0), True)
 
 
+def _margins(x, target, p, margin, weight) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of a multi-margin loss as torch's kernel reads them (aten/src/ATen/native/
+    LossMultiMargin.cpp): the (N, C) input, the targets, ``z = (margin - x[target]) + x`` in binary32,
+    the places counted (z > 0 off the target: a NaN z is not) and each row's target weight."""
+    a = np.ascontiguousarray(_np(x), np.float32).reshape(-1, x.shape[-1] if x.dim() else 1)
+    t = np.ascontiguousarray(target.numpy()).reshape(-1).astype(np.int64)
+    rows = np.arange(len(a))
+    torch._check(p in (1, 2), lambda: "only p == 1 and p == 2 supported")
+    torch._check(bool(((t >= 0) & (t < a.shape[1])).all()), lambda: "target out of range")
+    with np.errstate(all="ignore"):
+        z = (np.float32(margin) - a[rows, t])[:, None] + a
+    counted = z > 0
+    counted[rows, t] = False
+    w = _np(weight)[t] if weight is not None else None
+    return a, t, z, counted, w
+
+
+def _row_loop(ufunc: np.ufunc, terms: np.ndarray) -> np.ndarray:
+    """Each row's ((0 op t0) op t1) op ... in binary32, as a loop from a zero accumulates (a term
+    of +0 standing for one the loop skips: it changes no total)."""
+    zero = np.zeros((len(terms), 1), np.float32)
+    return ufunc.accumulate(np.concatenate([zero, terms], axis=1), axis=1)[:, -1]
+
+
+def _multi_margin_loss(mode, x, target, p=1, margin=1, weight=None, reduction=1):
+    """torch's CPU kernel, whose order it keeps: each row's terms (z or z*z, times the target's
+    weight) added in class order in binary32 and divided by C; the rows as they are
+    (``reduction`` none), or added in binary64 in row order, divided by N for the mean, rounded
+    once to binary32."""
+    if not _all32(x, weight) or x.numel() == 0:
+        return NotImplemented
+    a, t, z, counted, w = _margins(x, target, p, margin, weight)
+    with np.errstate(all="ignore"):
+        h = z if p == 1 else z * z
+        if w is not None:
+            h = h * w[:, None]
+        rows = _row_loop(np.add, np.where(counted, h, np.float32(0))) / np.float32(a.shape[1])
+        if reduction == 0 and target.dim() > 0:
+            return _t(rows)
+        total = np.add.accumulate(rows.astype(np.float64))[-1]
+        return _t(np.asarray(total / len(rows) if reduction == 1 else total, np.float32))
+
+
+def _multi_margin_loss_backward(mode, grad, x, target, p, margin, weight=None, reduction=1):
+    """torch's CPU kernel, whose order it keeps: g = 1/(N*C) for the mean, else 1/C (rounded once
+    to binary32), each counted place's g or (2*g)*z times the target's weight, the target's the
+    negated in-order sum of its row's, all times the output's gradient."""
+    if not _all32(grad, x, weight) or x.numel() == 0:
+        return NotImplemented
+    a, t, z, counted, w = _margins(x, target, p, margin, weight)
+    n, c = a.shape
+    g = np.float32(1.0 / (n * c) if reduction == 1 else 1.0 / c)
+    with np.errstate(all="ignore"):
+        h = np.broadcast_to(g, z.shape) if p == 1 else (np.float32(2) * g) * z
+        if w is not None:
+            h = h * w[:, None]
+        out = np.where(counted, h, np.float32(0))
+        out[np.arange(n), t] = _row_loop(np.subtract, out)
+        go = _np(grad)
+        out = out * (go.reshape(-1)[0] if reduction != 0 or grad.dim() == 0 else go.reshape(-1, 1))
+    return _t(out.reshape(x.shape))
+
+
 # -- random draws --------------------------------------------------------------------------------------
 def _uniform64(shape, generator=None) -> torch.Tensor:
     """Binary64 draws in [0, 1) from torch's generator (its uniform_ kernel: no floating-point
@@ -1263,6 +1326,7 @@ IMPLEMENTED.update({
     aten._scaled_dot_product_efficient_attention_backward: _efficient_backward,
     aten._scaled_dot_product_attention_math: _attention_math_op,
     aten.native_dropout: _dropout, aten.rrelu_with_noise: _rrelu_with_noise,
+    aten.multi_margin_loss: _multi_margin_loss, aten.multi_margin_loss_backward: _multi_margin_loss_backward,
 })
 #: torch's decompositions evaluated directly (see "normalisations and softmax"), by overload: their
 #: out= forms keep the decomposition.
