@@ -165,6 +165,13 @@ FAMILIES: tuple[Family, ...] = (
            "the kernels' own order inside not modelled; a put without accumulation is exact either way; no "
            "unfused model: chosen unfused, it takes the float32 route",
            "tensor[index] = values, index_put_/index_add_/scatter_add_ (indexing's gradient among them)"),
+    Family("grid", ("affine_grid_generator", "grid_sampler_2d", "grid_sampler_2d_backward"), True,
+           "aclnnAffineGrid, aclnnGridSampler2D, aclnnGridSampler2DBackward: the fused model (torch's "
+           "decompositions evaluated in binary32, a sampling's gradients autograd of its decomposition, index "
+           "accumulations in order), the kernels' own order inside not modelled; affine_grid's gradient is a "
+           "batched product of the device; no unfused model: chosen unfused, it takes the float32 route",
+           "F.affine_grid and F.grid_sample in 2-d (spatial transformers, deformable sampling) and the "
+           "gradients of grid_sample"),
     Family("pointwise", ("addcmul", "addcmul_", "addcdiv", "addcdiv_", "lerp", "lerp_"), True,
            "aclnnAddcmul, aclnnAddcdiv, aclnnLerp (and their in-place forms): the fused model (binary32 inside, one "
            "rounding); no unfused model: chosen unfused, it takes the float32 route",

@@ -622,12 +622,30 @@ def _autograd():
 
 def _vjp(forward: Callable, x: torch.Tensor, grad: torch.Tensor, mode: Binary32Mode) -> torch.Tensor:
     """The gradient of a linear map ``forward`` at x (any point), by autograd of its evaluation here."""
+    return _gradients(forward, [torch.zeros_like(x)], grad, mode, [True])[0]
+
+
+def _gradients(forward: Callable, inputs: list[torch.Tensor], grad: torch.Tensor, mode: Binary32Mode,
+               wanted: list[bool]) -> list[torch.Tensor | None]:
+    """The gradients of ``forward(*inputs)`` at ``inputs`` (those ``wanted``; None for the others),
+    by autograd of its evaluation here: its decomposition's backward, index accumulations in order."""
     with _autograd():
-        xr = torch.zeros_like(x).requires_grad_(True)
+        xs = [x.detach().clone().requires_grad_(w) for x, w in zip(inputs, wanted, strict=True)]
         with mode:
-            y = forward(xr)
-            (gi,) = torch.autograd.grad(y, xr, grad)
-    return gi
+            y = forward(*xs)
+            gs = iter(torch.autograd.grad(y, [x for x in xs if x.requires_grad], grad, allow_unused=True))
+    out = [next(gs) if w else None for w in wanted]
+    return [torch.zeros_like(x) if w and g is None else g for x, w, g in zip(inputs, wanted, out, strict=True)]
+
+
+def _grid_sampler_2d_backward(mode, grad, x, grid, interpolation, padding, align_corners, output_mask):
+    """grid_sample's gradients (input's and grid's): autograd of torch's decomposition of its
+    forward, evaluated here (the kernel's own order of accumulation not modelled)."""
+    if not _all32(grad, x, grid):
+        return NotImplemented
+    forward = decomposition_table[aten.grid_sampler_2d.default]
+    return tuple(_gradients(lambda a, g: forward(a, g, interpolation, padding, align_corners), [x, grid], grad,
+                            mode, list(output_mask)))
 
 
 def _avg_pool_backward(mode, grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, *,
@@ -1354,6 +1372,7 @@ for _d in (1, 2, 3):
     IMPLEMENTED[getattr(aten, f"replication_pad{_d}d_backward")] = _replication_pad_backward(
         getattr(aten, f"replication_pad{_d}d"))
 IMPLEMENTED[aten._weight_norm_interface_backward] = _weight_norm_interface_backward
+IMPLEMENTED[aten.grid_sampler_2d_backward] = _grid_sampler_2d_backward
 _RANDOM = frozenset({aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli, aten.bernoulli_,
                      aten.uniform, aten.uniform_, aten.normal, aten.normal_, aten.exponential_, aten.log_normal_,
                      aten.cauchy_, aten.geometric_})

@@ -156,6 +156,14 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
     ("fold_unfold", lambda x: F.fold(F.unfold(x, 3, padding=1), (5, 5), 3, padding=1) + x.unfold(3, 3, 1).sum(-1).sum(
         -1, keepdim=True), (IMG,)),
     ("weight_norm", lambda v, g: torch._weight_norm(v, g, 0), (X, X[:, :1].abs() + 1)),
+    ("multi_margin_loss", lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 15, 2, 7, 7]), p=2, margin=0.5),
+     (X,)),
+    ("affine_grid", lambda t: F.affine_grid(t, (2, 1, 5, 7), align_corners=False), (torch.randn(2, 2, 3).half(),)),
+    ("grid_sample", lambda x, g: F.grid_sample(x, g, align_corners=False),
+     (IMG, torch.rand(2, 4, 3, 2).half() * 2 - 1)),
+    ("grid_sample_bicubic_border", lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="border",
+                                                              align_corners=True),
+     (IMG, torch.rand(2, 3, 4, 2).half() * 2.4 - 1.2)),
 ])
 def test_fused_within_one_rounding_of_float64(name, fn, xs, monkeypatch):
     _check_fused(fn, *xs, monkeypatch=monkeypatch)

@@ -357,6 +357,9 @@ fused("pointwise", "lerp 0-d", torch.lerp, h(), h(seed=1), const(0.3))
 fused("loss", "mse_loss", F.mse_loss, h(2, 3, t=True), h(2, 3, seed=1), backward=True)
 fused("loss", "binary_cross_entropy_with_logits 0-d", F.binary_cross_entropy_with_logits, h(),
       lambda: torch.tensor(1.0, dtype=H))
+fused("grid", "affine_grid_generator", lambda t: F.affine_grid(t, (1, 1, 2, 3), align_corners=False), h(1, 2, 3))
+fused("grid", "grid_sampler_2d", lambda x, g: F.grid_sample(x, g, align_corners=False), h(1, 2, 3, 3),
+      lambda: torch.tensor([[[[0.25, -0.5], [0.9, 0.1]]]], dtype=H), backward=True)
 
 # The rarer functions of models (issue 33's probe): selections and copies exact, the rest fused.
 exact("median", torch.median, h(3, 4, t=True))
