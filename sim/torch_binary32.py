@@ -330,6 +330,27 @@ def _prod(mode, x, dim=None, keepdim=False, *, dtype=None):
     return r.unsqueeze(dim) if keepdim else r
 
 
+def _logcumsumexp(mode, x, dim):
+    """torch's kernel's recurrence (ReduceOpsKernel.cpp, _log_add_exp_helper) in binary32 where
+    torch's accumulates in binary64 (this project's model: binary32 inside): from -inf, each step
+    max + log1p(exp(min - max)), correctly rounded, and the element itself where both are the same
+    infinity; a NaN propagates."""
+    if x.dtype != _F32:
+        return NotImplemented
+    a = np.moveaxis(_np(x), dim, 0) if x.dim() else _np(x).reshape(1)
+    out = np.empty_like(a)
+    acc = np.full(a.shape[1:], -np.inf, np.float32)
+    with np.errstate(all="ignore"):
+        for i in range(a.shape[0]):
+            v = a[i]
+            nan = np.isnan(acc)
+            lo, hi = np.where(nan, acc, np.minimum(v, acc)), np.where(nan, acc, np.maximum(v, acc))
+            step = _cr_np(mode, "log1p", _cr_np(mode, "exp", lo - hi)) + hi
+            acc = np.where((lo != hi) | np.isfinite(lo), step, v).astype(np.float32)
+            out[i] = acc
+    return _t(np.moveaxis(out, 0, dim) if x.dim() else out.reshape(()))
+
+
 def _logsumexp(mode, x, dim, keepdim=False):
     if x.dtype != _F32:
         return NotImplemented
@@ -1318,7 +1339,8 @@ IMPLEMENTED.update({
     aten.add: _add, aten.sub: _sub, aten.addcmul: _addcmul, aten.addcdiv: _addcdiv, aten.lerp: _lerp,
     aten.sum: _sum, aten.mean: _mean, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
     aten.std_mean: _std_mean, aten.prod: _prod, aten.cumsum: _cumsum, aten.cumprod: _cumprod,
-    aten.logsumexp: _logsumexp, aten.linalg_vector_norm: _vector_norm, aten.norm: _norm,
+    aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
+    aten.norm: _norm,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
     aten.addbmm: _addbmm, aten.addmv: _addmv,
     aten.convolution: _convolution, aten.convolution_backward: _convolution_backward,

@@ -156,6 +156,7 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
     ("fold_unfold", lambda x: F.fold(F.unfold(x, 3, padding=1), (5, 5), 3, padding=1) + x.unfold(3, 3, 1).sum(-1).sum(
         -1, keepdim=True), (IMG,)),
     ("weight_norm", lambda v, g: torch._weight_norm(v, g, 0), (X, X[:, :1].abs() + 1)),
+    ("logcumsumexp", lambda x: torch.logcumsumexp(x * 4, 1)[:, :3] + torch.logcumsumexp(x[:, :3], 0), (X,)),
     ("multi_margin_loss", lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 15, 2, 7, 7]), p=2, margin=0.5),
      (X,)),
     ("affine_grid", lambda t: F.affine_grid(t, (2, 1, 5, 7), align_corners=False), (torch.randn(2, 2, 3).half(),)),
@@ -340,3 +341,19 @@ def test_square_is_the_device_product_and_other_powers_the_fused_general_kernel(
     wide = X.double()
     for got, want in zip(powers, [wide.abs() ** 1.5, wide.abs() ** y.double(), 2.0 ** wide], strict=True):
         assert torch.equal(got, want.float().half())
+
+
+def test_logcumsumexp_meets_infinities_and_nan_as_torchs_recurrence():
+    """From -inf: -inf stays -inf, +inf takes over and stays, a NaN propagates from where it enters;
+    the finite steps within one rounding of float64 (the recurrence: binary32 inside)."""
+    from sim import torch_binary32 as tb
+
+    x = torch.tensor([[-float("inf"), -float("inf"), 0.5, 3.0, float("inf"), 2.0],
+                      [1.0, -2.0, float("nan"), 4.0, -float("inf"), 0.0]])
+    with tb.Binary32Mode(strict=True):
+        got = torch.logcumsumexp(x, 1)
+    assert got[0, :2].tolist() == [-float("inf")] * 2 and got[0, 4:].tolist() == [float("inf")] * 2
+    assert got[1, 2:].isnan().all()
+    want = torch.logcumsumexp(x.double(), 1)
+    finite = want.isfinite()
+    assert _within_one_rounding(got[finite], want[finite])
