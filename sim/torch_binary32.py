@@ -381,6 +381,89 @@ def _vector_norm(mode, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return _cr(mode, "pow", s, np.float32(1 / p))
 
 
+def _cdist32(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
+    """cdist as the vector norms of the differences of every pair of rows (to be evaluated in the mode)."""
+    return torch.linalg.vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, dim=-1)
+
+
+def _pdist32(x: torch.Tensor, p: float) -> torch.Tensor:
+    """pdist as the vector norms of the differences of the pairs i < j in row-major order."""
+    i, j = torch.triu_indices(len(x), len(x), 1)
+    return torch.linalg.vector_norm(x[i] - x[j], p, dim=-1)
+
+
+def _cdist(mode, x1, x2, p, compute_mode=None):
+    """cdist and pdist: the vector norm of each pair's difference, as dist is (``_vector_norm``);
+    torch's kernel may take a matrix product for p = 2 instead, whose cancellation this model does
+    not have (this project's choice)."""
+    if not _all32(x1, x2):
+        return NotImplemented
+    with mode:
+        return _cdist32(x1, x2, p)
+
+
+def _pdist(mode, x, p=2.0):
+    if not _all32(x):
+        return NotImplemented
+    with mode:
+        return _pdist32(x, p)
+
+
+def _dist_terms(mode, diff: np.ndarray, grad: np.ndarray, dist: np.ndarray, p: float) -> np.ndarray:
+    """Each pair's gradient term, F::backward of torch's DistanceOpsKernel.cpp in binary32 (its sign
+    as min(max(0, ceil), 1) + min(max(-1, floor), 0), its powers correctly rounded), grad and dist
+    broadcast over the last axis."""
+    g, d, pf = grad[..., None], dist[..., None], np.float32(p)
+    sign = np.minimum(np.maximum(0, np.ceil(diff)), 1) + np.minimum(np.maximum(-1, np.floor(diff)), 0)
+    with np.errstate(all="ignore"):
+        if p == 0:
+            return np.zeros_like(diff)
+        if p == 1:
+            return g * sign
+        if math.isinf(p):
+            return g * sign * (1 - np.minimum(1, np.ceil(np.abs(np.abs(diff) - d))))
+        if p == 2:
+            terms = g * diff / d
+        else:
+            up = _cr_np(mode, "pow", np.abs(diff), pf - (1 if p < 2 else 2))
+            terms = ((sign if p < 2 else diff) * up) * g / _cr_np(mode, "pow", d, pf - 1)
+        terms = np.where(d == 0, np.float32(0), terms)
+        return np.where((diff == 0) & (p < 1), np.float32(0), terms)
+
+
+def _cdist_backward(mode, grad, x1, x2, p, cdist):
+    """x1's gradient as torch's kernel adds it: each row's terms over x2's rows, in order, from 0."""
+    if not _all32(grad, x1, x2, cdist):
+        return NotImplemented
+    a, b = _np(x1), _np(x2)
+    with np.errstate(all="ignore"):
+        diff = a[..., :, None, :] - b[..., None, :, :]
+    terms = _dist_terms(mode, diff, _np(grad), _np(cdist), p)  # (..., P, R, M)
+    zero = np.zeros(terms.shape[:-2] + (1,) + terms.shape[-1:], np.float32)
+    return _t(np.add.accumulate(np.concatenate([zero, terms], axis=-2), axis=-2)[..., -1, :])
+
+
+def _pdist_backward(mode, grad, x, p, pdist):
+    """x's gradient as torch's kernel adds it: row r from 0, minus its terms as the second of each
+    pair (i < r, in order of i), then plus its terms as the first (j > r, in order of j)."""
+    if not _all32(grad, x, pdist):
+        return NotImplemented
+    a = _np(x)
+    n = len(a)
+    i, j = np.triu_indices(n, 1)
+    pair = np.full((n, n), -1)
+    pair[i, j] = np.arange(len(i))
+    with np.errstate(all="ignore"):
+        terms = _dist_terms(mode, a[i] - a[j], _np(grad), _np(pdist), p)  # (pairs, M)
+    rows = np.arange(n)[:, None]
+    t = np.arange(n - 1)[None, :]
+    first = t >= rows  # the row's pairs (r, t + 1), after its pairs (t, r)
+    which = np.where(first, pair[rows, np.minimum(t + 1, n - 1)], pair[np.minimum(t, n - 1), rows])
+    signed = np.where(first[..., None], terms[which], -terms[which])  # (n, n - 1, M)
+    zero = np.zeros((n, 1, a.shape[1]), np.float32)
+    return _t(np.add.accumulate(np.concatenate([zero, signed], axis=1), axis=1)[:, -1])
+
+
 def _norm(mode, x, p=2, dim=None, keepdim=False, *, dtype=None):
     return _vector_norm(mode, x, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
@@ -1340,7 +1423,8 @@ IMPLEMENTED.update({
     aten.sum: _sum, aten.mean: _mean, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
     aten.std_mean: _std_mean, aten.prod: _prod, aten.cumsum: _cumsum, aten.cumprod: _cumprod,
     aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
-    aten.norm: _norm,
+    aten.norm: _norm, aten._cdist_forward: _cdist, aten._cdist_backward: _cdist_backward, aten._pdist_forward: _pdist,
+    aten._pdist_backward: _pdist_backward,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
     aten.addbmm: _addbmm, aten.addmv: _addmv,
     aten.convolution: _convolution, aten.convolution_backward: _convolution_backward,
