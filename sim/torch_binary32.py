@@ -464,6 +464,25 @@ def _pdist_backward(mode, grad, x, p, pdist):
     return _t(np.add.accumulate(np.concatenate([zero, signed], axis=1), axis=1)[:, -1])
 
 
+def _embedding_renorm_(mode, w, indices, max_norm, norm_type):
+    """nn.Embedding's max_norm as torch's kernel applies it (Embedding.cpp, embedding_renorm_cpu_):
+    each looked-up row (once) whose norm exceeds max_norm scaled by max_norm / (norm + 1e-7),
+    that scale computed in binary64 and rounded to binary32 for the row's multiplication; the norm
+    here is ``_vector_norm``'s, in place of the host's reduction."""
+    if w.dtype != _F32:
+        return NotImplemented
+    rows = torch.from_numpy(np.unique(indices.numpy().reshape(-1)).astype(np.int64))
+    if len(rows):
+        picked = w[rows]
+        norms = _np(_vector_norm(mode, picked, norm_type, 1)).astype(np.float64)
+        over = norms > max_norm
+        with np.errstate(all="ignore"):
+            scale = (max_norm / (norms + 1e-7)).astype(np.float32)
+            scaled = _np(picked) * np.where(over, scale, np.float32(1))[:, None]
+        w[rows[torch.from_numpy(over)]] = _t(scaled[over])
+    return w
+
+
 def _norm(mode, x, p=2, dim=None, keepdim=False, *, dtype=None):
     return _vector_norm(mode, x, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
@@ -1424,7 +1443,7 @@ IMPLEMENTED.update({
     aten.std_mean: _std_mean, aten.prod: _prod, aten.cumsum: _cumsum, aten.cumprod: _cumprod,
     aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
     aten.norm: _norm, aten._cdist_forward: _cdist, aten._cdist_backward: _cdist_backward, aten._pdist_forward: _pdist,
-    aten._pdist_backward: _pdist_backward,
+    aten._pdist_backward: _pdist_backward, aten.embedding_renorm_: _embedding_renorm_,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
     aten.addbmm: _addbmm, aten.addmv: _addmv,
     aten.convolution: _convolution, aten.convolution_backward: _convolution_backward,

@@ -360,3 +360,28 @@ def test_logcumsumexp_meets_infinities_and_nan_as_torchs_recurrence():
     want = torch.logcumsumexp(x.double(), 1)
     finite = want.isfinite()
     assert _within_one_rounding(got[finite], want[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_embedding_max_norm_rescales_the_looked_up_rows_once_in_place(dtype):
+    """nn.Embedding(max_norm=...) under the device: the rows looked up (a repeated index once) whose
+    norm exceeds max_norm are scaled by max_norm / (norm + 1e-7) and written back rounded once (within
+    one rounding of float64's); other rows keep their bits; strict accepts it; the register is clear."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(6, 4, generator=g) * torch.tensor([0.1, 2, 3, 0.2, 5, 1])[:, None]).to(dtype)
+    before = w.clone()
+    emb = nn.Embedding.from_pretrained(w, freeze=False, max_norm=1.5)
+    idx = torch.tensor([[1, 2, 2], [0, 4, 1]])
+    dev = sim.Device("atlas-training" if dtype == torch.float16 else "atlas-a2")
+    with DeviceMode(dev, strict=True) as mode:
+        out = emb(idx)
+    assert mode.routes["aten.embedding_renorm_.default", "fused"] == 1
+    w64 = before.double()
+    norms = w64.norm(dim=1)
+    for r in range(6):
+        if r in (0, 1, 2, 4) and norms[r] > 1.5:
+            assert _within_one_rounding(emb.weight[r].detach(), w64[r] * (1.5 / (norms[r] + 1e-7)))
+            assert not torch.equal(emb.weight[r], before[r])
+        else:
+            assert torch.equal(emb.weight[r].view(torch.int16), before[r].view(torch.int16))
+    assert torch.equal(out, emb.weight.detach()[idx]) and not dev.get_float_status().any()
