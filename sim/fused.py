@@ -75,6 +75,14 @@ FAMILIES: tuple[Family, ...] = (
            "index/embedding_dense_grad/op_kernel/arch35/embedding_dense_grad_base.h, ProcessPerGradGroup; "
            "no unfused model: chosen unfused, it takes the float32 route",
            "the weight gradient of F.embedding / nn.Embedding: a gradient accumulation"),
+    Family("embedding_bag", ("_embedding_bag", "_embedding_bag_backward", "_embedding_bag_per_sample_weights_backward"),
+           True, "aclnnEmbeddingBag (the hiascend.com aolapi reference) and its gradients: the fused model (each "
+           "bag's rows, times their per-sample weights, added in order in binary32, a mean divided by its count, one "
+           "rounding per output; the gradients accumulated into the rows in position order), the kernels' own order "
+           "inside not modelled; max is an exact selection; no unfused model: chosen unfused, it takes the float32 "
+           "route",
+           "F.embedding_bag / nn.EmbeddingBag (sum, mean and max bags, per-sample weights, padding) and its dense "
+           "gradients"),
     Family("max_pool_backward", ("max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
                                   "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"), True,
            "MaxPoolGradWithArgmaxV3 (each input's gradient summed in binary32 over the overlapping windows whose "

@@ -1297,6 +1297,82 @@ def _multi_margin_loss_backward(mode, grad, x, target, p, margin, weight=None, r
     return _t(out.reshape(x.shape))
 
 
+def _bags(indices, offsets, include_last_offset: bool, padding_idx: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each looked-up position's bag (from the offsets, as F.embedding_bag defines them), whether it
+    counts (not padding_idx), and the number of bags."""
+    idx, off = indices.numpy().reshape(-1).astype(np.int64), offsets.numpy().reshape(-1).astype(np.int64)
+    n_bags = len(off) - 1 if include_last_offset else len(off)
+    bag = np.searchsorted(off[:n_bags], np.arange(len(idx)), side="right") - 1
+    return bag, (idx != padding_idx) & (bag >= 0), n_bags
+
+
+def _embedding_bag(mode, weight, indices, offsets, scale_grad_by_freq=False, bag_mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """F.embedding_bag's sum and mean: each bag's rows (times their per-sample weights, one rounding
+    each) added in order from 0 in binary32, a mean divided by its count (one rounding); max is a
+    selection, torch's own. The index bookkeeping (offset2bag, bag sizes, argmax) is torch's."""
+    if not _all32(weight, per_sample_weights):
+        return NotImplemented
+    native = aten._embedding_bag.default(weight, indices, offsets, scale_grad_by_freq, bag_mode, sparse,
+                                         per_sample_weights, include_last_offset, padding_idx)
+    if bag_mode == 2:
+        return native
+    bag, counted, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
+    w, idx = _np(weight), indices.numpy().reshape(-1)[counted]
+    rows = w[idx]
+    with np.errstate(all="ignore"):
+        if per_sample_weights is not None:
+            rows = rows * _np(per_sample_weights).reshape(-1)[counted][:, None]
+        out = np.zeros((n_bags, w.shape[1]), np.float32)
+        places = bag[counted][:, None] * w.shape[1] + np.arange(w.shape[1])
+        _accumulate_into(out, places, rows)
+        if bag_mode == 1:
+            count = np.bincount(bag[counted], minlength=n_bags).astype(np.float32)[:, None]
+            out = np.where(count > 0, out / np.maximum(count, 1), out)
+    return (_t(out), *native[1:])
+
+
+def _embedding_bag_backward(mode, grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, bag_mode, sparse, per_sample_weights, padding_idx=-1):
+    """The dense weight gradient of :func:`_embedding_bag`: each counted position's bag gradient
+    (times its per-sample weight, or divided by its bag's count, one rounding) added into its row in
+    position order; for max, each bag's gradient into the rows its argmax chose, in bag order."""
+    if sparse or scale_grad_by_freq or not _all32(grad, per_sample_weights):
+        return NotImplemented
+    g = _np(grad)
+    d = g.shape[1]
+    out = np.zeros((num_weights, d), np.float32)
+    with np.errstate(all="ignore"):
+        if bag_mode == 2:
+            chosen = maximum_indices.numpy().reshape(g.shape)
+            valid = chosen >= 0
+            _accumulate_into(out, (chosen * d + np.arange(d))[valid], g[valid])
+            return _t(out)
+        bag, counted, _ = _bags(indices, offsets, len(offsets) > len(g), padding_idx)
+        terms = g[bag[counted]]
+        if per_sample_weights is not None:
+            terms = terms * _np(per_sample_weights).reshape(-1)[counted][:, None]
+        elif bag_mode == 1:
+            terms = terms / np.bincount(bag[counted], minlength=len(g)).astype(np.float32)[bag[counted]][:, None]
+        idx = indices.numpy().reshape(-1)[counted]
+        _accumulate_into(out, idx[:, None] * d + np.arange(d), terms)
+    return _t(out)
+
+
+def _embedding_bag_per_sample_weights_backward(mode, grad, weight, indices, offsets, offset2bag, bag_mode,
+                                               padding_idx=-1):
+    """Each position's per-sample-weight gradient: the dot product of its bag's gradient and its
+    row, the products added in order from 0 in binary32 (0 for padding)."""
+    if not _all32(grad, weight):
+        return NotImplemented
+    bag, counted, _ = _bags(indices, offsets, len(offsets) > len(grad), padding_idx)
+    with np.errstate(all="ignore"):
+        products = _np(grad)[np.maximum(bag, 0)] * _np(weight)[indices.numpy().reshape(-1)]
+        zero = np.zeros((len(products), 1), np.float32)
+        dots = np.add.accumulate(np.concatenate([zero, products], axis=1), axis=1)[:, -1]
+    return _t(np.where(counted, dots, np.float32(0)))
+
+
 # -- random draws --------------------------------------------------------------------------------------
 def _uniform64(shape, generator=None) -> torch.Tensor:
     """Binary64 draws in [0, 1) from torch's generator (its uniform_ kernel: no floating-point
@@ -1444,6 +1520,8 @@ IMPLEMENTED.update({
     aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
     aten.norm: _norm, aten._cdist_forward: _cdist, aten._cdist_backward: _cdist_backward, aten._pdist_forward: _pdist,
     aten._pdist_backward: _pdist_backward, aten.embedding_renorm_: _embedding_renorm_,
+    aten._embedding_bag: _embedding_bag, aten._embedding_bag_backward: _embedding_bag_backward,
+    aten._embedding_bag_per_sample_weights_backward: _embedding_bag_per_sample_weights_backward,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
     aten.addbmm: _addbmm, aten.addmv: _addmv,
     aten.convolution: _convolution, aten.convolution_backward: _convolution_backward,
