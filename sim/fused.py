@@ -125,21 +125,20 @@ FAMILIES: tuple[Family, ...] = (
     Family("reduction", ("var", "std", "var_mean", "std_mean", "linalg_vector_norm", "norm", "logsumexp", "prod",
                          "cumsum", "cumsum_", "cumprod", "nansum", "dot", "vdot", "mv", "addmv", "addmv_", "addr",
                          "addr_", "trace", "renorm", "renorm_", "dist", "logcumsumexp", "_cdist_forward",
-                         "_cdist_backward", "_pdist_forward", "_pdist_backward", "embedding_renorm_"), True,
+                         "_cdist_backward", "_pdist_forward", "_pdist_backward", "embedding_renorm_", "_trilinear"),
+           True,
            "aclnnVar, aclnnStd, aclnnVarMean, aclnnStdMeanCorrection, aclnnLinalgVectorNorm, aclnnNorm, "
            "aclnnLogSumExp, aclnnProd, aclnnCumsum, aclnnCumprod, aclnnReduceNansum, aclnnDot, aclnnMv, aclnnAddmv, "
            "aclnnAddr, aclnnTrace, aclnnRenorm, aclnnEmbeddingRenorm (nn.Embedding's max_norm: each looked-up "
-           "row's norm, the rows beyond it scaled, written back rounded) (dist: a vector norm of the difference; "
-           "cdist and pdist: those of "
-           "every pair of rows, this project's choice), and logcumsumexp (no "
-           "kernel of its own there: torch's recurrence in binary32, this project's choice): the fused model "
-           "(binary32 accumulation, one rounding per output), the kernels' own order inside not modelled; no "
-           "unfused model: chosen unfused, it takes the float32 route",
+           "row's norm, the rows beyond it scaled, written back rounded); dist is a vector norm of the difference, "
+           "and, this project's choices: cdist and pdist those of every pair of rows, F.bilinear's _trilinear the "
+           "products summed by the fixed tree, logcumsumexp (no kernel of its own there) torch's recurrence in "
+           "binary32. The fused model (binary32 accumulation, one rounding per output), the kernels' own order "
+           "inside not modelled; no unfused model: chosen unfused, it takes the float32 route",
            "the reductions beyond sum, mean, amax and amin (those are the device's own): var and std, vector "
            "norms (F.normalize, gradient clipping's norm), logsumexp, logcumsumexp, prod, cumsum and cumprod, "
-           "nansum, the "
-           "vector products (dot, mv, addmv, addr), trace, renorm, dist, cdist and pdist, and nn.Embedding's "
-           "max_norm"),
+           "nansum, the vector products (dot, mv, addmv, addr), trace, renorm, dist, cdist and pdist, F.bilinear "
+           "and nn.Embedding's max_norm"),
     Family("pad_fold", ("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward",
                         "replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward",
                         "col2im", "unfold_backward"), True,

@@ -483,6 +483,25 @@ def _embedding_renorm_(mode, w, indices, max_norm, norm_type):
     return w
 
 
+def _trilinear(mode, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """F.bilinear's kernel (and its gradients, which are the same kernel): the three operands
+    broadcast at their expanded dimensions, their products (i1 * i2) * i3 in binary32, summed over
+    ``sumdim`` by the fixed tree of ``_sum``; torch's kernel pairs the sums differently (this
+    project's model)."""
+    if not _all32(i1, i2, i3):
+        return NotImplemented
+    a, b, c = i1, i2, i3
+    for d in sorted(expand1):
+        a = a.unsqueeze(d)
+    for d in sorted(expand2):
+        b = b.unsqueeze(d)
+    for d in sorted(expand3):
+        c = c.unsqueeze(d)
+    with mode:
+        product = (a * b) * c
+        return product.sum(list(sumdim)) if len(sumdim) else product.contiguous()
+
+
 def _norm(mode, x, p=2, dim=None, keepdim=False, *, dtype=None):
     return _vector_norm(mode, x, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
@@ -1520,7 +1539,8 @@ IMPLEMENTED.update({
     aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
     aten.norm: _norm, aten._cdist_forward: _cdist, aten._cdist_backward: _cdist_backward, aten._pdist_forward: _pdist,
     aten._pdist_backward: _pdist_backward, aten.embedding_renorm_: _embedding_renorm_,
-    aten._embedding_bag: _embedding_bag, aten._embedding_bag_backward: _embedding_bag_backward,
+    aten._trilinear: _trilinear, aten._embedding_bag: _embedding_bag,
+    aten._embedding_bag_backward: _embedding_bag_backward,
     aten._embedding_bag_per_sample_weights_backward: _embedding_bag_per_sample_weights_backward,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
     aten.addbmm: _addbmm, aten.addmv: _addmv,

@@ -168,6 +168,8 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
     ("embedding_bag_max_last_offset", lambda w: F.embedding_bag(torch.tensor([1, 2, 4, 5, 1]), w,
                                                                 torch.tensor([0, 3, 5]), mode="max",
                                                                 include_last_offset=True), (X,)),
+    ("bilinear", lambda a, b, w, c: F.bilinear(a, b, w, c), (X[:, :3], X[:, 4:8], X[:5, :12].reshape(5, 3, 4),
+                                                             X[0, :5])),
     ("multi_margin_loss", lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 15, 2, 7, 7]), p=2, margin=0.5),
      (X,)),
     ("affine_grid", lambda t: F.affine_grid(t, (2, 1, 5, 7), align_corners=False), (torch.randn(2, 2, 3).half(),)),

@@ -589,6 +589,7 @@ PROBE = {
     "cdist": lambda d: torch.cdist(_probe((3, 4), d), _probe((5, 4), d)),
     "pdist": lambda d: Fn.pdist(_probe((4, 3), d)),
     "embedding_bag": lambda d: Fn.embedding_bag(torch.tensor([1, 2, 4, 5]), _probe((10, 3), d), torch.tensor([0, 2])),
+    "bilinear": lambda d: Fn.bilinear(_probe((2, 3), d), _probe((2, 4), d), _probe((5, 3, 4), d), _probe(5, d)),
     "embedding max_norm": lambda d: Fn.embedding(torch.tensor([1, 2]), _probe((5, 3), d, grad=False), max_norm=1.0),
     "logcumsumexp": lambda d: torch.logcumsumexp(_probe(5, d), 0),
     "multi_margin_loss": lambda d: Fn.multi_margin_loss(_probe((3, 4), d), torch.tensor([0, 1, 2])),
@@ -599,7 +600,6 @@ PROBE = {
 #: The functions still without a device, exact or fused route (strict refuses them; without strict
 #: they take the float32 route): what is left of the probe.
 STILL_FLOAT32 = {
-    "bilinear": lambda d: Fn.bilinear(_probe((2, 3), d), _probe((2, 4), d), _probe((5, 3, 4), d), _probe(5, d)),
     "ctc_loss": lambda d: Fn.ctc_loss(_probe((6, 2, 5), d).log_softmax(2), torch.tensor([[1, 2], [3, 4]]),
                                       torch.tensor([6, 6]), torch.tensor([2, 2])),
 }

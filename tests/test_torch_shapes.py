@@ -409,6 +409,8 @@ fused("pad_fold", "replication_pad2d_backward", lambda x: F.pad(x, (1, 2, 2, 1),
       backward=True)
 fused("pad_fold", "col2im", lambda x: F.fold(x, (3, 3), 2), h(1, 4, 4))
 fused("pad_fold", "unfold_backward", lambda x: x.unfold(0, 3, 2), h(7), backward=True)
+fused("reduction", "_trilinear", lambda a, b, w: F.bilinear(a, b, w), h(2, 3), h(2, 4, seed=1), h(5, 3, 4, seed=2),
+      backward=True)
 fused("embedding_bag", "_embedding_bag", lambda w: F.embedding_bag(torch.tensor([1, 2, 0, 1]), w,
                                                                     torch.tensor([0, 2]), mode="mean"), h(3, 4),
       backward=True)
@@ -421,8 +423,6 @@ fused("weight_norm", "_weight_norm_interface_backward", lambda v, g: torch._weig
 case("allclose", torch.allclose, h(3, 4, t=True), h(3, 4, t=True), kind="float32")
 case("allclose differing", torch.allclose, h(3, 4, t=True), h(3, 4, seed=1), kind="float32", packet="allclose")
 case("equal 0-d", torch.equal, h(), h(), kind="float32")
-case("_trilinear", lambda a, b, w: F.bilinear(a, b, w), h(2, 3), h(2, 4, seed=1), h(5, 3, 4, seed=2),
-     kind="float32")
 
 
 # --- the comparison ---------------------------------------------------------------------------
