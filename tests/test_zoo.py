@@ -101,11 +101,16 @@ class _NewNonFinite(torch.utils._python_dispatch.TorchDispatchMode):
 def native_overflows(model: torch.nn.Module, batch: zoo.Batch) -> bool:
     """Whether the same step natively in torch float16 (CPU) makes a new Inf or NaN in any
     operation's result, forward or backward, inside a module too (a masked attention score the
-    softmax then zeroes): an independent probe."""
+    softmax then zeroes): an independent probe. Where torch has no float16 CPU kernel for an
+    operation (cdist, pdist), False: the float64 check alone decides."""
     model.zero_grad()
-    with _NewNonFinite() as probe:
-        zoo.loss(model, batch).backward()
-    model.zero_grad()
+    try:
+        with _NewNonFinite() as probe:
+            zoo.loss(model, batch).backward()
+    except NotImplementedError:
+        return False
+    finally:
+        model.zero_grad()
     return probe.seen
 
 

@@ -170,6 +170,32 @@ class ConvZoo(torch.nn.Module):
         return self.head(torch.cat([a.flatten(1), b.flatten(1)], 1)) + z
 
 
+class RareRoutes(torch.nn.Module):
+    """The rarer kernels in one image model: a spatial transformer (affine_grid, grid_sample), a
+    bag of embeddings with max_norm over indices read from the image, a bilinear layer, distances
+    to class prototypes (cdist) less a pdist regulariser, and a running logsumexp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = torch.nn.Linear(3 * 8 * 8, 6)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.feature = torch.nn.Linear(8 * 2 * 2, 16)
+        self.bag = torch.nn.EmbeddingBag(64, 16, mode="mean", max_norm=2.0)
+        self.mix = torch.nn.Bilinear(16, 16, 16)
+        self.protos = torch.nn.Parameter(torch.randn(CLASSES, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = torch.tensor([1.0, 0, 0, 0, 1, 0], dtype=x.dtype)
+        theta = (identity + 0.1 * self.loc(F.avg_pool2d(x, 4).flatten(1))).view(-1, 2, 3)
+        x = F.grid_sample(x, F.affine_grid(theta, list(x.shape), align_corners=False), align_corners=False)
+        f = self.feature(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 2).flatten(1))
+        words = (x[:, 0, :4, :4].flatten(1).sigmoid() * 63).long()
+        z = self.mix(f, self.bag(words))
+        # every running logsumexp used: its gradient's formula takes log |g|, which a zero g makes -inf
+        running = torch.logcumsumexp(z, 1).mean(1, keepdim=True)
+        return running - torch.cdist(z, self.protos) - 0.01 * F.pdist(self.protos).mean()
+
+
 class SDPABlock(torch.nn.Module):
     """A causal pre-norm transformer layer whose attention is ``F.scaled_dot_product_attention``
     (with dropout), on token embeddings, and a linear head."""
@@ -309,6 +335,8 @@ ZOO: dict[str, Entry] = {
                         EmbeddingNorm, "tokens"),
     "sdpa": Entry("torch", "a causal transformer layer on F.scaled_dot_product_attention (dropout 0.1), width 32",
                   SDPABlock, "tokens"),
+    "rare_routes": Entry("torch", "RareRoutes: spatial transformer, EmbeddingBag with max_norm, Bilinear, cdist, "
+                         "pdist, logcumsumexp", RareRoutes),
 }
 
 
