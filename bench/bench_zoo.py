@@ -5,9 +5,11 @@ small configs, batch 2 unless ``--batch`` says otherwise) runs forward and backw
 atlas-training, and the same model (same weights) in eager torch float32 on the CPU; the two
 are timed in turn, best of ``--repeat``, in one run. Prints each model's ratio, then the
 median and the maximum over the zoo. Models whose library is missing are left out.
+``--threads N`` gives eager torch and the device N threads each (``Device(threads=N)``: large
+matmuls split their rows); the default is one.
 Target: median at most 5x, no model above 15x.
 
-    python bench/bench_zoo.py [--repeat 5] [--batch 2] [--models gpt2 lstm]
+    python bench/bench_zoo.py [--repeat 5] [--batch 2] [--threads 1] [--models gpt2 lstm]
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from sim import Device  # noqa: E402
 from sim.torch import DeviceMode  # noqa: E402
 
 
-def time_model(name: str, repeat: int, batch: int) -> tuple[float, float]:
+def time_model(name: str, repeat: int, batch: int, threads: int = 1) -> tuple[float, float]:
     """(eager float32 seconds, DeviceMode float16 seconds) for one step of model ``name``."""
     m32, b32 = zoo.build(name, batch=batch)
     m16, b16 = copy.deepcopy(m32).half(), b32.to(torch.float16)
-    dev = Device("atlas-training")
+    dev = Device("atlas-training", threads=threads)
 
     def emulated() -> None:
         m16.zero_grad()
@@ -56,17 +58,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--models", nargs="*", default=list(zoo.ZOO), choices=list(zoo.ZOO))
     ap.add_argument("--batch", type=int, default=zoo.BATCH, help="examples per step (default: the tests' 2)")
+    ap.add_argument("--threads", type=int, default=1, help="threads for eager torch and for the device")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; torch threads: 1; best of {args.repeat}; "
-          f"batch {args.batch}")
+    print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; threads: {args.threads}; best of "
+          f"{args.repeat}; batch {args.batch}")
     print(f"{'model':<20}{'library':<14}{'eager f32 ms':>14}{'DeviceMode ms':>15}{'ratio':>8}")
     ratios: dict[str, float] = {}
     for name in args.models:
         entry = zoo.ZOO[name]
         try:
-            t_eager, t_emul = time_model(name, args.repeat, args.batch)
+            t_eager, t_emul = time_model(name, args.repeat, args.batch, args.threads)
         except ImportError as e:
             print(f"{name:<20}{entry.library:<14}  skipped: {e}")
             continue
