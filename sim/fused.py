@@ -64,8 +64,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("rnn", (), True,
            "torch.lstm / torch.gru on the NPU: the fused DynamicRNN (aclnnLSTM) and DynamicGRUV2 kernels; "
            "nn.RNN (torch.rnn_tanh / rnn_relu) modelled as the same kind of kernel (this project's choice)",
-           "nn.LSTM / nn.GRU / nn.RNN on a padded batch: every layer count, direction, bias, batch_first, "
-           "projection and dropout between layers (sim.recurrent)"),
+           "nn.LSTM / nn.GRU / nn.RNN on a padded batch or a packed sequence: every layer count, direction, bias, "
+           "batch_first, projection and dropout between layers (sim.recurrent)"),
     Family("cross_entropy", ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"),
            True, "aclnnNLLLoss, aclnnNLLLossBackward (after the log_softmax of the softmax family)",
            "F.cross_entropy / F.nll_loss: the negative log-likelihood part"),

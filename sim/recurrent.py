@@ -18,9 +18,14 @@ gates' gradients in one product for the inputs and one for ``w_ih`` in order ove
 batch. So a layer costs its products and a few vector operations a step, against dozens of
 dispatched operations a step for the decomposition.
 
-Arrays are numpy binary32: ``x`` (T, B, I), or (B, T, I) with ``batch_first``; ``hx`` the initial
-states, each (layers * directions, B, H); ``params`` torch's flat weights, for each layer and
-direction ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``.
+A packed sequence (``PackedLayer``, ``ReversedPackedLayer``) runs each step's cell on the rows
+still in it, the others' states kept; autograd's sums there include the +0 that a slice's
+gradient holds outside its rows (a -0 becomes +0 as it does in torch's).
+
+Arrays are numpy binary32: ``x`` (T, B, I), or (B, T, I) with ``batch_first``, or a packed
+sequence's data (N, I) with its ``batch_sizes``; ``hx`` the initial states, each (layers *
+directions, B, H); ``params`` torch's flat weights, for each layer and direction ``w_ih, w_hh[,
+b_ih, b_hh][, w_hr]``.
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ class Tape:
     layers: list[list[_Direction]]
     inputs: list[np.ndarray]  # each layer's input as the product takes it, (T * B, features)
     noise: list[np.ndarray | None]  # the dropout factor applied to each layer after the first (None: none)
+    batch_sizes: np.ndarray | None = None  # a packed sequence's rows per step (None: a padded batch)
 
 
 def _cell(kind: str, d: _Direction, ig: np.ndarray, h: np.ndarray, c: np.ndarray | None, f: _Flags,
@@ -126,15 +132,10 @@ def _cell(kind: str, d: _Direction, ig: np.ndarray, h: np.ndarray, c: np.ndarray
     return y, None, {"h": h, "y": y}
 
 
-def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndarray], *, has_biases: bool,
-            num_layers: int, bidirectional: bool, batch_first: bool, dropout: float = 0.0,
-            keep: list[np.ndarray] | None = None) -> tuple[list[np.ndarray], Tape, int]:
-    """torch.<kind>(x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-    batch_first) in binary32: its outputs (the sequence, the final hidden states, and for an LSTM
-    the final cell states), the tape for :func:`backward`, and the elementwise flags raised.
-    ``dropout``: the probability of dropping between layers, in training (0 outside it);
-    ``keep``: for each layer after the first, its input's kept elements (bool, (T, B, features)),
-    drawn with probability ``1 - dropout`` (none for a dropout of 1, which keeps nothing)."""
+def _setup(kind: str, params: list[np.ndarray], num_layers: int, bidirectional: bool, dropout: float,
+           keep: list[np.ndarray] | None) -> tuple[list[np.ndarray | None], int, int, bool]:
+    """The checks of :func:`forward`, the dropout factors of the layers after the first, the
+    directions, the weights per layer and direction, and whether the LSTM projects."""
     if kind not in KINDS:
         raise ValueError(f"unknown recurrent kind {kind!r}; the kinds are {', '.join(KINDS)}")
     if not 0 <= dropout <= 1 or (0 < dropout < 1 and num_layers > 1 and (keep is None or len(keep) < num_layers - 1)):
@@ -146,7 +147,41 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
                  for k in (keep if dropout < 1 else noise)]
     dirs = 2 if bidirectional else 1
     per = len(params) // (num_layers * dirs)
-    proj = kind == "lstm" and per == (5 if has_biases else 3)
+    has_biases = per in (4, 5)
+    return noise, dirs, per, kind == "lstm" and per == (5 if has_biases else 3)
+
+
+def _direction(params: list[np.ndarray], slot: int, per: int, has_biases: bool, proj: bool,
+               reverse: bool) -> _Direction:
+    w = params[slot * per:(slot + 1) * per]
+    return _Direction(w[0], w[1], w[2] if has_biases else None, w[3] if has_biases else None,
+                      w[-1] if proj else None, reverse=reverse)
+
+
+def _linear_ih(d: _Direction, x: np.ndarray) -> np.ndarray:
+    """linear_ih: x @ w_ih^T in order along the features, then the bias added."""
+    ig = _mm(x, np.ascontiguousarray(d.w_ih.T))
+    return ig if d.b_ih is None else ig + d.b_ih
+
+
+def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndarray], *, has_biases: bool,
+            num_layers: int, bidirectional: bool, batch_first: bool, dropout: float = 0.0,
+            keep: list[np.ndarray] | None = None,
+            batch_sizes: np.ndarray | None = None) -> tuple[list[np.ndarray], Tape, int]:
+    """torch.<kind>(x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+    batch_first) in binary32: its outputs (the sequence, the final hidden states, and for an LSTM
+    the final cell states), the tape for :func:`backward`, and the elementwise flags raised.
+    ``dropout``: the probability of dropping between layers, in training (0 outside it);
+    ``keep``: for each layer after the first, its input's kept elements (bool, (T, B, features)),
+    drawn with probability ``1 - dropout`` (none for a dropout of 1, which keeps nothing).
+    ``batch_sizes``: a packed sequence (torch.<kind>(data, batch_sizes, hx, params, ...)): ``x`` its
+    data (N, features), each step's rows the first ``batch_sizes[t]`` of the batch (non-increasing),
+    the keep masks (N, features), the sequence output (N, features) (``PackedLayer`` and
+    ``ReversedPackedLayer``: each step's cell on its rows only, the others' states kept)."""
+    if batch_sizes is not None:
+        return _forward_packed(kind, x, hx, params, has_biases, num_layers, bidirectional, dropout, keep,
+                               np.asarray(batch_sizes, np.int64))
+    noise, dirs, per, proj = _setup(kind, params, num_layers, bidirectional, dropout, keep)
     f = _Flags()
     seq = np.swapaxes(x, 0, 1) if batch_first else x
     steps, batch = seq.shape[0], seq.shape[1]
@@ -162,13 +197,8 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
         flat = np.ascontiguousarray(layer_input).reshape(steps * batch, -1)
         inputs.append(flat)
         for way in range(dirs):
-            w = params[(layer * dirs + way) * per:(layer * dirs + way + 1) * per]
-            d = _Direction(w[0], w[1], w[2] if has_biases else None, w[3] if has_biases else None,
-                           w[-1] if proj else None, reverse=way == 1)
-            ig = _mm(flat, np.ascontiguousarray(d.w_ih.T))
-            if d.b_ih is not None:
-                ig = ig + d.b_ih
-            ig = ig.reshape(steps, batch, -1)
+            d = _direction(params, layer * dirs + way, per, has_biases, proj, way == 1)
+            ig = _linear_ih(d, flat).reshape(steps, batch, -1)
             whh_t = np.ascontiguousarray(d.w_hh.T)
             whr_t = np.ascontiguousarray(d.w_hr.T) if proj else None
             slot = layer * dirs + way
@@ -238,20 +268,26 @@ def _cell_backward(kind: str, d: _Direction, s: dict, gh: np.ndarray | None, gc:
     return _mm(g_hg, d.w_hh), c_prev, h_path, g_ig
 
 
+def _gradient_slots(tape: Tape, grads: list[np.ndarray | None]) -> tuple:
+    """Whether the tape is an LSTM's, the outputs' gradients (sequence, final h, final c), the
+    directions, and a slot per layer and direction for the initial states' gradients."""
+    lstm = tape.kind == "lstm"
+    dirs = len(tape.layers[0])
+    slots = len(tape.layers) * dirs
+    return lstm, grads[0], grads[1], grads[2] if lstm else None, dirs, [None] * slots, [None] * slots
+
+
 def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], int]:
     """The gradients of :func:`forward`'s inputs (x, the initial states, the flat weights in their
     order) from those of its outputs (None: an output not used), as autograd computes them on
     torch's decomposition; also the elementwise flags raised. An input no gradient reaches gets None."""
-    kind, f = tape.kind, _Flags()
-    lstm = kind == "lstm"
-    g_out = grads[0]
+    if tape.batch_sizes is not None:
+        return _backward_packed(tape, grads)
+    f = _Flags()
+    lstm, g_out, g_hy, g_cy, dirs, g_h0, g_c0 = _gradient_slots(tape, grads)
+    kind = tape.kind
     if g_out is not None and tape.batch_first:
         g_out = np.swapaxes(g_out, 0, 1)
-    g_hy = grads[1]
-    g_cy = grads[2] if lstm else None
-    dirs = len(tape.layers[0])
-    g_h0: list[np.ndarray | None] = [None] * (len(tape.layers) * dirs)
-    g_c0: list[np.ndarray | None] = [None] * len(g_h0)
     g_params: list[np.ndarray | None] = []
     for layer in range(len(tape.layers) - 1, -1, -1):
         x = tape.inputs[layer]
@@ -291,3 +327,147 @@ def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarra
     g_x = np.swapaxes(g_out, 0, 1) if tape.batch_first else g_out
     states = [np.stack(g_h0)] + ([np.stack(g_c0)] if lstm else [])
     return [g_x, *states, *g_params], f.value
+
+
+# -- packed sequences (torch's PackedLayer and ReversedPackedLayer) -------------------------------
+
+def _forward_packed(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndarray], has_biases: bool,
+                    num_layers: int, bidirectional: bool, dropout: float, keep: list[np.ndarray] | None,
+                    bs: np.ndarray) -> tuple[list[np.ndarray], Tape, int]:
+    """:func:`forward` of a packed sequence: the input gates of all rows at once, then each step's
+    cell on the first ``bs[t]`` rows of the batch, the other rows' states kept as they are (a
+    finished row's in the forward direction; in the reverse one, a row not yet started still holds
+    its initial state)."""
+    noise, dirs, per, proj = _setup(kind, params, num_layers, bidirectional, dropout, keep)
+    f = _Flags()
+    offsets = np.concatenate([[0], np.cumsum(bs)[:-1]]).astype(np.int64)
+    h0, c0 = hx[0], (hx[1] if kind == "lstm" else None)
+    layers, inputs, final_h, final_c = [], [], [], []
+    layer_input = x
+    for layer in range(num_layers):
+        if layer and noise[layer - 1] is not None:
+            layer_input = layer_input * noise[layer - 1]
+        flat = np.ascontiguousarray(layer_input)
+        inputs.append(flat)
+        outs, directions = [], []
+        for way in range(dirs):
+            slot = layer * dirs + way
+            d = _direction(params, slot, per, has_biases, proj, way == 1)
+            ig = _linear_ih(d, flat)
+            whh_t = np.ascontiguousarray(d.w_hh.T)
+            whr_t = np.ascontiguousarray(d.w_hr.T) if proj else None
+            h, c = h0[slot], (c0[slot] if c0 is not None else None)
+            out = np.empty((len(flat), h.shape[1]), _F32)
+            for t in (range(len(bs) - 1, -1, -1) if d.reverse else range(len(bs))):
+                n, at = bs[t], offsets[t]
+                hn, cn, saved = _cell(kind, d, ig[at:at + n], h[:n], None if c is None else c[:n], f, whh_t, whr_t)
+                saved["t"] = t
+                d.steps.append(saved)
+                h = np.concatenate([hn, h[n:]])
+                c = None if c is None else np.concatenate([cn, c[n:]])
+                out[at:at + n] = hn
+            final_h.append(h)
+            if c is not None:
+                final_c.append(c)
+            outs.append(out)
+            directions.append(d)
+        layers.append(directions)
+        layer_input = outs[0] if dirs == 1 else np.concatenate(outs, axis=1)
+    results = [layer_input, np.stack(final_h)] + ([np.stack(final_c)] if kind == "lstm" else [])
+    return results, Tape(kind, False, layers, inputs, noise, bs), f.value
+
+
+def _placed(g: np.ndarray | None, rows: int, start: int) -> np.ndarray | None:
+    """g in rows ``start:`` of a (rows, ...) array of +0 (a slice's gradient, as autograd makes it)."""
+    if g is None:
+        return None
+    out = np.zeros((rows,) + g.shape[1:], _F32)
+    out[start:start + len(g)] = g
+    return out
+
+
+def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], int]:
+    """:func:`backward` of a packed sequence, in autograd's order on torch's PackedLayer and
+    ReversedPackedLayer: a step's hidden state gets its output's gradient first, then the next
+    step's (through the slice that step took of it, or directly where the batch did not change),
+    then a finished row's final gradient; a slice's gradient is +0 outside its rows, so a -0 there
+    becomes +0 as in autograd's sums. The initial states of the reverse direction gather their
+    rows' gradients from the steps where those rows joined, the latest-run first."""
+    kind, f, bs = tape.kind, _Flags(), tape.batch_sizes
+    lstm, g_out, g_hy, g_cy, dirs, g_h0, g_c0 = _gradient_slots(tape, grads)
+    offsets = np.concatenate([[0], np.cumsum(bs)[:-1]]).astype(np.int64)
+    steps = len(bs)
+    g_params: list[np.ndarray | None] = []
+    for layer in range(len(tape.layers) - 1, -1, -1):
+        x = tape.inputs[layer]
+        g_input = None
+        layer_params: list[list] = [[] for _ in range(dirs)]
+        for way in sorted(range(dirs), reverse=True):  # the reverse direction's nodes are the later ones
+            d = tape.layers[layer][way]
+            width = d.w_hh.shape[1]
+            slot = layer * dirs + way
+            g_seq = None if g_out is None else g_out[:, way * width:(way + 1) * width]
+            hy = None if g_hy is None else g_hy[slot]
+            cy = None if g_cy is None else g_cy[slot]
+            wgrads: dict = {}
+            g_igs = np.empty((len(x), d.w_ih.shape[0]), _F32)
+            later = None  # the step run after this one: (its cell's gradients, its rows)
+            h0_parts: list = []
+            c0_parts: list = []
+            for k in range(steps - 1, -1, -1):  # back through the steps in the reverse of their run
+                s = d.steps[k]
+                t = s["t"]
+                n, at = bs[t], offsets[t]
+                out_t = None if g_seq is None else g_seq[at:at + n]
+                if later is None:  # the last step run: the final state's gradient first, then the output's
+                    gh = _added(None if hy is None else hy[:n], out_t)
+                    gc = None if cy is None else cy[:n]
+                else:
+                    g_mm, c_prev, h_path, m = later
+                    if m == n:  # the next cell took this state as it is
+                        gh = _added(_added(out_t, h_path), g_mm)
+                        gc = c_prev
+                    elif not d.reverse:  # it took the first m rows; the rest finished here
+                        gh = _added(_added(out_t, _placed(_added(h_path, g_mm), n, 0)),
+                                    _placed(None if hy is None else hy[m:n], n, m))
+                        gc = _added(_placed(c_prev, n, 0), _placed(None if cy is None else cy[m:n], n, m))
+                    else:  # it took these rows and the initial states of rows n:m (a concatenation)
+                        gh = _added(out_t, None if g_mm is None else _added(h_path, g_mm)[:n])
+                        gc = None if c_prev is None else c_prev[:n]
+                g_mm, c_prev, h_path, g_ig = _cell_backward(kind, d, s, gh, gc, f, wgrads)
+                if d.reverse:  # rows start:n of this step's state were the initial state's (all, at the first)
+                    start = bs[t + 1] if t + 1 < steps else 0
+                    if start < n:
+                        first = _added(h_path, g_mm)
+                        h0_parts.append(None if first is None else _placed(first[start:], bs[0], start))
+                        c0_parts.append(None if c_prev is None else _placed(c_prev[start:], bs[0], start))
+                later = (g_mm, c_prev, h_path, n)
+                g_igs[at:at + n] = g_ig
+            g_input = _added(g_input, _mm(g_igs, d.w_ih))  # linear_ih of all steps at once, as torch's
+            w_ih = _mm(np.ascontiguousarray(g_igs.T), x)
+            b_ih = binary32.sum(g_igs, 0) if d.b_ih is not None else None
+            g_mm, c_prev, h_path, _ = later
+            if d.reverse:
+                g_h0[slot] = _sum_parts(h0_parts)
+                g_c0[slot] = _sum_parts(c0_parts)
+            else:
+                g_h0[slot], g_c0[slot] = _added(h_path, g_mm), c_prev
+            order = [w_ih, wgrads.get("w_hh")]
+            if d.b_ih is not None:
+                order += [b_ih, wgrads.get("b_hh")]
+            if d.w_hr is not None:
+                order.append(wgrads.get("w_hr"))
+            layer_params[way] = order
+        g_params = [g for order in layer_params for g in order] + g_params
+        if layer and tape.noise[layer - 1] is not None:
+            g_input = g_input * tape.noise[layer - 1]
+        g_out = g_input
+    states = [np.stack(g_h0)] + ([np.stack(g_c0)] if lstm else [])
+    return [g_out, *states, *g_params], f.value
+
+
+def _sum_parts(parts: list[np.ndarray | None]) -> np.ndarray | None:
+    total = None
+    for p in parts:
+        total = _added(total, p)
+    return total

@@ -767,6 +767,7 @@ EXACT = frozenset({
     # copied (IEEE copysign is a quiet operation), a step, a median, running maxima, an unpooling's
     # scatter, padding by reflection or replication, im2col's windows, a channel shuffle.
     aten.copysign, aten.copysign_, aten.heaviside, aten.heaviside_, aten.diag_embed, aten.channel_shuffle,
+    aten._pack_padded_sequence,  # a packed sequence's rows (its backward is torch's composite of copies)
     aten.median, aten.nanmedian, aten.cummax, aten.cummin, aten.max_unpool2d,
     aten.max_unpool3d, aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
     aten.replication_pad2d, aten.replication_pad3d, aten.im2col,
@@ -1438,29 +1439,39 @@ def _f_attention(mode: DeviceMode, fused: bool, q, k, v, attn_mask=None, dropout
                       softmax=lambda s, d: _call(mode, F.softmax, s, d), dropout=lambda a, p: F.dropout(a, p))
 
 
-def _f_rnn(mode, fused, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, *,
-           kind: str = "lstm"):
-    """torch.lstm / gru / rnn_tanh / rnn_relu (nn.LSTM, nn.GRU, nn.RNN) on a padded batch: one fused
-    kernel (``sim.recurrent``), its state (h, or h and c) and weights its operands; dropout between
-    layers in training draws its masks (``sim.torch_binary32.bernoulli_mask``, one a layer, as
-    torch's decomposition draws them) before the kernel. A packed sequence takes torch's
-    decomposition, as do operands of mixed dtypes or shapes torch would refuse."""
-    if not fused or not isinstance(has_biases, bool):  # a packed call: (data, batch_sizes, hx, params, ...)
+def _f_rnn(mode, fused, x, *args, kind: str = "lstm"):
+    """torch.lstm / gru / rnn_tanh / rnn_relu (nn.LSTM, nn.GRU, nn.RNN) on a padded batch
+    ``(x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)`` or a
+    packed sequence ``(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional)``: one fused kernel (``sim.recurrent``), its state (h, or h and c) and weights
+    its operands; dropout between layers in training draws its masks
+    (``sim.torch_binary32.bernoulli_mask``, one a layer, of the shape torch's decomposition draws)
+    before the kernel. Operands of mixed dtypes or shapes torch would refuse take torch's
+    decomposition, whose errors are torch's."""
+    packed = isinstance(args[0], torch.Tensor) and not args[0].is_floating_point()  # batch_sizes, not a state
+    if packed:
+        batch_sizes, (hx, params, has_biases, num_layers, dropout, train, bidirectional) = args[0], args[1:]
+        batch_first = False
+    else:
+        hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+        batch_sizes = None
+    if not fused or not isinstance(has_biases, bool):
         return NotImplemented
     state = tuple(hx) if kind == "lstm" else (hx,)
     tensors = (x, *state, *params)
-    if x.dim() != 3 or 0 in x.shape or any(not isinstance(t, torch.Tensor) or t.dtype != x.dtype
-                                           or t.device != x.device for t in tensors):
+    if x.dim() != (2 if packed else 3) or 0 in x.shape or any(
+            not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.device != x.device for t in tensors):
         return NotImplemented
     p = float(dropout) if train and num_layers > 1 else 0.0
     keep = None
     if 0 < p < 1:
-        steps, batch = (x.shape[1], x.shape[0]) if batch_first else x.shape[:2]
-        shape = (steps, batch, state[0].shape[2] * (2 if bidirectional else 1))
-        keep = [mode._passthrough(lambda: _binary32.bernoulli_mask(shape, 1 - p)).numpy()
+        width = state[0].shape[2] * (2 if bidirectional else 1)
+        rows = (x.shape[0],) if packed else ((x.shape[1], x.shape[0]) if batch_first else tuple(x.shape[:2]))
+        keep = [mode._passthrough(lambda: _binary32.bernoulli_mask((*rows, width), 1 - p)).numpy()
                 for _ in range(num_layers - 1)]
     config = {"has_biases": has_biases, "num_layers": num_layers, "bidirectional": bidirectional,
-              "batch_first": batch_first, "dropout": p, "keep": keep}
+              "batch_first": batch_first, "dropout": p, "keep": keep,
+              "batch_sizes": None if batch_sizes is None else batch_sizes.numpy().copy()}
     return _Recurrent.apply(mode, kind, config, *tensors)
 
 

@@ -230,20 +230,30 @@ def test_fused_rnn_is_one_kernel_and_its_gradient_overflow_reaches_the_register(
     assert not any(r == "fused" for _, r in unfused.routes) and unfused.routes["aten.sigmoid_.default", "device"] > 0
 
 
-def test_a_packed_sequence_takes_the_recurrent_networks_decomposition():
-    """nn.LSTM / nn.GRU on a PackedSequence call torch.lstm / torch.gru with (data, batch_sizes, hx,
-    params, ...): no fused kernel, the cell operations on the device, as without the mode."""
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_a_packed_sequence_is_one_fused_kernel_and_equal_lengths_are_the_padded_batch(cls):
+    """nn.LSTM / nn.GRU / nn.RNN on a PackedSequence (torch.lstm(data, batch_sizes, ...)) are one
+    fused kernel each way (strict accepts them); sequences of one length give the padded batch's
+    outputs and gradients bit for bit."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
     torch.manual_seed(4)
-    x = torch.randn(2, 5, 4).half()
-    for cls in (nn.LSTM, nn.GRU):
-        model = cls(4, 8, batch_first=True).half()
-        packed = pack_padded_sequence(x, torch.tensor([5, 3]), batch_first=True)
-        with DeviceMode(sim.Device("atlas-training")) as mode:
-            out = model(packed)[0].data
-        assert out.shape == (8, 8) and torch.isfinite(out).all()
-        assert not any(r == "fused" for _, r in mode.routes) and mode.routes["aten.sigmoid_.default", "device"] > 0
+    x = torch.randn(3, 5, 4).half()
+    model = cls(4, 8, num_layers=2, bidirectional=True, batch_first=True).half()
+    kind = {nn.LSTM: "lstm", nn.GRU: "gru", nn.RNN: "rnn_tanh"}[cls]
+    results = []
+    for lengths in ([5, 5, 5], None, [5, 3, 2]):
+        model.zero_grad()
+        with DeviceMode(sim.Device("atlas-training"), strict=True) as mode:
+            if lengths is None:
+                out = model(x)[0].transpose(0, 1).reshape(15, 16)  # step-major rows, as packed data
+            else:
+                out = model(pack_padded_sequence(x, torch.tensor(lengths), batch_first=True))[0].data
+            (out.float() * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+        assert mode.routes[f"aten.{kind}", "fused"] == 1 and mode.routes[f"aten.{kind}_backward", "fused"] == 1
+        results.append([out, *[p.grad.clone() for p in model.parameters()]])
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(*results[:2], strict=True))
+    assert results[2][0].shape == (10, 16) and torch.isfinite(results[2][0]).all()
 
 
 def _device_gelu(dev, a):

@@ -22,15 +22,19 @@ from sim.torch import DeviceMode  # noqa: E402
 nn = torch.nn
 
 
-def _decomposed(kind, x, hx, params, flags, grads, seed):
+def _decomposed(kind, x, hx, params, flags, grads, seed, batch_sizes=None):
     """torch.<kind> as torch's CPU decomposition (oneDNN off: its LSTM is one host-dependent call)
-    in Binary32Mode: outputs, input gradients by autograd, and the events of each pass."""
+    in Binary32Mode: outputs, input gradients by autograd, and the events of each pass. With
+    ``batch_sizes``, x is a packed sequence's data (torch's packed overload, which has no
+    batch_first)."""
     fn = getattr(torch, kind)
     leaves = [t.clone().requires_grad_(True) for t in [x, *hx, *params]]
     h, ps = leaves[1:1 + len(hx)], leaves[1 + len(hx):]
+    head = (leaves[0],) if batch_sizes is None else (leaves[0], batch_sizes)
+    tail = flags if batch_sizes is None else flags[:-1]
     torch.manual_seed(seed)
     with torch.enable_grad(), torch.backends.mkldnn.flags(enabled=False):
-        outs, events = b32.run(lambda: list(fn(leaves[0], tuple(h) if kind == "lstm" else h[0], ps, *flags)),
+        outs, events = b32.run(lambda: list(fn(*head, tuple(h) if kind == "lstm" else h[0], ps, *tail)),
                                [x, *hx, *params])
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
         with b32.Binary32Mode() as mode:
@@ -40,17 +44,19 @@ def _decomposed(kind, x, hx, params, flags, grads, seed):
     return [o.detach() for o in outs], events, list(gs), back
 
 
-def _fused(kind, x, hx, params, flags, grads, seed):
+def _fused(kind, x, hx, params, flags, grads, seed, batch_sizes=None):
     has_biases, layers, p, train, bidirectional, batch_first = flags
     keep, p = None, (p if train else 0.0)
     if 0 < p < 1 and layers > 1:
         torch.manual_seed(seed)
         width = hx[0].shape[2] * (2 if bidirectional else 1)
-        shape = (x.shape[1], x.shape[0], width) if batch_first else (x.shape[0], x.shape[1], width)
-        keep = [b32.bernoulli_mask(shape, 1 - p).numpy() for _ in range(layers - 1)]
+        rows = (x.shape[0],) if batch_sizes is not None else (
+            (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1]))
+        keep = [b32.bernoulli_mask((*rows, width), 1 - p).numpy() for _ in range(layers - 1)]
     outs, tape, flags_fwd = recurrent.forward(kind, x.numpy(), [h.numpy() for h in hx], [w.numpy() for w in params],
                                               has_biases=has_biases, num_layers=layers, bidirectional=bidirectional,
-                                              batch_first=batch_first, dropout=p, keep=keep)
+                                              batch_first=batch_first, dropout=p, keep=keep,
+                                              batch_sizes=None if batch_sizes is None else batch_sizes.numpy())
     outs = [torch.from_numpy(o) for o in outs]
     events = b32.judge(outs, [x, *hx, *params], flags_fwd)
     gs, flags_back = recurrent.backward(tape, [None if g is None else g.numpy() for g in grads])
@@ -69,7 +75,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _case(kind, layers=1, bidirectional=False, bias=True, batch_first=False, proj=0, steps=4, batch=3, size=4,
-          hidden=5, p=0.0, train=False, used=(True, True, True), values=None, seed=0):
+          hidden=5, p=0.0, train=False, used=(True, True, True), values=None, seed=0, lengths=None):
+    """One configuration's operands; ``lengths``: a packed sequence of those lengths (any order)."""
+    if lengths is not None:
+        steps, batch, batch_first = max(lengths), len(lengths), False
     torch.manual_seed(seed)
     kw = dict(num_layers=layers, bidirectional=bidirectional, bias=bias, batch_first=batch_first)
     if kind.startswith("rnn"):
@@ -87,9 +96,14 @@ def _case(kind, layers=1, bidirectional=False, bias=True, batch_first=False, pro
     hx = [h.half().float() for h in hx]
     shapes = [(batch, steps, dirs * out) if batch_first else (steps, batch, dirs * out), (layers * dirs, batch, out),
               (layers * dirs, batch, hidden)][:3 if kind == "lstm" else 2]
+    batch_sizes = None
+    if lengths is not None:
+        packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+        x, batch_sizes = packed.data, packed.batch_sizes
+        shapes[0] = (len(x), dirs * out)
     grads = [torch.randn(s).half().float() if u else None for s, u in zip(shapes, used, strict=False)]
     flags = (bias, layers, p, train, bidirectional, batch_first)
-    return kind, x, hx, params, flags, grads, seed
+    return kind, x, hx, params, flags, grads, seed, batch_sizes
 
 
 def _check(case):
@@ -143,6 +157,34 @@ def test_extreme_inputs_give_the_decompositions_values_and_events(kind, values, 
     """Inputs of zeros of either sign, binary16's extremes, infinities and NaNs (saturating the gates,
     overflowing the products, NaN through the recurrence): the same values and events."""
     _check(_case(kind, 2, bidirectional, values=values, seed=seed))
+
+
+LENGTHS = [[4, 2, 1], [3, 3, 3], [5, 3, 3, 1], [1, 2, 2]]
+
+
+@pytest.mark.parametrize("kind,layers,bidirectional,bias", list(itertools.product(recurrent.KINDS, [1, 2],
+                                                                                   [False, True], [True, False])))
+def test_a_packed_sequence_is_torchs_packed_decomposition_bit_for_bit(kind, layers, bidirectional, bias):
+    """PackedLayer and ReversedPackedLayer: rows leaving (forward) and joining (reverse) the batch,
+    lengths equal or not, in any order (pack_padded_sequence sorts them)."""
+    for lengths in LENGTHS:
+        _check(_case(kind, layers, bidirectional, bias, lengths=lengths, seed=len(lengths)))
+
+
+@pytest.mark.parametrize("kind", list(recurrent.KINDS))
+def test_a_packed_sequence_with_dropout_unused_outputs_and_signed_zeros(kind):
+    """Dropout between packed layers (masks over the data), outputs the loss does not use, and
+    zeros of either sign among inputs and gradients (autograd's +0 outside a slice's rows)."""
+    _check(_case(kind, 3, True, p=0.4, train=True, seed=3, lengths=[4, 2, 2, 1]))
+    for used in [(True, False, False), (False, True, False), (False, False, True)]:
+        if kind != "lstm" and used[2]:
+            used = (False, True, True)
+        _check(_case(kind, 2, True, used=used, seed=1, lengths=[3, 1, 2]))
+    _check(_case(kind, 2, True, values=[0.0, -0.0, 1.0], seed=5, lengths=[4, 2, 1]))
+
+
+def test_packed_lstm_projections():
+    _check(_case("lstm", 2, True, proj=3, lengths=[4, 2, 1]))
 
 
 def test_an_unknown_kind_or_a_dropout_without_masks_is_refused():

@@ -252,6 +252,8 @@ exact("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, 2), h(1, 2, 4, 4
 exact("adaptive_max_pool3d", lambda x: F.adaptive_max_pool3d(x, 2), h(1, 1, 2, 4, 4))
 exact("constant_pad_nd", lambda x: F.pad(x, (1, 2)), h(2, 3, t=True))
 exact("as_strided", lambda x: x.as_strided((2, 2), (1, 2)), h(6))
+exact("_pack_padded_sequence", lambda x: torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([3, 1])).data,
+      h(3, 2, 4), backward=True)
 exact("lift_fresh", lambda: torch.tensor([1.5, 2.0], dtype=H))
 exact("lift_fresh 0-d", lambda: torch.tensor(1.5, dtype=H), packet="lift_fresh")
 exact("_reshape_alias", lambda x: aten._reshape_alias(x, [4, 3], [3, 1]), h(3, 4))

@@ -131,6 +131,20 @@ class Recurrent(torch.nn.Module):
         return self.head(self.rnn(self.embed(input_ids))[0])
 
 
+class PackedRecurrent(Recurrent):
+    """:class:`Recurrent` on a packed batch: the sequences shortened by 3 tokens each from the
+    second on (at least one left), packed, run and padded back (zeros after each end)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        steps = input_ids.shape[1]
+        lengths = (steps - 3 * torch.arange(input_ids.shape[0])).clamp(min=1)
+        packed = pack_padded_sequence(self.embed(input_ids), lengths, batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=steps)
+        return self.head(out)
+
+
 class EmbeddingNorm(torch.nn.Module):
     """Word embeddings (1000 words, width 64), BatchNorm1d over the features, dropout and a head."""
 
@@ -331,6 +345,11 @@ ZOO: dict[str, Entry] = {
                       lambda: Recurrent(torch.nn.RNN, 64, 1000), "tokens"),
     "bilstm_proj": Entry("torch", "bidirectional nn.LSTM 32-32 with projections to 16, 2 layers, dropout 0.2",
                          lambda: Recurrent(torch.nn.LSTM, bidirectional=True, proj_size=16, dropout=0.2), "tokens"),
+    "lstm_packed": Entry("torch", "bidirectional nn.LSTM 32-32 on a packed batch of unequal lengths, 2 layers, "
+                         "dropout 0.2", lambda: PackedRecurrent(torch.nn.LSTM, bidirectional=True, dropout=0.2),
+                         "tokens"),
+    "gru_packed": Entry("torch", "nn.GRU 32-32 on a packed batch of unequal lengths, 2 layers",
+                        lambda: PackedRecurrent(torch.nn.GRU), "tokens"),
     "embed_norm": Entry("torch", "embedding (1000 words, width 64), BatchNorm1d, dropout 0.1 and a head",
                         EmbeddingNorm, "tokens"),
     "sdpa": Entry("torch", "a causal transformer layer on F.scaled_dot_product_attention (dropout 0.1), width 32",
