@@ -194,13 +194,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("loss", ("mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
                     "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
                     "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward",
-                    "multi_margin_loss", "multi_margin_loss_backward"), True,
+                    "multi_margin_loss", "multi_margin_loss_backward", "_ctc_loss", "_ctc_loss_backward"), True,
            "aclnnMseLoss, aclnnSmoothL1Loss, aclnnHuberLoss, aclnnBinaryCrossEntropy, "
            "aclnnBinaryCrossEntropyWithLogits, aclnnSoftMarginLoss and their backward: the fused model (binary32 "
            "inside, one rounding per output); multi_margin_loss, which has no kernel of its own there, "
            "modelled the same way (this project's choice) in the order of torch's CPU kernel "
-           "(LossMultiMargin.cpp); no unfused model: chosen unfused, it takes the float32 route",
-           "losses computed in float16 or bfloat16 (a mixed-precision loop usually computes them in float32)"),
+           "(LossMultiMargin.cpp); aclnnCtcLoss and aclnnCtcLossBackward: torch's CPU recurrences (LossCTC.cpp) "
+           "in binary32, exp and log correctly rounded, the loss alone judged for events (its log-space alphas "
+           "are -inf by design); no unfused model: chosen unfused, it takes the float32 route",
+           "losses computed in float16 or bfloat16 (a mixed-precision loop usually computes them in float32), "
+           "F.multi_margin_loss and F.ctc_loss"),
 )
 
 #: The families by name.

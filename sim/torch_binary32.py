@@ -1392,6 +1392,137 @@ def _embedding_bag_per_sample_weights_backward(mode, grad, weight, indices, offs
     return _t(np.where(counted, dots, np.float32(0)))
 
 
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """CTC's operands as torch's kernel reads them (LossCTC.cpp): log-probabilities (B, T, C), the
+    lengths, and each item's extended target (blank, l1, blank, l2, ..., blank)."""
+    lengths = [np.asarray(v.numpy() if isinstance(v, torch.Tensor) else v, np.int64).reshape(-1)
+               for v in (input_lengths, target_lengths)]
+    t_in, t_len = lengths
+    tg = targets.numpy().astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(t_len)[:-1]]) if tg.ndim == 1 else None
+    primes = []
+    for b, n in enumerate(t_len):
+        labels = tg[starts[b]:starts[b] + n] if tg.ndim == 1 else tg[b, :n]
+        prime = np.full(2 * n + 1, blank, np.int64)
+        prime[1::2] = labels
+        primes.append(prime)
+    return np.moveaxis(_np(log_probs), 1, 0), t_in, t_len, primes
+
+
+def _log_sum(mode, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    """log(exp(a - m) + exp(b - m) [+ exp(c - m)]) + m, m the largest (first wins a tie; 0 if all
+    -inf), as torch's CTC kernel adds its terms, exp and log correctly rounded in binary32."""
+    m = np.where(b > a, b, a)
+    if c is not None:
+        m = np.where(c > m, c, m)
+    m = np.where(m == -np.inf, np.float32(0), m).astype(np.float32)
+    with np.errstate(all="ignore"):
+        total = _cr_np(mode, "exp", a - m) + _cr_np(mode, "exp", b - m)
+        if c is not None:
+            total = total + _cr_np(mode, "exp", c - m)
+        return _cr_np(mode, "log", total) + m
+
+
+def _ctc_loss(mode, log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """torch's CTC forward (LossCTC.cpp, ctc_loss_cpu_template) in binary32: the alphas step by
+    step, each a log of the sum of the allowed predecessors' exponentials (``_log_sum``) plus the
+    step's log-probability, the loss minus the log of the last two alphas' sum. Returns (loss,
+    log_alpha); the alphas torch leaves unwritten are -inf here."""
+    if not _all32(log_probs):
+        return NotImplemented
+    lp, t_in, t_len, primes = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    batch, steps = lp.shape[:2]
+    width = 2 * (max(t_len) if len(t_len) else 0) + 1
+    alpha = np.full((batch, steps, width), -np.inf, np.float32)
+    nll = np.empty(batch, np.float32)
+    with np.errstate(all="ignore"):
+        for b in range(batch):
+            n, prime = t_in[b], primes[b]
+            s = len(prime)
+            if n == 0:
+                nll[b] = -(0.0 if t_len[b] == 0 else -np.inf)
+                continue
+            la = alpha[b]
+            la[0, 0] = lp[b, 0, blank]
+            if s > 1:
+                la[0, 1] = lp[b, 0, prime[1]]
+            skip = np.zeros(s, bool)
+            skip[2:] = prime[:-2] != prime[2:]
+            for t in range(1, n):
+                prev = la[t - 1, :s]
+                a2 = np.concatenate([[-np.inf], prev[:-1]]).astype(np.float32)
+                a3 = np.where(skip, np.concatenate([[-np.inf, -np.inf], prev[:-2]])[:s], -np.inf).astype(np.float32)
+                la[t, :s] = _log_sum(mode, prev, a2, a3) + lp[b, t, prime]
+            end = la[n - 1]
+            nll[b] = -(end[0] if s == 1 else _log_sum(mode, end[s - 1:s], end[s - 2:s - 1])[0])
+    return _t(nll), _t(alpha)
+
+
+def _ctc_loss_backward(mode, grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
+                       zero_infinity=False):
+    """torch's CTC backward (ctc_loss_backward_cpu_template) in binary32: the betas step by step as
+    the alphas, each step's alpha + beta collected per character in descending order of the
+    extended target's positions (``_log_sum`` of two), then exp(lp) - exp(collected + nll - lp),
+    times the loss's gradient; steps past an item's length 0; an infinite loss with
+    ``zero_infinity`` a zero gradient."""
+    if not _all32(grad, log_probs, nll, log_alpha):
+        return NotImplemented
+    lp, t_in, t_len, primes = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    batch, steps, classes = lp.shape
+    la_all, losses, g_out = _np(log_alpha), _np(nll), _np(grad).reshape(-1)
+    out = np.zeros((batch, steps, classes), np.float32)
+    with np.errstate(all="ignore"):
+        for b in range(batch):
+            n, prime = t_in[b], primes[b]
+            s = len(prime)
+            if (zero_infinity and losses[b] == np.inf) or n == 0:
+                continue
+            la = la_all[b]
+            lb = np.full((n, s), -np.inf, np.float32)
+            col = np.full((n, classes), -np.inf, np.float32)
+            lb[n - 1, s - 1] = lp[b, n - 1, blank]
+            col[n - 1, blank] = la[n - 1, s - 1] + lb[n - 1, s - 1]
+            if s > 1:
+                lb[n - 1, s - 2] = lp[b, n - 1, prime[s - 2]]
+                col[n - 1, prime[s - 2]] = la[n - 1, s - 2] + lb[n - 1, s - 2]
+            skip = np.zeros(s, bool)
+            skip[:-2] = prime[2:] != prime[:-2]
+            order = np.arange(s - 1, -1, -1)  # the positions in torch's order, descending
+            rounds = _ctc_rounds(prime[order])
+            for t in range(n - 2, -1, -1):
+                nxt = lb[t + 1]
+                b2 = np.concatenate([nxt[1:], [-np.inf]]).astype(np.float32)
+                b3 = np.where(skip, np.concatenate([nxt[2:], [-np.inf, -np.inf]])[-s:], -np.inf).astype(np.float32)
+                lb[t] = _log_sum(mode, nxt, b2, b3) + lp[b, t, prime]
+                both = la[t, :s] + lb[t]
+                for picks in rounds:  # one position per character a round, in descending order
+                    pos = order[picks]
+                    chars, new = prime[pos], both[pos]
+                    old = col[t, chars]
+                    empty = old == -np.inf
+                    merged = new.copy()
+                    if (~empty).any():
+                        merged[~empty] = _log_sum(mode, old[~empty], new[~empty])
+                    col[t, chars] = merged
+            p = lp[b, :n]
+            out[b, :n] = (_cr_np(mode, "exp", p) - _cr_np(mode, "exp", (col + losses[b]) - p)) * g_out[b]
+    return _t(np.ascontiguousarray(np.moveaxis(out, 0, 1)))
+
+
+def _ctc_rounds(chars: np.ndarray) -> list[np.ndarray]:
+    """The indices of ``chars`` in rounds, each character at most once a round and each
+    character's occurrences in order across the rounds."""
+    seen: dict[int, int] = {}
+    rounds: list[list[int]] = []
+    for i, c in enumerate(chars.tolist()):
+        r = seen.get(c, 0)
+        seen[c] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    return [np.asarray(r, np.int64) for r in rounds]
+
+
 # -- random draws --------------------------------------------------------------------------------------
 def _uniform64(shape, generator=None) -> torch.Tensor:
     """Binary64 draws in [0, 1) from torch's generator (its uniform_ kernel: no floating-point
@@ -1539,7 +1670,8 @@ IMPLEMENTED.update({
     aten.logsumexp: _logsumexp, aten.logcumsumexp: _logcumsumexp, aten.linalg_vector_norm: _vector_norm,
     aten.norm: _norm, aten._cdist_forward: _cdist, aten._cdist_backward: _cdist_backward, aten._pdist_forward: _pdist,
     aten._pdist_backward: _pdist_backward, aten.embedding_renorm_: _embedding_renorm_,
-    aten._trilinear: _trilinear, aten._embedding_bag: _embedding_bag,
+    aten._trilinear: _trilinear, aten._embedding_bag: _embedding_bag, aten._ctc_loss: _ctc_loss,
+    aten._ctc_loss_backward: _ctc_loss_backward,
     aten._embedding_bag_backward: _embedding_bag_backward,
     aten._embedding_bag_per_sample_weights_backward: _embedding_bag_per_sample_weights_backward,
     aten.mm: _mm, aten.bmm: _mm, aten.mv: _mm, aten.dot: _dot, aten.addmm: _addmm, aten.baddbmm: _baddbmm,
@@ -1799,9 +1931,10 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
     how = _HOW.get(func)
     if how is None:
         how = _HOW[func] = _how(func)
+    judged = _JUDGED.get(func.overloadpacket)
     if how[0] == "native":  # torch's own kernel, which is what the mode would call: no mode to enter
         out = func(*args, **kwargs)
-        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise, poles)
+        return out, _judge(out[:judged] if judged else out, _NO_FLAGS, operands, elementwise, pointwise, poles)
     if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
         # The model called as the mode's dispatch would call it (a handler runs with the mode off;
         # DeviceMode calls this from its own handler, below autograd), without a round trip
@@ -1809,8 +1942,19 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
         mode = Binary32Mode()
         out = how[1](mode, *args, **kwargs)
         if out is not NotImplemented:
-            return out, _judge(out, mode, operands, elementwise, pointwise)
+            return out, _judge(out[:judged] if judged else out, mode, operands, elementwise, pointwise)
+    if judged:
+        mode = Binary32Mode()
+        with mode:
+            out = func(*args, **kwargs)
+        return out, _judge(out[:judged], mode, operands, elementwise, pointwise, poles)
     return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, poles)
+
+
+#: Operations whose first outputs alone are results, by packet: how many. The others are working
+#: values kept for the backward whose infinities are meant (CTC's log-space alphas are -inf where no
+#: alignment reaches), not events.
+_JUDGED = {aten._ctc_loss: 1}
 
 
 class _Flags:

@@ -170,6 +170,8 @@ RNN_WEIGHTS = {name: [w.detach().half() for w in cls(4, 8, num_layers=2, batch_f
                                                                 include_last_offset=True), (X,)),
     ("bilinear", lambda a, b, w, c: F.bilinear(a, b, w, c), (X[:, :3], X[:, 4:8], X[:5, :12].reshape(5, 3, 4),
                                                              X[0, :5])),
+    ("ctc_loss", lambda x: F.ctc_loss(x.reshape(6, 2, 8).log_softmax(2), torch.tensor([[1, 2, 2], [3, 1, 4]]),
+                                      torch.tensor([6, 5]), torch.tensor([3, 2])), (X,)),
     ("multi_margin_loss", lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 15, 2, 7, 7]), p=2, margin=0.5),
      (X,)),
     ("affine_grid", lambda t: F.affine_grid(t, (2, 1, 5, 7), align_corners=False), (torch.randn(2, 2, 3).half(),)),

@@ -592,19 +592,16 @@ PROBE = {
     "bilinear": lambda d: Fn.bilinear(_probe((2, 3), d), _probe((2, 4), d), _probe((5, 3, 4), d), _probe(5, d)),
     "embedding max_norm": lambda d: Fn.embedding(torch.tensor([1, 2]), _probe((5, 3), d, grad=False), max_norm=1.0),
     "logcumsumexp": lambda d: torch.logcumsumexp(_probe(5, d), 0),
+    "ctc_loss": lambda d: Fn.ctc_loss(_probe((6, 2, 5), d).log_softmax(2), torch.tensor([[1, 2], [3, 4]]),
+                                      torch.tensor([6, 6]), torch.tensor([2, 2])),
     "multi_margin_loss": lambda d: Fn.multi_margin_loss(_probe((3, 4), d), torch.tensor([0, 1, 2])),
     "trace and renorm": lambda d: torch.trace(_probe((4, 4), d)) + torch.renorm(_probe((3, 4), d), 2, 0, 1.0).sum(),
     "interpolation": lambda d: Fn.interpolate(_probe((1, 1, 4, 4), d), scale_factor=2, mode="bicubic").sum()
     + Fn.interpolate(_probe((1, 1, 2, 2, 2), d), scale_factor=2, mode="trilinear").sum(),
 }
 #: The functions still without a device, exact or fused route (strict refuses them; without strict
-#: they take the float32 route): what is left of the probe. ctc_loss's log-space alphas hold -inf by
-#: design (impossible alignments), which the register's rule (an infinity from finite operands is an
-#: event) would report on every call: it waits for a rule for an intended infinity.
-STILL_FLOAT32 = {
-    "ctc_loss": lambda d: Fn.ctc_loss(_probe((6, 2, 5), d).log_softmax(2), torch.tensor([[1, 2], [3, 4]]),
-                                      torch.tensor([6, 6]), torch.tensor([2, 2])),
-}
+#: they take the float32 route): what is left of the probe.
+STILL_FLOAT32: dict = {}
 
 
 def _forward_backward(fn, dtype):
