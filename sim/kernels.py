@@ -1165,7 +1165,6 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
     special = special_l | special_r
     for v in init.ravel():
         special |= not math.isfinite(v)
-    start = total.copy()
     matmul32(left, right, total)
     nonfinite = False
     for v in total.ravel():
@@ -1175,8 +1174,9 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
     out_status = convert(bits, out, flags, acc, dst)
     if not out_status & INEXACT:
         # The output rounding was exact (always so for binary32 outputs): whether the
-        # accumulation rounded takes a second, slower pass that tracks it.
-        status |= matmul32_inexact(left, right, start)
+        # accumulation rounded takes a second, slower pass that tracks it (from a fresh copy of
+        # the initial sums, made only here: an output-sized array the usual case never needs).
+        status |= matmul32_inexact(left, right, init.T.copy() if flip else init.copy())
     return status | out_status, special, nonfinite
 
 
