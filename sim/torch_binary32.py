@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -439,8 +440,7 @@ def _cdist_backward(mode, grad, x1, x2, p, cdist):
     with np.errstate(all="ignore"):
         diff = a[..., :, None, :] - b[..., None, :, :]
     terms = _dist_terms(mode, diff, _np(grad), _np(cdist), p)  # (..., P, R, M)
-    zero = np.zeros(terms.shape[:-2] + (1,) + terms.shape[-1:], np.float32)
-    return _t(np.add.accumulate(np.concatenate([zero, terms], axis=-2), axis=-2)[..., -1, :])
+    return _t(_from_zero(np.add, terms, -2))
 
 
 def _pdist_backward(mode, grad, x, p, pdist):
@@ -460,8 +460,7 @@ def _pdist_backward(mode, grad, x, p, pdist):
     first = t >= rows  # the row's pairs (r, t + 1), after its pairs (t, r)
     which = np.where(first, pair[rows, np.minimum(t + 1, n - 1)], pair[np.minimum(t, n - 1), rows])
     signed = np.where(first[..., None], terms[which], -terms[which])  # (n, n - 1, M)
-    zero = np.zeros((n, 1, a.shape[1]), np.float32)
-    return _t(np.add.accumulate(np.concatenate([zero, signed], axis=1), axis=1)[:, -1])
+    return _t(_from_zero(np.add, signed))
 
 
 def _embedding_renorm_(mode, w, indices, max_norm, norm_type):
@@ -490,13 +489,8 @@ def _trilinear(mode, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1
     project's model)."""
     if not _all32(i1, i2, i3):
         return NotImplemented
-    a, b, c = i1, i2, i3
-    for d in sorted(expand1):
-        a = a.unsqueeze(d)
-    for d in sorted(expand2):
-        b = b.unsqueeze(d)
-    for d in sorted(expand3):
-        c = c.unsqueeze(d)
+    a, b, c = (functools.reduce(torch.unsqueeze, sorted(dims), t)
+               for t, dims in ((i1, expand1), (i2, expand2), (i3, expand3)))
     with mode:
         product = (a * b) * c
         return product.sum(list(sumdim)) if len(sumdim) else product.contiguous()
@@ -1270,11 +1264,12 @@ def _margins(x, target, p, margin, weight) -> tuple[np.ndarray, np.ndarray, np.n
     return a, t, z, counted, w
 
 
-def _row_loop(ufunc: np.ufunc, terms: np.ndarray) -> np.ndarray:
-    """Each row's ((0 op t0) op t1) op ... in binary32, as a loop from a zero accumulates (a term
-    of +0 standing for one the loop skips: it changes no total)."""
-    zero = np.zeros((len(terms), 1), np.float32)
-    return ufunc.accumulate(np.concatenate([zero, terms], axis=1), axis=1)[:, -1]
+def _from_zero(ufunc: np.ufunc, terms: np.ndarray, axis: int = 1) -> np.ndarray:
+    """((0 op t0) op t1) op ... along ``axis`` in binary32, as a kernel's loop from a zero
+    accumulates (a term of +0 standing for one the loop skips: it changes no total); ``axis`` gone."""
+    axis %= terms.ndim
+    zero = np.zeros(terms.shape[:axis] + (1,) + terms.shape[axis + 1:], np.float32)
+    return np.take(ufunc.accumulate(np.concatenate([zero, terms], axis=axis), axis=axis), -1, axis=axis)
 
 
 def _multi_margin_loss(mode, x, target, p=1, margin=1, weight=None, reduction=1):
@@ -1289,7 +1284,7 @@ def _multi_margin_loss(mode, x, target, p=1, margin=1, weight=None, reduction=1)
         h = z if p == 1 else z * z
         if w is not None:
             h = h * w[:, None]
-        rows = _row_loop(np.add, np.where(counted, h, np.float32(0))) / np.float32(a.shape[1])
+        rows = _from_zero(np.add, np.where(counted, h, np.float32(0))) / np.float32(a.shape[1])
         if reduction == 0 and target.dim() > 0:
             return _t(rows)
         total = np.add.accumulate(rows.astype(np.float64))[-1]
@@ -1310,7 +1305,7 @@ def _multi_margin_loss_backward(mode, grad, x, target, p, margin, weight=None, r
         if w is not None:
             h = h * w[:, None]
         out = np.where(counted, h, np.float32(0))
-        out[np.arange(n), t] = _row_loop(np.subtract, out)
+        out[np.arange(n), t] = _from_zero(np.subtract, out)
         go = _np(grad)
         out = out * (go.reshape(-1)[0] if reduction != 0 or grad.dim() == 0 else go.reshape(-1, 1))
     return _t(out.reshape(x.shape))
@@ -1387,8 +1382,7 @@ def _embedding_bag_per_sample_weights_backward(mode, grad, weight, indices, offs
     bag, counted, _ = _bags(indices, offsets, len(offsets) > len(grad), padding_idx)
     with np.errstate(all="ignore"):
         products = _np(grad)[np.maximum(bag, 0)] * _np(weight)[indices.numpy().reshape(-1)]
-        zero = np.zeros((len(products), 1), np.float32)
-        dots = np.add.accumulate(np.concatenate([zero, products], axis=1), axis=1)[:, -1]
+        dots = _from_zero(np.add, products)
     return _t(np.where(counted, dots, np.float32(0)))
 
 
@@ -1925,16 +1919,15 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
     kind = _KIND.get(func)
     if kind is None:
         kind = _KIND[func] = (_out_names(func), func.overloadpacket in _ELEMENTWISE, torch.Tag.pointwise in func.tags,
-                              _POLES.get(func.overloadpacket))
-    outs, elementwise, pointwise, poles = kind  # out= tensors are written, not read: not operands
+                              _POLES.get(func.overloadpacket), _JUDGED.get(func.overloadpacket))
+    outs, elementwise, pointwise, poles, judged = kind  # out= tensors are written, not read: not operands
     operands = _operands(args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs)
     how = _HOW.get(func)
     if how is None:
         how = _HOW[func] = _how(func)
-    judged = _JUDGED.get(func.overloadpacket)
     if how[0] == "native":  # torch's own kernel, which is what the mode would call: no mode to enter
         out = func(*args, **kwargs)
-        return out, _judge(out[:judged] if judged else out, _NO_FLAGS, operands, elementwise, pointwise, poles)
+        return out, _judge(out, _NO_FLAGS, operands, elementwise, pointwise, poles, judged)
     if how[0] == "impl" and not how[2] and _touches32(args, kwargs):
         # The model called as the mode's dispatch would call it (a handler runs with the mode off;
         # DeviceMode calls this from its own handler, below autograd), without a round trip
@@ -1942,13 +1935,8 @@ def evaluate(func, args, kwargs) -> tuple[Any, int]:
         mode = Binary32Mode()
         out = how[1](mode, *args, **kwargs)
         if out is not NotImplemented:
-            return out, _judge(out[:judged] if judged else out, mode, operands, elementwise, pointwise)
-    if judged:
-        mode = Binary32Mode()
-        with mode:
-            out = func(*args, **kwargs)
-        return out, _judge(out[:judged], mode, operands, elementwise, pointwise, poles)
-    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, poles)
+            return out, _judge(out, mode, operands, elementwise, pointwise, judged=judged)
+    return run(lambda: func(*args, **kwargs), operands, elementwise, pointwise, poles, judged)
 
 
 #: Operations whose first outputs alone are results, by packet: how many. The others are working
@@ -1975,12 +1963,13 @@ _POLES: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 #: Each overload's out= names, whether it is elementwise (sim.elementary's) and pointwise (torch's tag),
-#: and its poles (``_POLES``, or None).
-_KIND: dict[Any, tuple[tuple[str, ...], bool, bool, Any]] = {}
+#: its poles (``_POLES``, or None) and how many of its outputs are judged (``_JUDGED``; None: all).
+_KIND: dict[Any, tuple[tuple[str, ...], bool, bool, Any, int | None]] = {}
 
 
 def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
-        pointwise: bool = False, poles: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Any, int]:
+        pointwise: bool = False, poles: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        judged: int | None = None) -> tuple[Any, int]:
     """``fn()`` computed in :class:`Binary32Mode`: its result and the events the float-status
     register records, judged at the outputs. An elementwise function's are its own, element by
     element (sim.elementary's). For any other computation: OVERFLOW where an output is infinite
@@ -1990,11 +1979,12 @@ def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool =
     elements at its place, broadcast) element by element, so that a NaN elsewhere in the tensor
     hides nothing, for any other over the whole call. An overflow inside a kernel whose outputs
     stay finite raises nothing: the register sees what reaches them. ``poles``: where a pointwise
-    function of one operand has its poles (``_POLES``): an infinite output there is DIVBYZERO."""
+    function of one operand has its poles (``_POLES``): an infinite output there is DIVBYZERO.
+    ``judged``: only the first outputs are results (``_JUDGED``); None: all."""
     mode = Binary32Mode()
     with mode:
         out = fn()
-    return out, _judge(out, mode, operands, elementwise, pointwise, poles)
+    return out, _judge(out, mode, operands, elementwise, pointwise, poles, judged)
 
 
 def judge(out, operands: list[torch.Tensor], flags: int = 0) -> int:
@@ -2007,11 +1997,11 @@ def judge(out, operands: list[torch.Tensor], flags: int = 0) -> int:
 
 
 def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], elementwise: bool, pointwise: bool,
-           poles: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+           poles: Callable[[torch.Tensor], torch.Tensor] | None = None, judged: int | None = None) -> int:
     """The events of a computation in ``mode`` whose result is ``out`` (see :func:`run`)."""
     if elementwise:
         return mode.flags_seen
-    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
+    outs = [o for o in (list(out) if isinstance(out, (tuple, list)) else [out])[:judged]
             if isinstance(o, torch.Tensor) and o.is_floating_point()]
     events = 0
     finite = nan_free = None  # the operands', looked at only for an output that is not finite
