@@ -30,6 +30,7 @@ b_ih, b_hh][, w_hr]``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,8 +133,8 @@ def _cell(kind: str, d: _Direction, ig: np.ndarray, h: np.ndarray, c: np.ndarray
     return y, None, {"h": h, "y": y}
 
 
-def _setup(kind: str, params: list[np.ndarray], num_layers: int, bidirectional: bool, dropout: float,
-           keep: list[np.ndarray] | None) -> tuple[list[np.ndarray | None], int, int, bool]:
+def _setup(kind: str, params: list[np.ndarray], has_biases: bool, num_layers: int, bidirectional: bool,
+           dropout: float, keep: list[np.ndarray] | None) -> tuple[list[np.ndarray | None], int, int, bool]:
     """The checks of :func:`forward`, the dropout factors of the layers after the first, the
     directions, the weights per layer and direction, and whether the LSTM projects."""
     if kind not in KINDS:
@@ -147,7 +148,6 @@ def _setup(kind: str, params: list[np.ndarray], num_layers: int, bidirectional: 
                  for k in (keep if dropout < 1 else noise)]
     dirs = 2 if bidirectional else 1
     per = len(params) // (num_layers * dirs)
-    has_biases = per in (4, 5)
     return noise, dirs, per, kind == "lstm" and per == (5 if has_biases else 3)
 
 
@@ -181,7 +181,7 @@ def forward(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list[np.ndar
     if batch_sizes is not None:
         return _forward_packed(kind, x, hx, params, has_biases, num_layers, bidirectional, dropout, keep,
                                np.asarray(batch_sizes, np.int64))
-    noise, dirs, per, proj = _setup(kind, params, num_layers, bidirectional, dropout, keep)
+    noise, dirs, per, proj = _setup(kind, params, has_biases, num_layers, bidirectional, dropout, keep)
     f = _Flags()
     seq = np.swapaxes(x, 0, 1) if batch_first else x
     steps, batch = seq.shape[0], seq.shape[1]
@@ -277,6 +277,18 @@ def _gradient_slots(tape: Tape, grads: list[np.ndarray | None]) -> tuple:
     return lstm, grads[0], grads[1], grads[2] if lstm else None, dirs, [None] * slots, [None] * slots
 
 
+def _weight_grads(d: _Direction, g_ig: np.ndarray, x: np.ndarray, wgrads: dict) -> list[np.ndarray | None]:
+    """One layer and direction's weight gradients in torch's order of its flat weights: w_ih (the
+    input gates' gradients of all steps in one product with the layer's input), w_hh, then b_ih (the
+    pairwise tree) and b_hh, then w_hr."""
+    order = [_mm(np.ascontiguousarray(g_ig.T), x), wgrads.get("w_hh")]
+    if d.b_ih is not None:
+        order += [binary32.sum(g_ig, 0), wgrads.get("b_hh")]
+    if d.w_hr is not None:
+        order.append(wgrads.get("w_hr"))
+    return order
+
+
 def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], int]:
     """The gradients of :func:`forward`'s inputs (x, the initial states, the flat weights in their
     order) from those of its outputs (None: an output not used), as autograd computes them on
@@ -313,13 +325,7 @@ def backward(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarra
             g_ig = np.stack(g_igs).reshape(steps * batch, -1)
             g_x = _mm(g_ig, d.w_ih).reshape(steps, batch, -1)
             g_input = _added(g_input, g_x)
-            w_ih = _mm(np.ascontiguousarray(g_ig.T), x)
-            order = [w_ih, wgrads.get("w_hh")]
-            if d.b_ih is not None:
-                order += [binary32.sum(g_ig, 0), wgrads.get("b_hh")]
-            if d.w_hr is not None:
-                order.append(wgrads.get("w_hr"))
-            layer_params.append(order)
+            layer_params.append(_weight_grads(d, g_ig, x, wgrads))
         g_params = [g for order in layer_params for g in order] + g_params
         if layer and tape.noise[layer - 1] is not None:
             g_input = g_input * tape.noise[layer - 1]
@@ -338,9 +344,9 @@ def _forward_packed(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list
     cell on the first ``bs[t]`` rows of the batch, the other rows' states kept as they are (a
     finished row's in the forward direction; in the reverse one, a row not yet started still holds
     its initial state)."""
-    noise, dirs, per, proj = _setup(kind, params, num_layers, bidirectional, dropout, keep)
+    noise, dirs, per, proj = _setup(kind, params, has_biases, num_layers, bidirectional, dropout, keep)
     f = _Flags()
-    offsets = np.concatenate([[0], np.cumsum(bs)[:-1]]).astype(np.int64)
+    offsets = _offsets(bs)
     h0, c0 = hx[0], (hx[1] if kind == "lstm" else None)
     layers, inputs, final_h, final_c = [], [], [], []
     layer_input = x
@@ -377,6 +383,11 @@ def _forward_packed(kind: str, x: np.ndarray, hx: list[np.ndarray], params: list
     return results, Tape(kind, False, layers, inputs, noise, bs), f.value
 
 
+def _offsets(bs: np.ndarray) -> np.ndarray:
+    """Where each step's rows begin in a packed sequence's data."""
+    return np.concatenate([[0], np.cumsum(bs)[:-1]]).astype(np.int64)
+
+
 def _placed(g: np.ndarray | None, rows: int, start: int) -> np.ndarray | None:
     """g in rows ``start:`` of a (rows, ...) array of +0 (a slice's gradient, as autograd makes it)."""
     if g is None:
@@ -395,7 +406,7 @@ def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[n
     rows' gradients from the steps where those rows joined, the latest-run first."""
     kind, f, bs = tape.kind, _Flags(), tape.batch_sizes
     lstm, g_out, g_hy, g_cy, dirs, g_h0, g_c0 = _gradient_slots(tape, grads)
-    offsets = np.concatenate([[0], np.cumsum(bs)[:-1]]).astype(np.int64)
+    offsets = _offsets(bs)
     steps = len(bs)
     g_params: list[np.ndarray | None] = []
     for layer in range(len(tape.layers) - 1, -1, -1):
@@ -444,20 +455,13 @@ def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[n
                 later = (g_mm, c_prev, h_path, n)
                 g_igs[at:at + n] = g_ig
             g_input = _added(g_input, _mm(g_igs, d.w_ih))  # linear_ih of all steps at once, as torch's
-            w_ih = _mm(np.ascontiguousarray(g_igs.T), x)
-            b_ih = binary32.sum(g_igs, 0) if d.b_ih is not None else None
             g_mm, c_prev, h_path, _ = later
             if d.reverse:
-                g_h0[slot] = _sum_parts(h0_parts)
-                g_c0[slot] = _sum_parts(c0_parts)
+                g_h0[slot] = functools.reduce(_added, h0_parts, None)
+                g_c0[slot] = functools.reduce(_added, c0_parts, None)
             else:
                 g_h0[slot], g_c0[slot] = _added(h_path, g_mm), c_prev
-            order = [w_ih, wgrads.get("w_hh")]
-            if d.b_ih is not None:
-                order += [b_ih, wgrads.get("b_hh")]
-            if d.w_hr is not None:
-                order.append(wgrads.get("w_hr"))
-            layer_params[way] = order
+            layer_params[way] = _weight_grads(d, g_igs, x, wgrads)
         g_params = [g for order in layer_params for g in order] + g_params
         if layer and tape.noise[layer - 1] is not None:
             g_input = g_input * tape.noise[layer - 1]
@@ -465,9 +469,3 @@ def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[n
     states = [np.stack(g_h0)] + ([np.stack(g_c0)] if lstm else [])
     return [g_out, *states, *g_params], f.value
 
-
-def _sum_parts(parts: list[np.ndarray | None]) -> np.ndarray | None:
-    total = None
-    for p in parts:
-        total = _added(total, p)
-    return total

@@ -342,27 +342,22 @@ def _into(op: _Op, value, dtype: torch.dtype):
     return _tensor(out)
 
 
-def _masked_fill(op: _Op, x, mask, value):
-    """x with ``value`` where ``mask`` (a selection, exact), torch's own checks first (it refuses a
-    value the dtype overflows); the value in x's dtype as every selection's (``_into``)."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
-                                                                     and value.dim() != 0):
-        raise _Unmapped
-    result = torch.masked_fill(x, mask, value)
-    v = _into(op, value, x.dtype)
-    return result if v is value else torch.masked_fill(x, mask, v)
+def _fill(fill: Callable) -> Callable:
+    """masked_fill, index_fill: x with a value placed (a selection, exact; trace's gradient writes
+    its diagonal with index_fill), torch's own checks first (it refuses a value the dtype
+    overflows); the value in x's dtype as every selection's (``_into``)."""
+    def run(op: _Op, x, *where_and_value):
+        *where, value = where_and_value
+        if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
+                                                                         and value.dim() != 0):
+            raise _Unmapped
+        result = fill(x, *where, value)
+        v = _into(op, value, x.dtype)
+        return result if v is value else fill(x, *where, v)
+    return run
 
 
-def _index_fill(op: _Op, x, dim, index, value):
-    """x with ``value`` at ``index`` along ``dim`` (a selection, exact: trace's gradient writes the
-    diagonal so), torch's own checks first; the value in x's dtype as every selection's
-    (``_into``)."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in _NUMPY or (isinstance(value, torch.Tensor)
-                                                                     and value.dim() != 0):
-        raise _Unmapped
-    result = torch.index_fill(x, dim, index, value)
-    v = _into(op, value, x.dtype)
-    return result if v is value else torch.index_fill(x, dim, index, v)
+_masked_fill, _index_fill = _fill(torch.masked_fill), _fill(torch.index_fill)
 
 
 def _angle(op: _Op, x):
