@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .checks import integer, integer_problem, integer_range
+
 __all__ = ["per_dim", "forward", "grad_input", "grad_weight", "transpose", "transpose_size"]
 
 Product = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray]
@@ -33,16 +35,15 @@ def per_dim(name: str, v, d: int, low: int) -> tuple[int, ...]:
     vs = tuple(v) if isinstance(v, (tuple, list)) else (v,) * d
     if len(vs) == 1:
         vs = vs * d
-    if len(vs) != d or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < low for e in vs):
-        raise ValueError(f"conv: {name} must be an integer of at least {low}, or {d} of them, got {v!r}")
+    if len(vs) != d or any(integer_problem(name, e, low) for e in vs):
+        raise ValueError(f"conv: {name} must be {integer_range(low, None, f'{d} of them')}, got {v!r}")
     return tuple(int(e) for e in vs)
 
 
 def check_shapes(name: str, x: np.ndarray, w: np.ndarray, groups: int) -> int:
     """The number of spatial dimensions of x (N, C, *S) and w (O, C / groups, *K), checked."""
     d = x.ndim - 2
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-        raise ValueError(f"{name}: groups must be a positive integer, got {groups!r}")
+    groups = integer(f"{name}: groups", groups, 1)
     if (d < 1 or w.ndim != x.ndim or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups):
         raise ValueError(f"{name} needs x (N, C, *S) and w (O, C/groups, *K) with O divisible by groups, "
                          f"got {x.shape}, {w.shape}, groups={groups}")

@@ -80,6 +80,7 @@ import numpy as np
 
 from . import conv, formats, mx, ops, profiles
 from . import kernels as K
+from .checks import integer
 from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import Fpu, filled, finish, plain
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
@@ -219,8 +220,7 @@ class Device:
         if mode not in self.profile.overflow_modes:
             raise ValueError(f"{self.profile.name} ({self.profile.product_en}) supports "
                              f"{self.profile.describe_modes()}, not {mode.name}")
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        threads = integer("threads", threads, 1)
         rounding = Rounding.parse(rounding)
         if rounding not in SIX_MODES:
             raise ValueError(f"a device computes in one of {', '.join(m.name for m in SIX_MODES)}; "
@@ -234,10 +234,8 @@ class Device:
         self.threads = threads
         p = self.profile
         kw = dict(rounding=rounding, tininess=p.tininess)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         #: Seeds the random bits of stochastic casts; each source format's unit draws its own stream.
-        self.seed = int(seed)
+        self.seed = integer("seed", seed, 0)
         self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, seed=4 * self.seed, **kw)
         f32_mode = mode if saturate_float32 else OverflowMode.INF_NAN
         self._fpus = {np.dtype(np.float16): self.fpu,
@@ -349,9 +347,7 @@ class Device:
 
     def join(self, group: Any, rank: int) -> None:
         """Become rank ``rank`` of the collective ``group`` (``sim.Group`` calls it)."""
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
-            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-        self._group, self._rank = group, int(rank)
+        self._group, self._rank = group, integer("rank", rank, 0)
 
     @property
     def group(self) -> Any:
@@ -900,8 +896,7 @@ class Device:
         if x.ndim != 4 or w.ndim != 4 or x.shape[1] != w.shape[1]:
             raise ValueError(f"conv2d needs x (N, C, H, W) and w (O, C, KH, KW), got {x.shape} and {w.shape}")
         for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"conv2d: {name} must be an integer of at least {low}, got {v!r}")
+            integer(f"conv2d: {name}", v, low)
         return self._conv("conv2d", x, w, stride, padding, dilation, 1, None, accumulate, out_dtype, None)
 
     def conv_grad_input(self, dy, w, input_size, stride=1, padding=0, dilation=1, groups: int = 1,

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import kernels as K
 from . import ops
+from .checks import integer
 from .formats import BINARY16, Format, format_of
 from .rounding import Flag, OverflowMode, Rounding, Tininess, config
 
@@ -156,14 +157,9 @@ class Fpu:
                              "nan_to_zero=True contradicts it: use overflow='saturation' for NaN -> 0")
         self.overflow = OverflowMode.SATURATION if satfinite else _overflow_mode(overflow)
         self.rounding = Rounding.parse(rounding)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if random_bits is not None and (isinstance(random_bits, bool) or not isinstance(random_bits, (int, np.integer))
-                                        or not 1 <= random_bits <= 62):
-            raise ValueError(f"random_bits must be an integer from 1 to 62 (or None: every dropped bit), "
-                             f"got {random_bits!r}")
-        self.seed = int(seed)
-        self.random_bits = random_bits
+        self.seed = integer("seed", seed, 0)
+        self.random_bits = None if random_bits is None else integer("random_bits", random_bits, 1, 62,
+                                                                    "None (every dropped bit)")
         self._draws = 0
         self.tininess = Tininess.parse(tininess)
         self.format = format_of(format)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .checks import integer
 from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, Format, decode, format_of
 from .fpu import Fpu
 from .rounding import Flag, OverflowMode, Rounding
@@ -80,8 +81,7 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
     fmt = format_of(fmt)
     if fmt not in ELEMENTS:
         raise ValueError(f"MX elements are {', '.join(f.name for f in ELEMENTS)}, not {fmt.name}")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive integer, got {block!r}")
+    block = integer("block", block, 1)
     x = np.asarray(x)
     if x.ndim == 0:
         raise ValueError("quantize takes an array with at least one axis")

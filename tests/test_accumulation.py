@@ -134,7 +134,7 @@ def test_micro_batches_must_leave_every_micro_batch_data() -> None:
     wl = Spikes([_batch(None, 0)])
     with pytest.raises(ValueError, match=r"micro_batches=5 leaves 1 micro-batch\(es\) without data"):
         simulate(workload=wl, profile="atlas-training", manager="fixed", steps=1, micro_batches=5)
-    with pytest.raises(ValueError, match="micro_batches must be an integer of at least 1"):
+    with pytest.raises(ValueError, match="micro_batches must be an integer from 1 to 4,096, got 0"):
         simulate(workload=wl, steps=1, micro_batches=0)
 
 

@@ -32,9 +32,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     (["run", "--manager-arg", "init_loss_scale=big"], "bad value for init_loss_scale"),
     (["run", "--workload-arg", "width=3"], "workload 'mlp' takes no argument 'width'; valid: hidden"),
     (["run", "--profile", "atlas-training", "--overflow-mode", "inf_nan"], "supports SATURATION"),
-    (["run", "--steps", "0"], "argument --steps: must be an integer of at least 1 and at most 10,000,000, got '0'"),
+    (["run", "--steps", "0"], "argument --steps: must be an integer from 1 to 10,000,000, got '0'"),
     (["run", "--steps", "many"],
-     "argument --steps: must be an integer of at least 1 and at most 10,000,000, got 'many'"),
+     "argument --steps: must be an integer from 1 to 10,000,000, got 'many'"),
     (["compare", "--manager", "torch"], "at least two different --manager"),
     ([], "a command is needed; valid: run, compare, plot, profiles"),
 ])

@@ -30,7 +30,7 @@ def test_a_config_or_keywords_give_the_same_run() -> None:
     assert by_config.summary["arguments"] == by_keywords.summary["arguments"]
     with pytest.raises(TypeError):
         simulate(colour="red")
-    with pytest.raises(ValueError, match="steps must be an integer of at least 1 and at most 10,000,000, got 0"):
+    with pytest.raises(ValueError, match="steps must be an integer from 1 to 10,000,000, got 0"):
         RunConfig(steps=0)
 
 
@@ -49,7 +49,7 @@ def test_every_option_axis_and_summary_argument_comes_from_the_config() -> None:
 
 def test_checks_come_from_the_declared_bounds_and_choices() -> None:
     assert check_arguments({"steps": 0, "manager_defaults": "x", "fp8_args": 3}) == [
-        "steps must be an integer of at least 1 and at most 10,000,000, got 0",
+        "steps must be an integer from 1 to 10,000,000, got 0",
         "fp8_args must be a table of arguments, got 3",
         "unknown manager_defaults 'x'; valid: demo, framework",
         "fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')"]

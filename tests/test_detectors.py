@@ -205,7 +205,7 @@ def test_no_log_unless_asked_but_phase_counts_kept() -> None:
         Device(record_events="yes")
     with pytest.raises(ValueError, match="phase must be a non-empty string"):
         begin_phase(dev, "")
-    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+    with pytest.raises(ValueError, match="step must be an integer of at least 0, or None, got -1"):
         begin_phase(dev, "forward", step=-1)
 
 

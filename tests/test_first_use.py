@@ -108,7 +108,7 @@ manager_args = [{}, {bogus = 1}]
     code, out, err = sweep_cli(capsys, tmp_path, text)
     lines = err.splitlines()
     assert code == 2 and all(line.startswith("lossscale: error: ") for line in lines) and "Traceback" not in err
-    assert any("steps must be an integer of at least 1 and at most 10,000,000, got '20' (12 of 12 points)" in line
+    assert any("steps must be an integer from 1 to 10,000,000, got '20' (12 of 12 points)" in line
                for line in lines)
     assert any("unknown manager 'torhc'" in line for line in lines)
     assert any("unknown profile 'atlas-9'" in line and "(6 of 12 points)" in line for line in lines)

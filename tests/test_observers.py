@@ -106,7 +106,7 @@ def test_group_joins_its_devices() -> None:
     assert [(d.group, d.rank) for d in devs] == [(group, 0), (group, 1)]
     with pytest.raises(AttributeError):
         devs[0].rank = 3  # set by join only
-    with pytest.raises(ValueError, match="rank must be a non-negative integer"):
+    with pytest.raises(ValueError, match="rank must be an integer of at least 0, got -1"):
         devs[0].join(group, -1)
 
 

@@ -199,7 +199,7 @@ def test_fixed_manager() -> None:
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: ExponentialUpdateLossScaleManager(2**10, 0), "incr_every_n_steps must be at least 1, got 0"),
+    (lambda: ExponentialUpdateLossScaleManager(2**10, 0), "incr_every_n_steps must be an integer of at least 1, got 0"),
     (lambda: ExponentialUpdateLossScaleManager(2**10, 10, incr_ratio=0.5), "incr_ratio must be greater than 1"),
     (lambda: ExponentialUpdateLossScaleManager(2**10, 10, decr_ratio=1.5), "decr_ratio must be between 0 and 1"),
     (lambda: ExponentialUpdateLossScaleManager(float("inf"), 10), "init_loss_scale must be finite"),
@@ -207,7 +207,7 @@ def test_fixed_manager() -> None:
     (lambda: ExponentialUpdateLossScaleManager(2**10, 2.5), "incr_every_n_steps must be an integer"),
     (lambda: ExponentialUpdateLossScaleManager(2**10, True), "incr_every_n_steps must be an integer"),
     (lambda: TorchGradScaler(backoff_factor=1.0), "backoff_factor must be between 0 and 1"),
-    (lambda: DeepSpeedLossScaler(scale_window=0), "scale_window must be at least 1"),
+    (lambda: DeepSpeedLossScaler(scale_window=0), "scale_window must be an integer of at least 1"),
     (lambda: MegatronGradScaler(1, 2, 2, 0.5, 10, 1), "min_scale must not exceed initial_scale"),
     (lambda: JmpDynamicLossScale(float("nan")), "loss_scale must be finite"),
     (lambda: FixedLossScaleManager(8, enable_overflow_check="yes"), "enable_overflow_check must be a bool"),

@@ -182,9 +182,9 @@ def test_an_exception_by_design_is_explained_not_leaked() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_examples": 0}, "max_examples must be at least 1, got 0"),
-    ({"max_steps": -1}, "max_steps must be at least 1, got -1"),
-    ({"growth_within": 2.5}, "growth_within must be an integer, got 2.5"),
+    ({"max_examples": 0}, "max_examples must be an integer of at least 1, got 0"),
+    ({"max_steps": -1}, "max_steps must be an integer of at least 1, got -1"),
+    ({"growth_within": 2.5}, "growth_within must be an integer of at least 1, got 2.5"),
     ({"raises": MinimumScaleError}, "raises must be a tuple of exception classes"),
 ])
 def test_bad_settings_are_refused_before_hypothesis_runs(kwargs, message) -> None:

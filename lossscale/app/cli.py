@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sim import profiles
+from sim.checks import integer_problem, integer_range
 
 from ..training.config import settings
 from ..training.simulate import MANAGERS, Interrupted, Run, StepFailed, manager_arguments, simulate
@@ -78,9 +79,8 @@ def _integer(low: int, high: int | None = None):
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}"
-                                             f"{f' and at most {high:,}' if high else ''}, got {text!r}")
+        if value is None or integer_problem("", value, low, high):
+            raise argparse.ArgumentTypeError(f"must be {integer_range(low, high)}, got {text!r}")
         return value
     parse.__name__ = "integer"
     return parse

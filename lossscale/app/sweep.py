@@ -46,6 +46,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from sim.checks import integer
+
 from ..training.config import check_arguments, recorded
 from .files import (
     check_path,
@@ -235,8 +237,7 @@ def run_sweep(grid: Path, out: Path, workers: int = 1, scheduler: str | None = N
     fixed, axes = load_grid(grid)
     if heatmap is not None:
         heatmap_axes([], heatmap)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer of at least 1, got {workers!r}")
+    workers = integer("workers", workers, 1)
     grid_points = points(fixed, axes)
     problems = check_points(grid_points)
     if problems:

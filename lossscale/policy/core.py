@@ -19,6 +19,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from sim.checks import integer
+
 __all__ = ["Policy", "Manager", "PolicyManager", "face", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED",
            "register", "DEMO_SCALE", "describe", "check_scale", "missing_scaler_methods"]
 
@@ -318,10 +320,7 @@ def check_ratio(name: str, value: Any, above_one: bool) -> None:
 
 
 def check_period(name: str, value: Any, low: int = 1) -> None:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value!r}")
+    integer(name, value, low)
 
 
 def check_bool(name: str, value: Any) -> None:

@@ -17,6 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 from sim import OverflowMode, profiles
+from sim.checks import integer_problem
 
 from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
@@ -118,13 +119,13 @@ def _check_workload(get: Callable[[str], Any]) -> None:
     workload, wargs = get("workload"), get("workload_args")
     if not isinstance(workload, str) or (workload not in WORKLOADS and not is_import_path(workload)):
         raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)} or package.module:factory")
-    if isinstance(wargs, (dict, type(None))) and isinstance(get("seed"), int) and get("seed") >= 0:
-        made = _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), get("seed"))
+    if isinstance(wargs, (dict, type(None))) and integer_problem("seed", get("seed"), 0) is None:
+        made = _workload_check(workload, json.dumps(wargs or {}, sort_keys=True), int(get("seed")))
         ranks = get("ranks")
-        if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:  # else integer_problems says
+        if integer_problem("ranks", ranks, 1) is None:  # else integer_problems says
             micro = get("micro_batches")
-            valid = isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1  # else integer_problems says
-            check_split(made, made.batches(1)[0], ranks, micro if valid else 1)
+            valid = integer_problem("micro_batches", micro, 1) is None  # else integer_problems says
+            check_split(made, made.batches(1)[0], int(ranks), int(micro) if valid else 1)
 
 
 def _check_manager(get: Callable[[str], Any]) -> None:
@@ -247,6 +248,9 @@ class RunConfig:
         wrong = integer_problems(lambda name: getattr(self, name))
         if wrong:
             raise ValueError(wrong[0])
+        for f in settings():  # numpy's integers as Python's: a run's files write them as numbers
+            if f.metadata["low"] is not None:
+                object.__setattr__(self, f.name, int(getattr(self, f.name)))
         _check_positive("clip_grad_norm", self.clip_grad_norm)
         check_stages(self.pipeline_stages, self.micro_batches)
 
@@ -303,13 +307,9 @@ SIGNATURE = inspect.Signature(list(_parameters()), return_annotation="Run")
 
 def integer_problems(get: Callable[[str], Any]) -> list[str]:
     """The integer settings (``get(name)``) that are not integers within their bounds."""
-    problems = []
-    for f in settings():
-        low, high, v = f.metadata["low"], f.metadata["high"], get(f.name)
-        if low is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low or (high and v > high)):
-            problems.append(f"{f.name} must be an integer of at least {low}{f' and at most {high:,}' if high else ''}"
-                            f", got {v!r}")
-    return problems
+    problems = [integer_problem(f.name, get(f.name), f.metadata["low"], f.metadata["high"]) for f in settings()
+                if f.metadata["low"] is not None]
+    return [p for p in problems if p is not None]
 
 
 def check_arguments(args: dict[str, Any]) -> list[str]:

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from sim import Device, Flag, mx
+from sim.checks import integer
 from sim.device import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
@@ -125,11 +126,8 @@ class DelayedScaling(Recipe):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_reduce(self.reduce_amax)
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int):
-            raise ValueError(f"margin must be an integer, got {self.margin!r}")
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
-                or self.amax_history_len < 1:
-            raise ValueError(f"amax_history_len must be a positive integer, got {self.amax_history_len!r}")
+        integer("margin", self.margin)
+        integer("amax_history_len", self.amax_history_len, 1)
         if self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {self.amax_compute_algo!r}")
 
@@ -209,8 +207,7 @@ class MXScaling(Recipe):
             raise ValueError("MX blocks hold E4M3 or E5M2 elements (fp8_format E4M3 or HYBRID), not HiFloat8")
         if self.rule not in mx.RULES:
             raise ValueError(f"unknown MX rule {self.rule!r}; valid: {', '.join(mx.RULES)}")
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
-            raise ValueError(f"block must be a positive integer, got {self.block!r}")
+        integer("block", self.block, 1)
 
     def initial(self) -> tuple:
         return ()

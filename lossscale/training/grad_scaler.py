@@ -36,6 +36,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from sim import Device, Event
+from sim.checks import integer
 from sim.torch import NUMPY_DTYPES as _NUMPY
 from sim.torch import DeviceMode
 from sim.torch import as_array as _array
@@ -428,8 +429,7 @@ class GradScaler:
             self.manager.load_state_dict(self._from_torch(state_dict))
             return
         step = state_dict.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"state_dict step must be a non-negative integer, got {step!r}")
+        step = integer("state_dict step", step, 0)
         self.manager.load_state_dict({k: v for k, v in state_dict.items() if k != "step" and k not in TORCH_KEYS})
         self._step_index = step
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from sim import Device, Event
+from sim.checks import integer
 
 __all__ = ["PHASES", "begin_phase", "current_phase", "current_step", "PhaseEvents"]
 
@@ -33,8 +32,8 @@ def begin_phase(device: Device, phase: str, step: int | None = None, micro_batch
     if micro_batch is not None and step is None:
         raise ValueError("micro_batch goes with its step: begin_phase(device, phase, step=..., micro_batch=...)")
     for name, value in (("step", step), ("micro_batch", micro_batch)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if value is not None:
+            integer(name, value, 0, alternative="None")
     if step is None:
         device.set_tags(phase=phase)
     else:  # a step without micro_batch removes an earlier step's micro-batch tag (None removes a tag)

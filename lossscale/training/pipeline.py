@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim import Device, Event
+from sim.checks import integer_problem
 
 from .detectors import UNMARKED
 from .errors import SettingValueError
@@ -125,7 +126,7 @@ class Pipeline:
             raise SettingValueError(f"a pipeline places the phases {', '.join((*FORWARD, *BACKWARD))} on its stages; "
                                     f"an event came in phase {e.tags.get('phase')!r} (op {e.op}, label {e.label})")
         s = e.tags.get("stage", 0)
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.p:
+        if integer_problem("stage", s, 0, self.p - 1):
             raise SettingValueError(f"an event's stage tag must be a stage 0..{self.p - 1}, got {s!r} (op {e.op}, "
                                     f"label {e.label})")
         return s

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from sim import Device
+from sim.checks import integer
 
 from ..optimizers import Momentum
 
@@ -102,8 +103,7 @@ class SampledWorkload:
 
     def _sample_from(self, params, inputs: int, targets: int, *, batch: int, learning_rate: float,
                      momentum: float, seed: int) -> None:
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        batch = integer("batch", batch, 1)
         if inputs != targets:
             raise ValueError(f"data needs as many targets as inputs, got {inputs} inputs and {targets} targets")
         if inputs < batch:
