@@ -1,14 +1,14 @@
 """Atlas product profiles: which overflow modes a product has, and its default.
 
 The rows are the support table of the ``NPULossScaleOptimizer`` constructor
-page of the Ascend TensorFlow adapter (the seed, <https://www.hiascend.com/document/detail/zh/
+page of the Ascend TensorFlow adapter (the NPULossScaleOptimizer page, <https://www.hiascend.com/document/detail/zh/
 TensorFlowCommercial/latest/migration/tfmigr1/tfmigr1_tfadapi_0064.html>), with the overflow modes
 from the same page and the runtime documentation (``docs/semantics.md`` gathers them, with sources):
 
 - Atlas 350, A3 and A2: INF/NaN mode (default) and saturation mode, which
   "exists only for compatibility with older versions, is no longer developed,
-  and may carry precision error" (the seed). One runtime document says the
-  Atlas 350 supports INF/NaN only; the seed lists both, and it is followed.
+  and may carry precision error" (the NPULossScaleOptimizer page). One runtime document says the
+  Atlas 350 supports INF/NaN only; the NPULossScaleOptimizer page lists both, and it is followed.
 - Atlas training series: saturation mode only ("when a computation
   overflows, it saturates to the floating-point extreme +-MAX").
 - Atlas 200I/500 A2 inference and Atlas inference series: saturation; they do
@@ -103,7 +103,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
             cube_bfloat16=True, bias_table=True, eight_bit=ATLAS_350_EIGHT_BIT,
-            note="one runtime document says INF/NaN only; the seed lists both modes and is followed",
+            note="one runtime document says INF/NaN only; the NPULossScaleOptimizer page lists both modes and is "
+                 "followed",
             socs=("Ascend950*",)),
     Profile("atlas-a3", "Atlas A3 训练系列产品 / Atlas A3 推理系列产品",
             "Atlas A3 training series / Atlas A3 inference series",
@@ -126,7 +127,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 
 
 def names() -> list[str]:
-    """The profile names, in the seed's order."""
+    """The profile names, in the NPULossScaleOptimizer page's order."""
     return list(PROFILES)
 
 
@@ -170,13 +171,13 @@ def _torch_npu_mode(p: Profile, environ: Mapping[str, str]) -> OverflowMode | No
         return None
     enable, force_disable = _flag(environ, _TORCH_NPU[0], True), _flag(environ, _TORCH_NPU[1], False)
     if p.name == "atlas-350":
-        # torch_npu treats Ascend950 as INF/NaN only and ignores both variables; the seed lists
-        # saturation for the Atlas 350 too, and the simulator follows the seed.
+        # torch_npu treats Ascend950 as INF/NaN only and ignores both variables; the NPULossScaleOptimizer page lists
+        # saturation for the Atlas 350 too, and the simulator follows that page.
         wanted = OverflowMode.INF_NAN if enable and not force_disable else OverflowMode.SATURATION
         if wanted is OverflowMode.SATURATION:
             warnings.warn("atlas-350: torch_npu ignores INF_NAN_MODE_ENABLE / INF_NAN_MODE_FORCE_DISABLE on "
-                          "Ascend950 and runs INF/NaN mode; the seed lists saturation mode for the Atlas 350, "
-                          "and this follows the seed: SATURATION", UserWarning, stacklevel=3)
+                          "Ascend950 and runs INF/NaN mode; the NPULossScaleOptimizer page lists saturation mode for "
+                          "the Atlas 350, and this follows that page: SATURATION", UserWarning, stacklevel=3)
         return wanted
     default_inf_nan = p.default_overflow_mode is OverflowMode.INF_NAN
     if not enable:

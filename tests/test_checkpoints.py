@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lossscale import SGD, ExponentialUpdateLossScaleManager, LossScaleOptimizer, NPULossScaleOptimizer, PolicyManager
 from lossscale.policies import JmpDynamicLossScale, MinimumScaleError, TorchGradScaler, TorchPolicy
-from lossscale.policy import MANAGERS, Manager, face
+from lossscale.policy import MANAGERS, Manager, manager_class
 from sim import Device, OverflowMode
 
 
@@ -145,7 +145,7 @@ def test_every_face_is_made_from_its_policy(name) -> None:
 
 
 def test_a_face_takes_a_framework_s_own_method_names() -> None:
-    Scaler = face(TorchPolicy, "Scaler", "A scaler with torch's names.", get_scale=Manager.get_loss_scale)
+    Scaler = manager_class(TorchPolicy, "Scaler", "A scaler with torch's names.", get_scale=Manager.get_loss_scale)
     assert Scaler(init_scale=8.0).get_scale() == 8.0 and Scaler.__module__ == __name__
-    with pytest.raises(TypeError, match="face takes a Policy subclass"):
-        face(dict, "Bad", "")
+    with pytest.raises(TypeError, match="manager_class takes a Policy subclass"):
+        manager_class(dict, "Bad", "")

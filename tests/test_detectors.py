@@ -125,7 +125,7 @@ def test_all_finite_is_per_rank_and_ranks_disagree() -> None:
 
 
 def test_tf_npu_decides_as_npu_loss_scale_optimizer() -> None:
-    """The detector and the seed's optimizer (its own code path, through sim.Group) on the
+    """The detector and Ascend's optimizer (its own code path, through sim.Group) on the
     same two-rank step sequences."""
     rng = np.random.default_rng(5)
     plan = [{r: rng.choice([None, *STEP[:-1]]) for r in range(2)} for _ in range(30)]
@@ -255,7 +255,7 @@ def test_overflow_mode_from_env_refuses(profile, env, message) -> None:
 
 
 def test_atlas_350_follows_the_seed_and_warns() -> None:
-    with pytest.warns(UserWarning, match="torch_npu ignores .* follows the seed"):
+    with pytest.warns(UserWarning, match="torch_npu ignores .* follows that page"):
         assert profiles.overflow_mode_from_env("atlas-350", {"INF_NAN_MODE_FORCE_DISABLE": "1"}) is \
             OverflowMode.SATURATION
     # One framework's variables only; the other's are ignored.

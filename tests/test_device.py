@@ -18,7 +18,7 @@ from sim.formats import BFLOAT16
 H = np.float16
 SAT, IEEE = OverflowMode.SATURATION, OverflowMode.INF_NAN
 
-# The seed's support table (NPULossScaleOptimizer constructor page), copied by hand,
+# The NPULossScaleOptimizer page's support table, copied by hand,
 # with the overflow modes sim.profiles states, with its sources: (name, product, supported, modes, default).
 SEED = [
     ("atlas-350", "Atlas 350 加速卡", True, {IEEE, SAT}, IEEE),

@@ -282,7 +282,8 @@ def test_device_cast_raises_the_register() -> None:
     assert out.dtype == ml_dtypes.float8_e4m3fn
     assert dev.status & Flag.OVERFLOW
     assert dev.get_float_status().any()
-    with pytest.warns(LegacyModeWarning, match="compatibility only"):  # the seed's note on atlas-350
+    # the NPULossScaleOptimizer page's note on atlas-350
+    with pytest.warns(LegacyModeWarning, match="compatibility only"):
         sat = Device("atlas-350", "saturation")
     assert float(sat.cast(x, "float8_e4m3fn")[1]) == 448.0
     assert sat.cast(x, "hifloat8").dtype == np.uint8

@@ -187,7 +187,7 @@ def test_ctrl_c_in_the_cli_writes_the_partial_run(capsys, tmp_path, monkeypatch)
     assert len((tmp_path / "r" / "trajectory.csv").read_text().splitlines()) == 8
 
 
-# -- the seed's support table ------------------------------------------------------------
+# -- the NPULossScaleOptimizer page's support table ------------------------------------------------------------
 def test_npu_loss_scale_optimizer_refuses_unsupported_products() -> None:
     for profile in ("atlas-inference", "atlas-200i-500-a2"):
         with pytest.raises(ValueError, match="does not support NPULossScaleOptimizer"):
@@ -209,7 +209,7 @@ def test_unsupported_product_runs_when_allowed_and_says_so(capsys, tmp_path) -> 
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert any("run anyway (allow_unsupported)" in w for w in summary["profile"]["warnings"])
     assert run_cli(capsys, "run", "--profile", "atlas-inference", "--detector", "torch-npu", *FAST,
-                   "--out", tmp_path / "t")[0] == 0  # another framework's check is not the seed's to refuse
+                   "--out", tmp_path / "t")[0] == 0  # another framework's check is not that page's to refuse
 
 
 # -- optimizer slots -----------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_managers_lists_every_manager_with_its_arguments(capsys) -> None:
     for name, (cls, _) in MANAGERS.items():
         assert f"{name}: {cls.__name__}, " in out
     assert "torch.amp.GradScaler" in out and "growth_interval            framework 2000   demo 50" in out
-    assert "incr_every_n_steps         framework 1000 (required; the seed's example: 2**32 and 1000)   demo 50" in out
+    assert "incr_every_n_steps         framework 1000 (required; Ascend's example: 2**32 and 1000)   demo 50" in out
 
 
 def test_every_option_has_help_and_the_version(capsys) -> None:

@@ -45,7 +45,7 @@ def test_ascend_exponential_rules() -> None:
 
 
 def test_binary32_arithmetic_of_the_seed_example() -> None:
-    # The seed's call: 2**32 with decr_ratio=0.5; and the default ratio 0.8, which rounds.
+    # The NPULossScaleOptimizer page's call: 2**32 with decr_ratio=0.5; and the default ratio 0.8, which rounds.
     m = ExponentialUpdateLossScaleManager(init_loss_scale=2**32, incr_every_n_steps=1000,
                                           decr_every_n_nan_or_inf=2, decr_ratio=0.5)
     assert run(m, [F, F]) == [2.0**32, 2.0**32, 2.0**31]

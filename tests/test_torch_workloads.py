@@ -22,7 +22,7 @@ def test_builtin_torch_workloads_register_catches_what_isfinite_misses(name: str
     steps = 16 if name == "torch-transformer" else 40
     caught = simulate(workload=name, profile="atlas-training", steps=steps)
     missed = simulate(workload=name, profile="atlas-training", steps=steps, detector="isfinite")
-    # The seed's 2**32 overflows binary16 gradients: in saturation mode they stay finite.
+    # The NPULossScaleOptimizer page's 2**32 overflows binary16 gradients: in saturation mode they stay finite.
     assert caught.summary["skipped_steps"] > 5 and caught.summary["undetected_overflow_steps"] == 0
     assert missed.summary["skipped_steps"] == 0 and missed.summary["undetected_overflow_steps"] > 5
     if name == "torch-transformer":  # still backing off after 16 steps: no update applied, while the other

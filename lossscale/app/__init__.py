@@ -6,4 +6,4 @@ The top layer of ``lossscale``: it uses ``lossscale.training`` and ``lossscale.p
 
 #: The image formats the plots are written in (``--format``): here, so that the command line
 #: names them without importing matplotlib.
-FORMATS = ("png", "svg", "pdf")
+IMAGE_FORMATS = ("png", "svg", "pdf")

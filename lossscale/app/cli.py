@@ -24,7 +24,7 @@ from sim.checks import integer_problem, integer_range
 
 from ..training.config import settings
 from ..training.simulate import MANAGERS, Interrupted, Run, StepFailed, manager_arguments, simulate
-from . import FORMATS
+from . import IMAGE_FORMATS
 from .files import KeepWritten
 
 __all__ = ["main"]
@@ -158,7 +158,7 @@ def _common(p: argparse.ArgumentParser, several: bool = False) -> None:
                    help="replace an earlier lossscale output in --out (only the files lossscale wrote there: "
                         "a folder holding anything else is refused)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--format", choices=FORMATS, default="png", help="the plots' image format")
+    p.add_argument("--format", choices=IMAGE_FORMATS, default="png", help="the plots' image format")
     plain = p.format_help
 
     def with_workloads() -> str:  # read on --help only: the torch workloads' signatures import torch
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot = command("plot", "redraw the plots of a run, compare, sweep or replay folder",
                    "Redraw the plots of a folder that lossscale run, compare, sweep or replay wrote.")
     plot.add_argument("folder", type=Path, help="the output folder")
-    plot.add_argument("--format", choices=FORMATS, default="png", help="the image format")
+    plot.add_argument("--format", choices=IMAGE_FORMATS, default="png", help="the image format")
     plot.add_argument("--heatmap", type=_axis_pair, default=None, metavar="ROW,COL",
                       help="a sweep's heat-map axes, such as detector,overflow_mode (default: the first two that "
                            "vary; the title names any other varying axis the cells average over)")
@@ -245,10 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _replay_parser(p: argparse.ArgumentParser) -> None:
-    from ..training.replay import FORMATS
+    from ..training.replay import LOG_FORMATS
     p.add_argument("log", type=Path, help="the training log (a text file)")
     p.add_argument("--out", type=Path, required=True, help="output folder (its parent must exist)")
-    p.add_argument("--format", choices=["auto", *FORMATS], default="auto",
+    p.add_argument("--format", choices=["auto", *LOG_FORMATS], default="auto",
                    help="the log's format (auto: the one whose lines appear)")
     declared = {f.name: f for f in settings()}
     _setting(p, declared["manager"], action="append", default=[],
@@ -493,8 +493,8 @@ def redraw(folder: Path, fmt: str = "png", heatmap: tuple[str, str] | None = Non
 def _redraw(folder: Path, fmt: str, heatmap: tuple[str, str] | None) -> list[Path]:
     from .files import check_folder, read_run, write_atomic, write_plots
     from .plots import plot_compare
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(IMAGE_FORMATS)}")
     folder = check_folder(folder, "the folder that lossscale run, compare, sweep or replay wrote")
     if (folder / "replay.csv").exists():
         from .files import read_replay
@@ -560,7 +560,7 @@ def _steps_text(steps: dict[str, int]) -> str:
 
 def _read_log(path: Path, fmt: str) -> Any:
     """The log at ``path``; UsageError naming a missing file or a log with no events."""
-    from ..training.replay import FORMATS, read_log
+    from ..training.replay import LOG_FORMATS, read_log
     if not path.is_file():
         raise UsageError(f"no log file {str(path)!r}" + (" (it is a folder)" if path.is_dir() else "") +
                          "; give the path of a training log")
@@ -569,7 +569,7 @@ def _read_log(path: Path, fmt: str) -> Any:
         where = (f"; {len(log.unparsed)} line(s) in its words not understood, the first at line {log.unparsed[0][0]}"
                  if log.unparsed else "")
         raise UsageError(f"{str(path)!r} holds no loss-scale events in the {log.framework} format{where}; valid "
-                         f"formats: {', '.join(FORMATS)}")
+                         f"formats: {', '.join(LOG_FORMATS)}")
     return log
 
 

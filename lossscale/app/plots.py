@@ -17,10 +17,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..training.simulate import Run
-from . import FORMATS
+from . import IMAGE_FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
-           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "InlineFigure", "FORMATS",
+           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "InlineFigure", "IMAGE_FORMATS",
            "MARKS"]
 
 
@@ -38,8 +38,8 @@ class InlineFigure(Figure):
 
 def _png(fig, fmt: str = "png") -> bytes:
     """The figure's bytes in ``fmt``, with fixed metadata so that the same run gives the same file."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(FORMATS)}")
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(IMAGE_FORMATS)}")
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "lossscale"}):
         fig.savefig(buf, format=fmt, dpi=110, metadata=_METADATA[fmt])

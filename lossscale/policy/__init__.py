@@ -1,6 +1,6 @@
 """Loss-scale policies: the protocol (a frozen value with a pure ``next``, and ``Manager``, its
 stateful face, with ``state_dict``/``load_state_dict`` checkpoints), the registry of named
-policies, ``face`` (which makes each manager class from its policy), the Ascend managers
+policies, ``manager_class`` (which makes each manager class from its policy), the Ascend managers
 (``ascend``) and the other frameworks' dynamic loss scalers (``frameworks``).
 
 The bottom layer of ``lossscale``: it imports nothing else of the package.

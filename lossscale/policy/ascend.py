@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .core import DEMO_SCALE, Policy, check_bool, check_period, check_ratio, check_scale, f32, face, register
+from .core import DEMO_SCALE, Policy, check_bool, check_period, check_ratio, check_scale, f32, manager_class, register
 
 __all__ = ["FixedLossScale", "ExponentialUpdate", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
 
@@ -105,17 +105,18 @@ class ExponentialUpdate(Policy):
             return self.State(scale, 0, bad + 1)
 
 
-# -- the stateful faces, made from the policies (``face``) and registered by their short names ----------
+# -- the stateful faces, made from the policies (``manager_class``) and registered by their short names ----------
 
 FixedLossScaleManager = register(
     "fixed", loss_scale=2.0**10,
-    required=({"loss_scale": 2.0**10}, "the user must give loss_scale; the demo's 2**10"))(face(
+    required=({"loss_scale": 2.0**10}, "the user must give loss_scale; the demo's 2**10"))(manager_class(
     FixedLossScale, "FixedLossScaleManager",
     "``FixedLossScaleManager(loss_scale, enable_overflow_check=True)``."))
 
 ExponentialUpdateLossScaleManager = register(
     "exponential", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5,
-    required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000}, "the seed's example: 2**32 and 1000"))(face(
+    required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
+              "Ascend's example: 2**32 and 1000"))(manager_class(
     ExponentialUpdate, "ExponentialUpdateLossScaleManager",
     """``ExponentialUpdateLossScaleManager(init_loss_scale, incr_every_n_steps,
     decr_every_n_nan_or_inf=2, incr_ratio=2, decr_ratio=0.8)``."""))

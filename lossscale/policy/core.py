@@ -21,8 +21,8 @@ import numpy as np
 
 from sim.checks import integer
 
-__all__ = ["Policy", "Manager", "PolicyManager", "face", "trajectory", "f32", "F32_MAX", "MANAGERS", "REQUIRED",
-           "register", "DEMO_SCALE", "describe", "check_scale", "missing_scaler_methods"]
+__all__ = ["Policy", "Manager", "PolicyManager", "manager_class", "trajectory", "f32", "F32_MAX", "MANAGERS",
+           "REQUIRED", "register", "DEMO_SCALE", "describe", "check_scale", "missing_scaler_methods"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -89,7 +89,7 @@ class Manager:
     """Stateful face on a policy: ``get_loss_scale()`` and ``update_loss_scale(finite)``, and
     checkpoints with ``state_dict()`` / ``load_state_dict()``.
 
-    Subclasses name their policy type in ``policy_type`` (:func:`face` makes them); the
+    Subclasses name their policy type in ``policy_type`` (:func:`manager_class` makes them); the
     constructor takes that policy's arguments.
     """
 
@@ -205,16 +205,16 @@ def restore(policy: Policy, state_dict: Mapping[str, Any]) -> tuple[Policy, Any]
     return restored, type(initial)(*values)
 
 
-def face(policy_type: type[Policy], name: str, doc: str, *, module: str | None = None,
-         **methods: Callable[..., Any]) -> type[Manager]:
-    """The stateful face on a policy type, as a :class:`Manager` class named ``name``: its
+def manager_class(policy_type: type[Policy], name: str, doc: str, *, module: str | None = None,
+                  **methods: Callable[..., Any]) -> type[Manager]:
+    """The manager class of a policy type (its stateful face), a :class:`Manager` named ``name``: its
     constructor takes the policy's arguments (their names, defaults and signature), ``doc`` is
     its docstring, ``methods`` are added to it (a framework's own names for them, say).
 
     Every manager class is made here, so each has the same protocol and checkpoints.
     ``module`` is where it is defined (default: the caller's module, as ``namedtuple`` does)."""
     if not (isinstance(policy_type, type) and issubclass(policy_type, Policy)):
-        raise TypeError(f"face takes a Policy subclass, got {policy_type!r}")
+        raise TypeError(f"manager_class takes a Policy subclass, got {policy_type!r}")
     if module is None:
         module = sys._getframe(1).f_globals.get("__name__", __name__)
     namespace = {"policy_type": policy_type, "__doc__": doc, "__module__": module, "__qualname__": name, **methods}
@@ -222,11 +222,11 @@ def face(policy_type: type[Policy], name: str, doc: str, *, module: str | None =
 
 
 # -- argument checks ------------------------------------------------------------------
-#: The seed's initial scale, 2**32: too high for binary16 gradients, so backoff shows.
+#: The NPULossScaleOptimizer page's initial scale, 2**32: too high for binary16 gradients, so backoff shows.
 DEMO_SCALE = 2.0**32
 
 #: Every manager by its short name (``lossscale run --manager``), in registration order: its
-#: class and the arguments of the demo runs (the seed's 2**32 where a manager takes an initial
+#: class and the arguments of the demo runs (the NPULossScaleOptimizer page's 2**32 where a manager takes an initial
 #: scale, and a growth period of 50 steps, so that both backoff and growth show in a default
 #: run; each can be overridden). A manager is added here by :func:`register`, where it is defined.
 MANAGERS: dict[str, tuple[type[Manager], dict[str, Any]]] = {}

@@ -1,6 +1,6 @@
 """The other frameworks' dynamic loss scalers, with their argument names,
 defaults and arithmetic. Each is a pure policy core and a stateful face made from it
-(:func:`~lossscale.policy.core.face`) with ``get_loss_scale()`` / ``update_loss_scale(finite)``
+(:func:`~lossscale.policy.core.manager_class`) with ``get_loss_scale()`` / ``update_loss_scale(finite)``
 and ``state_dict()`` / ``load_state_dict()``.
 
 Sources (each rule below is that file's): PyTorch ``torch/amp/grad_scaler.py`` and
@@ -43,7 +43,7 @@ from .core import (
     check_ratio,
     check_scale,
     f32,
-    face,
+    manager_class,
     register,
 )
 
@@ -504,26 +504,26 @@ class TF1ExponentialUpdate(ExponentialUpdate):
         return candidate if np.isfinite(candidate) else scale
 
 
-# -- the stateful faces, made from the policies (``face``) and registered by their short names ----------
+# -- the stateful faces, made from the policies (``manager_class``) and registered by their short names ----------
 
-TorchGradScaler = register("torch", init_scale=DEMO_SCALE, growth_interval=50)(face(
+TorchGradScaler = register("torch", init_scale=DEMO_SCALE, growth_interval=50)(manager_class(
     TorchPolicy, "TorchGradScaler",
     "``torch.amp.GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000)``."))
 
-TorchNpuGradScaler = register("torch-npu", init_scale=DEMO_SCALE, growth_interval=50)(face(
+TorchNpuGradScaler = register("torch-npu", init_scale=DEMO_SCALE, growth_interval=50)(manager_class(
     TorchNpuPolicy, "TorchNpuGradScaler",
     """torch_npu ``GradScaler(init_scale=2**16, growth_factor=2, backoff_factor=0.5, growth_interval=2000,
     dynamic=True, enabled=True)``; its overflow check is the ``torch-npu`` detector."""))
 
-KerasDynamicLossScale = register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(face(
+KerasDynamicLossScale = register("keras", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(manager_class(
     KerasPolicy, "KerasDynamicLossScale",
     "Keras 2 / TF2 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``, multiplier 2."))
 
-Keras3LossScale = register("keras3", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(face(
+Keras3LossScale = register("keras3", initial_scale=DEMO_SCALE, dynamic_growth_steps=50)(manager_class(
     Keras3Policy, "Keras3LossScale",
     "Keras 3 ``LossScaleOptimizer(initial_scale=2**15, dynamic_growth_steps=2000)``."))
 
-DeepSpeedLossScaler = register("deepspeed", init_scale=DEMO_SCALE, scale_window=50)(face(
+DeepSpeedLossScaler = register("deepspeed", init_scale=DEMO_SCALE, scale_window=50)(manager_class(
     DeepSpeedPolicy, "DeepSpeedLossScaler",
     "DeepSpeed ``DynamicLossScaler`` (binary64); raises MinimumScaleError at the floor."))
 
@@ -533,33 +533,33 @@ MegatronGradScaler = register(
     required=({"initial_scale": 2.0**32, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 1000, "hysteresis": 2},
               "Megatron-LM's command-line defaults (--initial-loss-scale 2**32, --min-loss-scale 1, "
-              "--loss-scale-window 1000, --hysteresis 2; factors 2 and 0.5)"))(face(
+              "--loss-scale-window 1000, --hysteresis 2; factors 2 and 0.5)"))(manager_class(
     MegatronPolicy, "MegatronGradScaler",
     """Megatron-LM ``DynamicGradScaler(initial_scale, min_scale, growth_factor, backoff_factor,
     growth_interval, hysteresis)``."""))
 
-MindSporeDynamicLossScale = register("mindspore", init_loss_scale=DEMO_SCALE, scale_window=50)(face(
+MindSporeDynamicLossScale = register("mindspore", init_loss_scale=DEMO_SCALE, scale_window=50)(manager_class(
     MindSporePolicy, "MindSporeDynamicLossScale",
     "MindSpore ``DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)``."))
 
 JmpDynamicLossScale = register("jmp", loss_scale=DEMO_SCALE, period=50,
-                               required=({"loss_scale": 2.0**15}, "jmp's README example: 2**15"))(face(
+                               required=({"loss_scale": 2.0**15}, "jmp's README example: 2**15"))(manager_class(
     JmpPolicy, "JmpDynamicLossScale",
     "jmp ``DynamicLossScale(loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1)``."))
 
 TF1ExponentialUpdateLossScaleManager = register(
     "tf1", init_loss_scale=DEMO_SCALE, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, decr_ratio=0.5,
     required=({"init_loss_scale": DEMO_SCALE, "incr_every_n_steps": 1000},
-              "as Ascend's (the seed's example: 2**32 and 1000)"))(face(
+              "as Ascend's (its example: 2**32 and 1000)"))(manager_class(
     TF1ExponentialUpdate, "TF1ExponentialUpdateLossScaleManager",
     "TF 1.x contrib ``ExponentialUpdateLossScaleManager`` (same arguments as Ascend's)."))
 
-ApexLossScaler = register("apex", init_scale=DEMO_SCALE, scale_window=50, max_loss_scale=2.0**120)(face(
+ApexLossScaler = register("apex", init_scale=DEMO_SCALE, scale_window=50, max_loss_scale=2.0**120)(manager_class(
     ApexPolicy, "ApexLossScaler",
     "apex ``amp`` ``LossScaler('dynamic', init_scale=2**16, scale_window=2000, min_loss_scale=None, "
     "max_loss_scale=2**24)``."))
 
-FairseqDynamicLossScaler = register("fairseq", init_scale=DEMO_SCALE, scale_window=50)(face(
+FairseqDynamicLossScaler = register("fairseq", init_scale=DEMO_SCALE, scale_window=50)(manager_class(
     FairseqPolicy, "FairseqDynamicLossScaler",
     "fairseq ``DynamicLossScaler(init_scale=2**15, scale_factor=2, scale_window=2000, tolerance=0, threshold=None, "
     "min_loss_scale=1e-4)``."))

@@ -29,7 +29,7 @@ __all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "i
            "manager_arguments", "make_manager", "fp8_recipe", "check_fp8_profile"]
 
 #: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
-#: ``MANAGERS``: the seed's 2**32 and growth after 50 steps, so that a short run shows both
+#: ``MANAGERS``: the NPULossScaleOptimizer page's 2**32 and growth after 50 steps, so that a short run shows both
 #: backoff and growth) or ``framework`` (the framework's own defaults; arguments it requires
 #: take the values in ``lossscale.policy.REQUIRED``, with their source).
 DEFAULTS = ("demo", "framework")
@@ -218,8 +218,9 @@ class RunConfig:
         "matmuls where there are no FP8 units (with a warning in the summary; otherwise that is refused)",
         recorded=False)
     manager_defaults: str = setting(
-        "demo", "the named manager's unset arguments: demo (the seed's 2**32 and growth after 50 steps, so that a "
-        "short run shows backoff and growth) or framework (each framework's own defaults)", option="--defaults",
+        "demo", "the named manager's unset arguments: demo (the NPULossScaleOptimizer page's 2**32 and growth "
+        "after 50 steps, so that a short run shows backoff and growth) or framework (each framework's own "
+        "defaults)", option="--defaults",
         choices=lambda: list(DEFAULTS), listed_after="manager_args")
     fp8: str | Recipe | None = setting(
         None, "run the workload's matmuls in FP8 under this scaling recipe (delayed, current: Transformer "

@@ -30,7 +30,7 @@ from sim import Device, OverflowMode, current_device
 from ..policy.core import Manager, Policy, check_positive, check_ratio
 from .detectors import ascend_register_check, norm32
 
-__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "DETECTORS",
+__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "OPTIMIZER_DETECTORS",
            "UnsupportedProductWarning", "clip_by_global_norm"]
 
 GradsAndVars = Sequence[tuple[np.ndarray | None, np.ndarray]]
@@ -166,11 +166,11 @@ def clip_by_global_norm(grads_and_vars: GradsAndVars, max_norm: float) -> list[t
 
 
 class UnsupportedProductWarning(UserWarning):
-    """NPULossScaleOptimizer run, as asked, on a product the seed marks as not supporting it."""
+    """NPULossScaleOptimizer run, as asked, on a product the NPULossScaleOptimizer page marks as not supporting it."""
 
 
 #: Overflow detectors: the float-status register, or isfinite on the gradients.
-DETECTORS = ("status", "isfinite")
+OPTIMIZER_DETECTORS = ("status", "isfinite")
 
 
 class LossScaleOptimizer:
@@ -277,7 +277,7 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
     ``"status"`` reads the register in either mode. A ``FixedLossScaleManager``
     with ``enable_overflow_check=False`` applies every step.
 
-    The seed's support table lists the Atlas 200I/500 A2 and the Atlas inference series
+    The NPULossScaleOptimizer page's support table lists the Atlas 200I/500 A2 and the Atlas inference series
     as not supporting this optimizer: on their devices it raises ValueError, unless
     ``allow_unsupported=True`` (then a :class:`UnsupportedProductWarning`).
     """
@@ -287,8 +287,8 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
         super().__init__(opt, loss_scale_manager)
         if not isinstance(is_distributed, (bool, np.bool_)):
             raise ValueError(f"is_distributed must be a bool, got {is_distributed!r}")
-        if detector is not None and detector not in DETECTORS:
-            raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(DETECTORS)}, "
+        if detector is not None and detector not in OPTIMIZER_DETECTORS:
+            raise ValueError(f"unknown detector {detector!r}; valid: {', '.join(OPTIMIZER_DETECTORS)}, "
                              f"or None (chosen by the overflow mode)")
         self._is_distributed = bool(is_distributed)
         self.detector = detector
@@ -310,7 +310,8 @@ class NPULossScaleOptimizer(LossScaleOptimizer):
     def _check_product(self, dev: Device) -> None:
         p = dev.profile
         if not p.supports_npu_loss_scale_optimizer:
-            text = f"{p.name} ({p.product_en}) does not support NPULossScaleOptimizer (the seed's support table)"
+            text = (f"{p.name} ({p.product_en}) does not support NPULossScaleOptimizer (the NPULossScaleOptimizer "
+                    f"page's support table)")
             if not self.allow_unsupported:
                 raise ValueError(f"{text}; pass allow_unsupported=True to run it anyway")
             warnings.warn(f"{text}; running anyway (allow_unsupported=True)", UnsupportedProductWarning, stacklevel=3)

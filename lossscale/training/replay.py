@@ -101,7 +101,7 @@ from ..policy.frameworks import (
     MinimumScaleError,
 )
 
-__all__ = ["LogEvent", "Log", "read_log", "FORMATS", "Departure", "Consistency", "consistency", "Decision",
+__all__ = ["LogEvent", "Log", "read_log", "LOG_FORMATS", "Departure", "Consistency", "consistency", "Decision",
            "counterfactual", "bounds", "MAX_STATES", "BINARY16_MAX", "framework_policy", "logged_scales",
            "log_steps", "scale_bounds", "SAMPLE_LOG", "exact_fit", "MAX_RUNS", "MAX_JOINT"]
 
@@ -222,7 +222,7 @@ _SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
                   _words(r"overflow is|loss scale is|overflow cond|loss_scale")),
     "colossalai": (_COLOSSAL, _words(r"overflow")),
 }
-FORMATS = (*_SIGNS, "csv")
+LOG_FORMATS = (*_SIGNS, "csv")
 
 
 def _detect(lines: Sequence[str]) -> str:
@@ -233,10 +233,10 @@ def _detect(lines: Sequence[str]) -> str:
     if len(found) == 1:
         return next(iter(found))
     if not found:
-        raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(FORMATS)}; a csv "
-                         f"log starts with the header step,scale,overflow)")
+        raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(LOG_FORMATS)}; "
+                         f"a csv log starts with the header step,scale,overflow)")
     shown = ", ".join(f"{name} ({n} lines)" for name, n in found.items())
-    raise ValueError(f"mixed log formats: {shown}; give format= one of {', '.join(FORMATS)}")
+    raise ValueError(f"mixed log formats: {shown}; give format= one of {', '.join(LOG_FORMATS)}")
 
 
 def read_log(source: str | Path, format: str = "auto") -> Log:
@@ -255,8 +255,8 @@ def read_log(source: str | Path, format: str = "auto") -> Log:
     lines = text.splitlines()
     if format == "auto":
         format = _detect(lines)
-    if format not in FORMATS:
-        raise ValueError(f"unknown log format {format!r}; valid: auto, {', '.join(FORMATS)}")
+    if format not in LOG_FORMATS:
+        raise ValueError(f"unknown log format {format!r}; valid: auto, {', '.join(LOG_FORMATS)}")
     if format == "csv":
         return _read_csv(lines)
     return _PARSERS[format](lines)

@@ -247,8 +247,8 @@ def _detector(config: RunConfig, prof: Any, devices: list[Device]) -> Detector:
     or with ``allow_unsupported`` run with a warning."""
     det = make_detector(config.detector, devices[0].overflow)
     if det.name == "tf-npu" and not prof.supports_npu_loss_scale_optimizer:
-        refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the seed's "
-                   f"support table), whose check the tf-npu detector is")
+        refusal = (f"{prof.name} ({prof.product_en}) does not support NPULossScaleOptimizer (the "
+                   f"NPULossScaleOptimizer page's support table), whose check the tf-npu detector is")
         if not config.allow_unsupported:
             others = ", ".join(n for n in DETECTORS if n != "tf-npu")
             raise ValueError(f"{refusal}; choose another detector ({others}) or allow it explicitly "
