@@ -18,7 +18,7 @@ import os
 from timing import best_of_each, print_steps
 
 from lossscale import ExponentialUpdateLossScaleManager, NPULossScaleOptimizer
-from lossscale.workloads import WORKLOADS, make_workload
+from lossscale.training.workloads import WORKLOADS, make_workload
 from sim import Device
 
 

@@ -15,24 +15,29 @@ checks, and that nothing imports in a circle):
 - ``app``: ``cli``, ``files``, ``plots``, ``sweep``, ``results`` (``load_run``: an output
   folder back as typed values, exported here and imported on first use).
 
-``testing`` (the property kit) stands beside them on ``policy``. The flat paths of earlier
-releases (``lossscale.simulate``, ``lossscale.workloads``, ``lossscale.fp8``,
-``lossscale.detectors``, ``lossscale.optimizers``, ``lossscale.managers``,
-``lossscale.policies``, ``lossscale.cli``) still import: each is the module of its layer.
+``replay`` stands beside ``training`` on ``policy``: it reads training logs and replays
+loss-scale policies on them, and trains nothing. ``testing`` (the property kit) stands beside
+them on ``policy`` and ``training``.
+
+Each public name has one import path: the names users start from are here (``simulate``,
+``RunConfig``, the Ascend managers and optimizers, the policy protocol, ``load_run``); the others
+are in the ``__all__`` of the one module that holds them (``lossscale.policy.frameworks`` for the
+other frameworks' scalers, ``lossscale.training.workloads``, ``lossscale.replay``...).
 """
 
-from .policy import Manager, Policy, PolicyManager, frameworks, trajectory
 from .policy.ascend import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from .policy.core import Manager, Policy, PolicyManager, trajectory
+from .training.config import RunConfig
 from .training.optimizers import SGD, Adam, LossScaleOptimizer, Momentum, NPULossScaleOptimizer
 from .training.phases import PHASES, begin_phase
+from .training.simulate import simulate
 from .version import __version__
 
-policies = frameworks  # the earlier name of lossscale.policy.frameworks
-
 __all__ = [
+    "simulate", "RunConfig", "load_run",
     "FixedLossScaleManager", "ExponentialUpdateLossScaleManager", "LossScaleOptimizer", "NPULossScaleOptimizer",
-    "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "policies", "__version__",
-    "PHASES", "begin_phase", "load_run",
+    "SGD", "Momentum", "Adam", "Manager", "Policy", "PolicyManager", "trajectory", "__version__",
+    "PHASES", "begin_phase",
 ]
 
 

@@ -285,7 +285,7 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, cap: fl
     design (they end the sequence). Every argument is checked before anything runs.
 
     An FP8 scaling recipe's face (``scale_for(amax)`` and ``update(amax)``, as
-    :class:`lossscale.fp8.TensorScaler`) is checked by :func:`check_recipe` instead.
+    :class:`lossscale.training.fp8.TensorScaler`) is checked by :func:`check_recipe` instead.
     """
     for arg, value in (("max_examples", max_examples), ("max_steps", max_steps), ("growth_within", growth_within),
                        ("backoff_within", backoff_within)):

@@ -15,7 +15,7 @@ import numpy as np
 
 from .device import Device
 
-__all__ = ["Group"]
+__all__: list[str] = []  # Group's one public path is sim.Group
 
 
 class Group:

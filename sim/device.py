@@ -85,7 +85,7 @@ from .formats import BFLOAT16, BINARY16, BINARY32, BINARY64, Format, format_of
 from .fpu import Fpu, filled, finish, plain
 from .rounding import SIX_MODES, Flag, OverflowMode, Rounding, config
 
-__all__ = ["Device", "current_device", "LegacyModeWarning", "EVENTS", "Event", "Observer", "SUBSTITUTABLE"]
+__all__ = ["EVENTS", "SUBSTITUTABLE"]
 
 #: The flags that reach the float-status register.
 EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO

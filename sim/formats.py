@@ -36,9 +36,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Format", "Encoding", "BINARY16", "BFLOAT16", "BINARY32", "BINARY64", "FLOAT8_E4M3FN", "FLOAT8_E5M2",
-           "FLOAT8_E8M0FNU", "FLOAT6_E3M2FN", "FLOAT6_E2M3FN", "FLOAT4_E2M1FN", "HIFLOAT8", "FORMATS",
-           "EIGHT_BIT", "NAN_ENCODINGS", "format_of", "decode"]
+__all__ = ["Encoding", "FORMATS", "EIGHT_BIT", "NAN_ENCODINGS", "decode"]
 
 NAN_ENCODINGS = ("ieee", "all_ones", "none", "negative_zero")
 

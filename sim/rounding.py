@@ -14,7 +14,7 @@ import numpy as np
 from . import kernels
 from .formats import Format
 
-__all__ = ["Flag", "Rounding", "OverflowMode", "Tininess", "SIX_MODES", "config", "round_float64"]
+__all__ = ["config"]
 
 
 class Flag(enum.IntFlag):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lossscale import simulate
 from lossscale.training.optimizers import SGD
 from lossscale.training.phases import begin_phase
-from lossscale.training.simulate import simulate
 
 F32, H = np.float32, np.float16
 SCALE = 2.0 ** 10  # the "fixed" manager's demo scale

@@ -36,7 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policies import run as trajectory_of  # tests/ is on the path (pytest puts it there)
 
-from lossscale.policies import (
+from lossscale.policy.frameworks import (
     DeepSpeedLossScaler,
     JmpDynamicLossScale,
     Keras3LossScale,

@@ -13,9 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lossscale import SGD, ExponentialUpdateLossScaleManager, LossScaleOptimizer, NPULossScaleOptimizer, PolicyManager
-from lossscale.policies import JmpDynamicLossScale, MinimumScaleError, TorchGradScaler, TorchPolicy
-from lossscale.policy import MANAGERS, Manager, manager_class
+from lossscale import (
+    SGD,
+    ExponentialUpdateLossScaleManager,
+    LossScaleOptimizer,
+    Manager,
+    NPULossScaleOptimizer,
+    PolicyManager,
+)
+from lossscale.policy import MANAGERS, manager_class
+from lossscale.policy.frameworks import JmpDynamicLossScale, MinimumScaleError, TorchGradScaler, TorchPolicy
 from sim import Device, OverflowMode
 
 

@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
+from lossscale import simulate
 from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST, read_run
 from lossscale.app.plots import figure_run
-from lossscale.simulate import COLUMNS, simulate
+from lossscale.training.records import COLUMNS
 
 FAST = ["--steps", "60", "--quiet", "--manager-arg", "incr_every_n_steps=10"]
 

@@ -9,10 +9,11 @@ from dataclasses import fields
 
 import pytest
 
+from lossscale import RunConfig, simulate
 from lossscale.app.cli import build_parser
 from lossscale.app.sweep import AXES
-from lossscale.simulate import COLUMNS, SCHEMA, Row, RunConfig, Summary, check_arguments, simulate
-from lossscale.training.config import recorded, settings
+from lossscale.training.config import check_arguments, recorded, settings
+from lossscale.training.records import COLUMNS, SCHEMA, Row, Summary
 
 
 def test_simulate_takes_the_settings_in_their_order_with_their_defaults() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lossscale.workloads import Mlp
+from lossscale.training.workloads import Mlp
 from sim import Device
 
 H, F32 = np.float16, np.float32

@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lossscale.detectors import DETECTORS, MindSporeAllFinite, TfNpu, make_detector
-from lossscale.managers import ExponentialUpdateLossScaleManager
-from lossscale.optimizers import SGD, NPULossScaleOptimizer
+from lossscale import SGD, ExponentialUpdateLossScaleManager, NPULossScaleOptimizer
+from lossscale.training.detectors import DETECTORS, MindSporeAllFinite, TfNpu, make_detector
 from lossscale.training.phases import PhaseEvents, begin_phase
 from sim import Device, Event, Flag, Group, OverflowMode, profiles
 

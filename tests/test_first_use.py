@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lossscale import ExponentialUpdateLossScaleManager, Momentum, NPULossScaleOptimizer
+from lossscale import ExponentialUpdateLossScaleManager, Momentum, NPULossScaleOptimizer, simulate
 from lossscale.app.cli import build_parser, main
-from lossscale.optimizers import UnsupportedProductWarning
-from lossscale.simulate import MANAGERS, Interrupted, simulate
+from lossscale.policy import MANAGERS
+from lossscale.training.optimizers import UnsupportedProductWarning
+from lossscale.training.simulate import Interrupted
 from sim import Device
 
 FAST = ["--steps", "12", "--quiet"]

@@ -11,8 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lossscale.fp8 import (
-    FP8_COLUMNS,
+from lossscale import simulate
+from lossscale.testing import PolicyError, check_policy
+from lossscale.training.fp8 import (
     CurrentScaling,
     DelayedScaling,
     Fp8Matmuls,
@@ -22,9 +23,8 @@ from lossscale.fp8 import (
     amax_of,
     make_recipe,
 )
-from lossscale.simulate import simulate
-from lossscale.testing import PolicyError, check_policy
 from lossscale.training.phases import begin_phase
+from lossscale.training.records import FP8_COLUMNS
 from sim import Device
 
 from groups import representatives  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lossscale  # noqa: E402
-from lossscale.policy import trajectory  # noqa: E402
+from lossscale import trajectory  # noqa: E402
 from lossscale.policy.frameworks import KerasPolicy  # noqa: E402
 from lossscale.torch import GradScaler  # noqa: E402
 from lossscale.training.detectors import DETECTORS, TorchNpu  # noqa: E402

@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lossscale.optimizers import SGD, Adam, LossScaleOptimizer, Momentum
-from lossscale.simulate import simulate
+from lossscale import SGD, Adam, LossScaleOptimizer, Momentum, simulate
 from lossscale.training.simulate import HARMLESS_ERROR, _relative_error
 
 from groups import representatives  # noqa: E402
@@ -97,7 +96,7 @@ def test_gpt2_attention_mask_overflow_is_harmless() -> None:
     torch = pytest.importorskip("torch")
     from zoo import transformers as load
 
-    from lossscale.workloads import TorchWorkload
+    from lossscale.training.workloads.torch_workloads import TorchWorkload
 
     transformers = load()
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8,
@@ -146,7 +145,7 @@ def _gpt2_4x_workload():
     torch = pytest.importorskip("torch")
     import zoo
 
-    from lossscale.workloads import TorchWorkload
+    from lossscale.training.workloads.torch_workloads import TorchWorkload
 
     class Stacked(torch.nn.Module):
         def __init__(self, model: torch.nn.Module) -> None:

@@ -8,8 +8,8 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from lossscale.simulate import simulate  # noqa: E402
-from lossscale.workloads import JaxWorkload  # noqa: E402
+from lossscale import simulate  # noqa: E402
+from lossscale.training.workloads.jax_workloads import JaxWorkload  # noqa: E402
 from sim import Device  # noqa: E402
 
 

@@ -14,9 +14,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from lossscale import simulate
 from lossscale.training.detectors import DETECTORS, MegatronNorm, norm32
 from lossscale.training.optimizers import clip_by_global_norm
-from lossscale.training.simulate import simulate
 from sim import Device
 
 H, F = np.float16, np.float32

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lossscale import simulate
 from lossscale.training.optimizers import SGD
 from lossscale.training.phases import begin_phase
 from lossscale.training.pipeline import one_f_one_b
-from lossscale.training.simulate import simulate
 
 F32, H = np.float32, np.float16
 P, K = 2, 4

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lossscale import simulate
 from lossscale.app.plots import MARKS, figure_compare, figure_events, figure_fp8, figure_heatmaps, figure_run
-from lossscale.simulate import simulate
 
 
 def lines(ax) -> dict:
@@ -107,7 +107,7 @@ def test_importing_and_drawing_leaves_the_backend_alone() -> None:
     import sys
 
     code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot as plt\n"
-            "from lossscale.app import plots\nfrom lossscale.simulate import simulate\n"
+            "from lossscale.app import plots\nfrom lossscale import simulate\n"
             "run = simulate(steps=5)\nfig = plots.figure_run(run)\n"
             "assert plots.plot_run(run).startswith(b'\\x89PNG')\n"
             "print(matplotlib.get_backend(), len(plt.get_fignums()), type(fig).__name__)")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager, trajectory
-from lossscale.policies import (
+from lossscale.policy.frameworks import (
     ApexLossScaler,
     DeepSpeedLossScaler,
     FairseqDynamicLossScaler,
@@ -270,7 +270,7 @@ def test_trajectory_and_manager_follow_the_written_out_rules(init, n_incr, n_dec
 
 def test_trajectory_refuses_what_is_not_a_bool() -> None:
     """A string is truthy: "False" must not be read as a finite step."""
-    from lossscale.policies import TorchPolicy
+    from lossscale.policy.frameworks import TorchPolicy
 
     with pytest.raises(TypeError, match=r"finite\[0\] must be a bool.*'False'"):
         trajectory(TorchPolicy(init_scale=4.0), ["False", "True"])
@@ -286,7 +286,7 @@ def test_trajectory_refuses_what_is_not_a_bool() -> None:
 def test_a_binary32_scale_beyond_binary32_is_refused(name: str, arg: str) -> None:
     """These frameworks keep the scale in a float32 tensor or variable: 1e39 would be Inf, and every
     step would be skipped. 3.4028235e38 (binary32's largest) is taken."""
-    from lossscale.simulate import make_manager
+    from lossscale.training.config import make_manager
 
     with pytest.raises(ValueError, match=rf"{arg} must be finite in binary32.*at most 3\.403e\+38.*1e\+39"):
         make_manager(name, {arg: 1e39}, defaults="framework")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager
-from lossscale.policies import (
+from lossscale.policy.frameworks import (
     DeepSpeedLossScaler,
     JmpDynamicLossScale,
     Keras3LossScale,

@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 
 from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST
-from lossscale.policies import ApexPolicy, DeepSpeedPolicy, ExponentialUpdate, FairseqPolicy, TorchPolicy
-from lossscale.policy.ascend import FixedLossScale
+from lossscale.policy.ascend import ExponentialUpdate, FixedLossScale
+from lossscale.policy.frameworks import ApexPolicy, DeepSpeedPolicy, FairseqPolicy, TorchPolicy
 from lossscale.replay import LogEvent, bounds, consistency, counterfactual, exact_fit, log_steps, read_log
 
 MAX = 65504.0

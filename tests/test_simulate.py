@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import scripted  # tests/ is on the path (pytest prepends it)
 
-from lossscale import SGD, ExponentialUpdateLossScaleManager, PolicyManager, policies
-from lossscale.managers import ExponentialUpdate
-from lossscale.simulate import MANAGERS, simulate
-from lossscale.workloads import Trace
+from lossscale import SGD, ExponentialUpdateLossScaleManager, PolicyManager, simulate
+from lossscale.policy import MANAGERS
+from lossscale.policy import frameworks as policies
+from lossscale.policy.ascend import ExponentialUpdate
+from lossscale.training.workloads import Trace
 
 F32, H = np.float32, np.float16
 
@@ -159,7 +160,7 @@ def test_policy_manager_takes_only_policies() -> None:
 
 
 def test_records_follow_the_one_schema() -> None:
-    from lossscale.simulate import SCHEMA
+    from lossscale.training.records import SCHEMA
     run = simulate(**{**RUN, "steps": 12})
     for rec in run.records:
         assert list(rec) == list(SCHEMA)
@@ -168,8 +169,9 @@ def test_records_follow_the_one_schema() -> None:
 
 
 def test_one_registry_holds_every_manager_once() -> None:
-    from lossscale import managers
-    from lossscale.policy import Manager, register
+    from lossscale import Manager
+    from lossscale.policy import ascend as managers
+    from lossscale.policy import register
     faces = {cls for module in (managers, policies) for cls in vars(module).values()
              if isinstance(cls, type) and issubclass(cls, Manager) and cls.__module__ == module.__name__}
     assert {cls for cls, _ in MANAGERS.values()} == faces and len(MANAGERS) == len(faces) == 13
@@ -253,7 +255,7 @@ def test_mlp_grads32_against_finite_differences() -> None:
     truncation error ~h**2 and rounding ~2**-52 / h, both below 1e-9, provided no pre-activation is
     within h of the relu's kink (asserted). The binary32 gradients are sums of at most 64 products,
     each rounded: within 64 * 2**-24 of the largest, so 1e-5 of it is a safe bound."""
-    from lossscale.workloads import Mlp
+    from lossscale.training.workloads import Mlp
 
     wl = Mlp(hidden=8, batch=16)
     rng = np.random.default_rng(5)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from lossscale.policies import MinimumScaleError
-from lossscale.simulate import MANAGERS, make_manager
+from lossscale.policy import MANAGERS
+from lossscale.policy.frameworks import MinimumScaleError
 from lossscale.testing import (
     PolicyError,
     binary16_arrays,
@@ -17,6 +17,7 @@ from lossscale.testing import (
     gradient_arrays,
     overflow_sequences,
 )
+from lossscale.training.config import make_manager
 
 from groups import representatives
 

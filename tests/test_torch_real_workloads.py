@@ -11,9 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lossscale.simulate import simulate  # noqa: E402
-from lossscale.training.workloads.torch_workloads import logits_of  # noqa: E402
-from lossscale.workloads import TorchWorkload  # noqa: E402
+from lossscale import simulate  # noqa: E402
+from lossscale.training.workloads.torch_workloads import TorchWorkload, logits_of  # noqa: E402
 
 
 @dataclass
@@ -166,7 +165,7 @@ def test_batch_norm_buffers_belong_to_the_weights_they_trained_with() -> None:
 
 def test_jax_predict_may_return_a_structured_output() -> None:
     jnp = pytest.importorskip("jax.numpy")
-    from lossscale.workloads import JaxWorkload
+    from lossscale.training.workloads.jax_workloads import JaxWorkload
     x, y = _data()
     w = [np.zeros((16, 4), np.float32)]
 

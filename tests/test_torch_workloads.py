@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lossscale.simulate import simulate  # noqa: E402
-from lossscale.workloads import WORKLOADS, TorchWorkload, make_workload  # noqa: E402
+from lossscale import simulate  # noqa: E402
+from lossscale.training.workloads import WORKLOADS, make_workload  # noqa: E402
+from lossscale.training.workloads.torch_workloads import TorchWorkload  # noqa: E402
 from sim.torch_binary32 import Binary32Mode  # noqa: E402
 
 from groups import representatives  # noqa: E402

@@ -216,7 +216,7 @@ class _BnNet(torch.nn.Module):
 def test_a_torch_workload_with_batch_norm_evaluates_as_its_binary32_baseline() -> None:
     """The issue's symptom: a TorchWorkload with BatchNorm trained on the device evaluated with its
     initial statistics (loss far above the binary32 baseline's). Inputs far from zero mean."""
-    from lossscale.simulate import simulate
+    from lossscale import simulate
     from lossscale.training.workloads.torch_workloads import TorchWorkload
 
     torch.manual_seed(0)

@@ -142,7 +142,7 @@ def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
 
 # -- a run whose workload raises keeps its finished steps (issue 31, items 2 and 3) --------------------
 FAILING = '''
-from lossscale.workloads import Trace
+from lossscale.training.workloads import Trace
 
 class Failing(Trace):
     """A trace whose model raises at step ``at`` (a bug in the user's model), or whose evaluation does."""
@@ -184,8 +184,9 @@ def test_a_failing_run_keeps_its_finished_steps(capsys, failing, error) -> None:
     """The model raises at step 12 of 30: the 12 finished steps are written as an interrupted run's
     are, the user's traceback (its file and line) is shown, and the exit status is 1, whatever
     the exception's type (a ValueError is not a usage error)."""
+    from lossscale import simulate
     from lossscale.app.files import read_run
-    from lossscale.simulate import StepFailed, simulate
+    from lossscale.training.simulate import StepFailed
 
     out = failing / "out"
     code, err = cli(capsys, "run", "--workload", "userwl:make", "--workload-arg", "at=12", "--workload-arg",
@@ -227,8 +228,8 @@ def test_a_causal_lm_whose_logits_do_not_fit_the_labels_keeps_its_run() -> None:
     (N,) labels: every step runs, the loss is evaluated, the accuracy is NaN with the reason in
     the summary; metric_fn= gives one."""
     torch = pytest.importorskip("torch")
-    from lossscale.simulate import simulate
-    from lossscale.workloads import TorchWorkload
+    from lossscale import simulate
+    from lossscale.training.workloads.torch_workloads import TorchWorkload
 
     class TinyLM(torch.nn.Module):
         def __init__(self):
@@ -283,7 +284,7 @@ def test_settings_beyond_their_bounds_are_refused_before_anything_is_made(capsys
     """--steps 10**23 and --ranks 100000 are refused by the parser (one line, nothing written); a rank
     count within the bound that leaves ranks without data is refused before a device is made."""
     import lossscale.training.simulate as sim_module
-    from lossscale.simulate import simulate
+    from lossscale import simulate
     from lossscale.training.config import MAX_RANKS, MAX_STEPS
 
     monkeypatch.chdir(tmp_path)
@@ -324,8 +325,8 @@ def test_a_killed_runs_staging_folder_is_found(capsys, tmp_path) -> None:
 def test_batches_are_drawn_as_the_run_reaches_them() -> None:
     """The built-in sampled workloads' batches: drawn in order when first asked for, the same values
     as drawing every step's up front (so every run's data is what it was), none drawn ahead."""
+    from lossscale.training.workloads import make_workload
     from lossscale.training.workloads.base import Draws
-    from lossscale.workloads import make_workload
 
     rng = np.random.default_rng(8)
     upfront = np.stack([rng.choice(1000, 64, replace=False) for _ in range(50)])
@@ -357,7 +358,7 @@ def test_minor_inputs_get_one_line_errors(capsys, tmp_path, monkeypatch) -> None
     """Issue 31, item 11 (in part): a binary grid or log, a grid path that is a folder and an --out
     under a file are one-line errors naming them; replay --out runs/NAME makes runs/ as run does; a
     policy's np.float16 scale is a Python float in the summary."""
-    from lossscale.simulate import simulate
+    from lossscale import simulate
 
     monkeypatch.chdir(tmp_path)
     binary = tmp_path / "grid.toml"
@@ -411,7 +412,7 @@ def test_help_says_each_default_once_and_what_the_command_line_takes(capsys) -> 
 
 def test_torch_workload_takes_torchs_dtypes() -> None:
     torch = pytest.importorskip("torch")
-    from lossscale.workloads import TorchWorkload
+    from lossscale.training.workloads.torch_workloads import TorchWorkload
 
     x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
     for given, want in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16), ("bfloat16", torch.bfloat16)):

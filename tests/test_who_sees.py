@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import scripted  # tests/ is on the path (pytest prepends it)
 
+from lossscale import simulate
 from lossscale.app.cli import main
 from lossscale.app.files import read_run
-from lossscale.detectors import DETECTORS
-from lossscale.simulate import EVENT_COLUMNS, simulate
+from lossscale.training.detectors import DETECTORS
+from lossscale.training.records import EVENT_COLUMNS
 from sim import profiles
 
 from groups import representatives  # noqa: E402

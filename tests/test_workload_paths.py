@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 
+from lossscale import simulate
 from lossscale.app.cli import main
 from lossscale.app.sweep import run_sweep
-from lossscale.simulate import simulate
 from lossscale.training.config import check_arguments
 
 MODULE = '''
-from lossscale.workloads import Trace
+from lossscale.training.workloads import Trace
 
 calls = []
 
@@ -101,7 +101,7 @@ def test_command_line_runs_a_workload_by_path(package, capsys, tmp_path) -> None
 
 
 def test_command_line_finds_a_module_in_the_current_folder(tmp_path, monkeypatch, capsys) -> None:
-    (tmp_path / "here_wl.py").write_text("from lossscale.workloads import Trace\nmake = Trace\n")
+    (tmp_path / "here_wl.py").write_text("from lossscale.training.workloads import Trace\nmake = Trace\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     monkeypatch.delitem(sys.modules, "here_wl", raising=False)

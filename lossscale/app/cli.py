@@ -22,8 +22,10 @@ from typing import Any
 from sim import profiles
 from sim.checks import integer_problem, integer_range
 
-from ..training.config import settings
-from ..training.simulate import MANAGERS, Interrupted, Run, StepFailed, manager_arguments, simulate
+from ..policy.core import MANAGERS
+from ..training.config import manager_arguments, settings
+from ..training.records import Run
+from ..training.simulate import Interrupted, StepFailed, simulate
 from . import IMAGE_FORMATS
 from .files import KeepWritten
 
@@ -245,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _replay_parser(p: argparse.ArgumentParser) -> None:
-    from ..training.replay import LOG_FORMATS
+    from ..replay import LOG_FORMATS
     p.add_argument("log", type=Path, help="the training log (a text file)")
     p.add_argument("--out", type=Path, required=True, help="output folder (its parent must exist)")
     p.add_argument("--format", choices=["auto", *LOG_FORMATS], default="auto",
@@ -560,7 +562,7 @@ def _steps_text(steps: dict[str, int]) -> str:
 
 def _read_log(path: Path, fmt: str) -> Any:
     """The log at ``path``; UsageError naming a missing file or a log with no events."""
-    from ..training.replay import LOG_FORMATS, read_log
+    from ..replay import LOG_FORMATS, read_log
     if not path.is_file():
         raise UsageError(f"no log file {str(path)!r}" + (" (it is a folder)" if path.is_dir() else "") +
                          "; give the path of a training log")
@@ -577,8 +579,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
     from ..policy.core import describe
+    from ..replay import consistency, counterfactual, exact_fit, log_steps, logged_scales
     from ..training.config import make_manager
-    from ..training.replay import consistency, counterfactual, exact_fit, log_steps, logged_scales
     from .files import check_out, json_text, replay_csv, replay_rows, staged, write_atomic
     from .plots import plot_replay
     names = list(dict.fromkeys(args.manager))

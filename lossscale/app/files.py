@@ -24,8 +24,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from ..replay import Decision, Log
 from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, EventRow, Fp8Row, Run
-from ..training.replay import Decision, Log
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
            "KeepWritten", "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files",

@@ -16,7 +16,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..training.simulate import Run
+from ..training.records import Run
 from . import IMAGE_FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",

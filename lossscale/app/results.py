@@ -20,7 +20,7 @@ from .sweep import load_grid, read_results
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
-__all__ = ["load_run", "RunResult", "CompareResult", "SweepResult", "summary_of", "compare_members"]
+__all__ = ["RunResult", "CompareResult", "SweepResult", "summary_of", "compare_members"]
 
 
 def _pandas():

@@ -2,7 +2,7 @@
 
 A grid file (TOML) has a ``[sweep]`` table of arguments shared by every point
 and a ``[grid]`` table of axes, each a list of values; every combination is one
-call of :func:`lossscale.simulate.simulate`::
+call of :func:`lossscale.simulate`::
 
     [sweep]
     workload = "trace"

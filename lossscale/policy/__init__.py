@@ -7,7 +7,17 @@ The bottom layer of ``lossscale``: it imports nothing else of the package.
 """
 
 from . import ascend, frameworks
-from .core import *  # noqa: F403
-from .core import __all__ as _core
+from .core import (
+    MANAGERS,
+    REQUIRED,
+    check_scale,
+    describe,
+    f32,
+    manager_class,
+    missing_scaler_methods,
+    register,
+)
 
-__all__ = [*_core, "ascend", "frameworks"]
+# Policy, Manager, PolicyManager and trajectory: public as lossscale's (one import path each).
+__all__ = ["MANAGERS", "REQUIRED", "manager_class", "register", "describe", "check_scale", "f32",
+           "missing_scaler_methods", "ascend", "frameworks"]

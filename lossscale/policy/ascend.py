@@ -23,7 +23,7 @@ import numpy as np
 
 from .core import DEMO_SCALE, Policy, check_bool, check_period, check_ratio, check_scale, f32, manager_class, register
 
-__all__ = ["FixedLossScale", "ExponentialUpdate", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
+__all__ = ["FixedLossScale", "ExponentialUpdate"]
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import numpy as np
 
 from sim.checks import integer
 
-__all__ = ["Policy", "Manager", "PolicyManager", "manager_class", "trajectory", "f32", "F32_MAX", "MANAGERS",
-           "REQUIRED", "register", "DEMO_SCALE", "describe", "check_scale", "missing_scaler_methods"]
+#: The protocol, the registry and manager_class are public as lossscale.policy's (Policy, Manager,
+#: PolicyManager and trajectory as lossscale's): one import path each.
+__all__ = ["F32_MAX", "DEMO_SCALE"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 

@@ -25,8 +25,8 @@ from .fp8 import RECIPES, Recipe, make_recipe
 from .pipeline import check_stages
 from .workloads import WORKLOADS, Workload, check_split, is_import_path, make_workload
 
-__all__ = ["RunConfig", "setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS",
-           "manager_arguments", "make_manager", "fp8_recipe", "check_fp8_profile"]
+__all__ = ["setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS", "manager_arguments",
+           "make_manager", "fp8_recipe", "check_fp8_profile"]
 
 #: Where a named manager's unset arguments come from: ``demo`` (the simulator's demo set, in
 #: ``MANAGERS``: the NPULossScaleOptimizer page's 2**32 and growth after 50 steps, so that a short run shows both
@@ -175,14 +175,14 @@ def setting(default: Any, help: str, *, option: str | None = "", choices: Callab
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Every setting of one simulation (see :func:`lossscale.simulate.simulate`), each with its
+    """Every setting of one simulation (see :func:`lossscale.simulate`), each with its
     default and help; the bounds are checked on construction, the rest by :func:`check_arguments`
     (without running) or by the run itself."""
 
     workload: str | Workload = setting(
         "mlp", "the model and data: a name or package.module:factory, a function or class of yours "
         "(workload_args and seed configure it: factory(seed=seed, **workload_args) returns the workload), "
-        "or an object following lossscale.workloads.Workload (it brings its own seed)",
+        "or an object following lossscale.training.workloads.Workload (it brings its own seed)",
         choices=lambda: list(WORKLOADS), check=_check_workload, importable=True)
     profile: str = setting("atlas-a2", "the Atlas product", choices=profiles.names,
                            check=lambda get: profiles.get(get("profile")))
@@ -224,7 +224,8 @@ class RunConfig:
         choices=lambda: list(DEFAULTS), listed_after="manager_args")
     fp8: str | Recipe | None = setting(
         None, "run the workload's matmuls in FP8 under this scaling recipe (delayed, current: Transformer "
-        "Engine's; mx: OCP MX blocks, or a lossscale.fp8.Recipe); Run.fp8 and fp8.csv hold every tensor's scale",
+        "Engine's; mx: OCP MX blocks, or a lossscale.training.fp8.Recipe); Run.fp8 and fp8.csv hold every "
+        "tensor's scale",
         choices=lambda: list(RECIPES), named=True, check=_check_fp8)
     fp8_args: dict[str, Any] | None = setting(
         None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",

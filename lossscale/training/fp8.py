@@ -52,7 +52,7 @@ from . import records
 from .phases import current_phase, current_step
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
-           "FP8_FORMATS", "make_recipe", "amax_of", "FP8_COLUMNS", "AmaxGroup"]
+           "FP8_FORMATS", "make_recipe", "amax_of", "AmaxGroup"]
 
 #: Formats by recipe format and pass: (forward, backward).
 FP8_FORMATS: dict[str, tuple[Format, Format]] = {

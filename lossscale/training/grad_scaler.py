@@ -42,8 +42,7 @@ from sim.torch import DeviceMode
 from sim.torch import as_array as _array
 from sim.torch import as_tensor as _tensor
 
-from ..policy import Manager, Policy, PolicyManager, describe
-from ..policy.core import check_scale
+from ..policy.core import Manager, Policy, PolicyManager, check_scale, describe
 from ..policy.frameworks import TorchGradScaler, TorchPolicy
 from .config import make_manager
 from .detectors import UNMARKED, Detector, TorchNpu, make_detector

@@ -30,8 +30,7 @@ from sim import Device, OverflowMode, current_device
 from ..policy.core import Manager, Policy, check_positive, check_ratio
 from .detectors import ascend_register_check, norm32
 
-__all__ = ["SGD", "Momentum", "Adam", "LossScaleOptimizer", "NPULossScaleOptimizer", "OPTIMIZER_DETECTORS",
-           "UnsupportedProductWarning", "clip_by_global_norm"]
+__all__ = ["OPTIMIZER_DETECTORS", "UnsupportedProductWarning", "clip_by_global_norm"]
 
 GradsAndVars = Sequence[tuple[np.ndarray | None, np.ndarray]]
 F32 = np.float32

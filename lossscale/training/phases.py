@@ -15,7 +15,7 @@ from typing import Any
 from sim import Device, Event
 from sim.checks import integer
 
-__all__ = ["PHASES", "begin_phase", "current_phase", "current_step", "PhaseEvents"]
+__all__ = ["current_phase", "current_step", "PhaseEvents"]
 
 #: The phases of a training step, in order (names for :func:`begin_phase`; others are allowed
 #: too). ``log``: computations for logging only, which feed no gradient.

@@ -141,7 +141,7 @@ class Run:
     summary: dict[str, Any]
     args: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
-    #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.fp8.FP8_COLUMNS`).
+    #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.training.records.FP8_COLUMNS`).
     fp8: list[dict[str, Any]] = field(default_factory=list)
     #: Rank 0's parameters after the last step (the arrays the workload trained, in its order) and
     #: the binary32 baseline's: the trained model is not thrown away (``TorchWorkload.trained_model``

@@ -5,7 +5,7 @@ Each step, on every rank, in phases that the devices see (``phases.begin_phase``
 ``forward_backward`` (the built-in workloads mark them; an unmarked workload's whole call
 is one phase, ``forward_backward``), then ``allreduce`` (the binary16 gradients summed
 across ranks on the devices), ``unscale`` (the detector, a framework's overflow check,
-decides: see ``lossscale.detectors``) and ``apply`` (the gradients times 1/S in binary32,
+decides: see ``lossscale.training.detectors``) and ``apply`` (the gradients times 1/S in binary32,
 applied to the binary32 master weights if the step was finite; the manager updated).
 Beside it, the same model is trained in plain binary32 with the same batches (the
 baseline), and every ``underflow_every`` steps rank 0's binary16 gradients are compared
@@ -42,14 +42,11 @@ from sim import Device, Group, profiles
 from ..policy import frameworks as policies
 from ..policy.core import MANAGERS, Policy, PolicyManager, describe, missing_scaler_methods
 from .config import (
-    DEFAULTS,
     SIGNATURE,
     RunConfig,
-    check_arguments,
     check_fp8_profile,
     fp8_recipe,
     make_manager,
-    manager_arguments,
     settings,
 )
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
@@ -58,12 +55,10 @@ from .fp8 import AmaxGroup, CurrentScaling, Fp8Matmuls, Recipe
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .pipeline import Pipeline
-from .records import COLUMNS, EVENT_COLUMNS, SCHEMA, Row, Run, Summary, versions
+from .records import Row, Run, Summary, versions
 from .workloads import check_split, check_workload, make_workload
 
-__all__ = ["MANAGERS", "make_manager", "simulate", "Run", "COLUMNS", "SCHEMA", "EVENT_COLUMNS", "Interrupted",
-           "StepFailed",
-           "RunConfig", "Row", "Summary", "check_arguments", "manager_arguments", "DEFAULTS"]
+__all__ = ["Interrupted", "StepFailed"]  # simulate: lossscale.simulate
 
 
 def _managers(manager: Any, args: dict[str, Any] | None, ranks: int, defaults: str = "demo") -> tuple[list[Any], str]:

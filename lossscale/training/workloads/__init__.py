@@ -54,7 +54,7 @@ _TORCH_NAMES = ("TorchWorkload", *_TORCH_BUILT_IN.values())
 
 
 def __getattr__(name: str) -> Any:
-    """``lossscale.workloads.TorchWorkload`` (and the built-in torch workloads) and
+    """``lossscale.training.workloads.TorchWorkload`` (and the built-in torch workloads) and
     ``JaxWorkload``, imported with their optional extra on first use."""
     if name in _TORCH_NAMES:
         from . import torch_workloads
@@ -171,10 +171,10 @@ def check_workload(workload: Any, made_by: str | None = None) -> None:
     missing += [a for a in PROTOCOL[2:] if a not in missing and not callable(getattr(workload, a))]
     if missing and made_by is not None:
         raise TypeError(f"workload {made_by!r} returned a {type(workload).__name__}, not a workload: it lacks "
-                        f"{', '.join(missing)} of the Workload protocol (see lossscale.workloads.Workload)")
+                        f"{', '.join(missing)} of the Workload protocol (see lossscale.training.workloads.Workload)")
     if missing:
         raise TypeError(f"workload {type(workload).__name__} lacks {', '.join(missing)} of the Workload protocol "
-                        f"(see lossscale.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
+                        f"(see lossscale.training.workloads.Workload); or give a name: {', '.join(WORKLOADS)}")
 
 
 

@@ -17,8 +17,8 @@ from sim.checks import integer
 
 from ..optimizers import Momentum
 
-__all__ = ["Workload", "PROTOCOL", "SampledWorkload", "digits", "logits_in", "Argument", "argument",
-           "declared_arguments", "check_workload_args", "POSITIVE", "MOMENTUM", "COUNT", "FLAG"]
+__all__ = ["PROTOCOL", "logits_in", "Argument", "argument", "declared_arguments", "check_workload_args", "POSITIVE",
+           "MOMENTUM", "COUNT", "FLAG"]
 
 F32 = np.float32
 

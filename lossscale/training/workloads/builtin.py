@@ -15,7 +15,7 @@ from ..optimizers import Adam, Momentum
 from ..phases import begin_phase
 from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, Draws, argument, check_workload_args, digits
 
-__all__ = ["Mlp", "Trace"]
+__all__: list[str] = []  # Mlp and Trace are public as lossscale.training.workloads'
 
 F32, H = np.float32, np.float16
 

@@ -1,5 +1,5 @@
 """JAX functions as simulator workloads (optional extra ``jax``): the twin of
-:class:`lossscale.workloads.TorchWorkload`.
+:class:`lossscale.training.workloads.TorchWorkload`.
 
 :class:`JaxWorkload` takes ``loss(params, x, y)`` (a JAX function of a list of
 parameter arrays and a batch, giving the mean loss), the initial binary32
@@ -25,7 +25,7 @@ from sim.jax import on_device
 
 from .base import SampledWorkload, logits_in
 
-__all__ = ["JaxWorkload"]
+__all__: list[str] = []  # JaxWorkload is public as lossscale.training.workloads.JaxWorkload (imported on first use)
 
 _DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 

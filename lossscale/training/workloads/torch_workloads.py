@@ -1,7 +1,7 @@
 """PyTorch models as simulator workloads (optional extra ``torch``).
 
 :class:`TorchWorkload` wraps a user's ``torch.nn.Module``, a loss function and
-data into the :class:`lossscale.workloads.Workload` protocol. Master weights
+data into the :class:`lossscale.training.workloads.Workload` protocol. Master weights
 are binary32 numpy arrays (the simulator's); each step they are cast on the
 device to the compute dtype (binary16 or bfloat16), the model runs forward and
 backward under :class:`sim.torch.DeviceMode` with the loss multiplied by the
@@ -43,7 +43,9 @@ from ..phases import begin_phase
 from .base import COUNT, FLAG, MOMENTUM, POSITIVE, Argument, SampledWorkload, argument, digits, logits_in
 from .builtin import DIGITS_TRAIN, check_fields
 
-__all__ = ["TorchWorkload", "logits_of", "TorchMlp", "TorchCnn", "TorchTransformer"]
+# TorchWorkload and the built-in torch workloads are public as lossscale.training.workloads' (imported
+# with torch on first use): one import path each.
+__all__ = ["logits_of"]
 
 _DTYPES = {"float16": (torch.float16, np.dtype(np.float16)), "bfloat16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
 DTYPE = Argument("text", choices=tuple(_DTYPES))
