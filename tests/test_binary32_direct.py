@@ -383,10 +383,10 @@ def test_attention(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_fused_attention_with_dropout_steps_and_gradients(seed):
-    """DeviceMode's fused attention with dropout (sim.torch._attention32): its numpy forward and its
+    """DeviceMode's fused attention with dropout (sim.torch.functions._attention32): its numpy forward and its
     written-out backward give the bits of its torch operations in Binary32Mode and of autograd
     through them (masks boolean, additive, causal; Inf and NaN)."""
-    import sim.torch as st
+    import sim.torch.functions as st
 
     rng = np.random.default_rng(400 + seed)
     for _ in range(20):

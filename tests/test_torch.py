@@ -313,7 +313,7 @@ def test_the_dispatch_handler_runs_without_torchs_dynamo_wrapper() -> None:
     """DeviceMode is an eager mode: its __torch_dispatch__ is its own function, not wrapped per
     call in torch._disable_dynamo (torch wraps every dispatch mode's unless it opts out)."""
     handler = DeviceMode.__dict__["__torch_dispatch__"]
-    assert handler.__qualname__ == "DeviceMode.__torch_dispatch__" and handler.__module__ == "sim.torch"
+    assert handler.__qualname__ == "DeviceMode.__torch_dispatch__" and handler.__module__ == "sim.torch.mode"
 
 
 def test_the_float32_routes_argument_map_is_pytrees_on_aten_arguments() -> None:
@@ -321,7 +321,7 @@ def test_the_float32_routes_argument_map_is_pytrees_on_aten_arguments() -> None:
     (values, lists and tuples of them, keyword dicts), containers' kinds kept."""
     from torch.utils._pytree import tree_map
 
-    from sim.torch import _map
+    from sim.torch.convert import _map
 
     x, y = torch.ones(2, dtype=torch.float16), torch.zeros(3, dtype=torch.bfloat16)
     wide = lambda v: v.float() if isinstance(v, torch.Tensor) else (torch.float32 if v is torch.float16 else v)  # noqa: E731

@@ -26,7 +26,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import sim.torch as simtorch  # noqa: E402
+import sim.torch.mode as simmode  # noqa: E402
+import sim.torch.routes as simroutes  # noqa: E402
 from sim import Device  # noqa: E402
 from sim.torch import DeviceMode  # noqa: E402
 
@@ -259,7 +260,7 @@ def test_the_write_back_finds_every_argument_a_schema_writes() -> None:
     passed as the dispatcher passes it (positional, keyword-only ones by keyword)."""
     checked = 0
     for func in _overloads_writing():
-        if simtorch._kind(func) in ("exact", "factory"):
+        if simroutes._kind(func) in ("exact", "factory"):
             continue
         args, kwargs, want = [], {}, []
         for a in func._schema.arguments:
@@ -280,7 +281,7 @@ def test_the_write_back_finds_every_argument_a_schema_writes() -> None:
                 args.append(v)
         if not want:
             continue
-        found = {id(t) for t in simtorch._written(func, tuple(args), kwargs)}
+        found = {id(t) for t in simmode._written(func, tuple(args), kwargs)}
         assert all(id(t) in found for t in want), func
         checked += 1
     assert checked > 500
@@ -392,7 +393,7 @@ def test_every_written_argument_is_written_back_as_natively(func, args, kwargs, 
     # the mode finds each of them
     m_args, m_kwargs = _clone(args), _clone(kwargs)
     ours = _tensors_of(m_args, m_kwargs)
-    found = {id(t) for t in simtorch._written(func, tuple(m_args), m_kwargs)}
+    found = {id(t) for t in simmode._written(func, tuple(m_args), m_kwargs)}
     assert all(id(ours[i]) in found for i in written), func
 
     # under the mode: the same arguments written, each within one binary16 rounding of torch's (the
@@ -461,7 +462,7 @@ def test_every_kernel_writing_an_argument_writes_it_back_as_natively(dtype, recw
     values near torch's (random draws: written, values not compared)."""
     judged = 0
     for func in _overloads_writing():
-        if simtorch._kind(func) in ("exact", "factory") or str(func) in NOT_JUDGED:
+        if simroutes._kind(func) in ("exact", "factory") or str(func) in NOT_JUDGED:
             continue
         call = _auto_call(func, dtype)
         if call is None:
@@ -566,7 +567,7 @@ def _draws():
 
 @pytest.mark.parametrize("name", sorted(_draws()))
 def test_the_first_seeded_draw_of_a_shape_is_the_later_ones(name: str, monkeypatch) -> None:
-    monkeypatch.setattr(simtorch, "_DTYPES", {})  # as in a fresh process: every signature new
+    monkeypatch.setattr(simroutes, "_DTYPES", {})  # as in a fresh process: every signature new
     draw = _draws()[name]
     results, states = [], []
     for _ in range(3):
@@ -595,14 +596,14 @@ def test_a_seeded_rand_draws_once() -> None:
     torch.manual_seed(99)
     first = torch.empty(shape, dtype=torch.float64).uniform_(0.0, 1.0)
     state = torch.get_rng_state()
-    saved = simtorch._DTYPES
-    simtorch._DTYPES = {}
+    saved = simroutes._DTYPES
+    simroutes._DTYPES = {}
     try:
         torch.manual_seed(99)
         with DeviceMode(Device("atlas-a2")):
             got = torch.rand(shape, dtype=F16)
     finally:
-        simtorch._DTYPES = saved
+        simroutes._DTYPES = saved
     assert bits(got) == bits(_floor16(first))
     assert torch.equal(torch.get_rng_state(), state)
 
@@ -700,7 +701,7 @@ def _seeded_steps(model: type, seed: int) -> list[list[int]]:
 def test_two_models_seeded_steps_are_the_same_in_any_order(monkeypatch) -> None:
     runs = {}
     for order in ((_Mlp, _Conv), (_Conv, _Mlp), (_Mlp, _Mlp)):
-        monkeypatch.setattr(simtorch, "_DTYPES", {})  # each order as in a fresh process
+        monkeypatch.setattr(simroutes, "_DTYPES", {})  # each order as in a fresh process
         for model in order:
             runs.setdefault(model, []).append(_seeded_steps(model, 5))
     for model, seen in runs.items():
