@@ -844,7 +844,7 @@ def test_a_gap_of_more_than_1024_steps_replays(capsys, tmp_path, monkeypatch) ->
     """``steps_per_print`` 1200: on the bounds (past the exact replay's limit, set low here to be
     quick), a counted gap of 1,199 clean steps bounds the scale by 2**1199, past the largest
     double: Python's float power raised, and the command died."""
-    from lossscale import replay as module
+    from lossscale.replay import fit as module
 
     monkeypatch.setattr(module, "MAX_RUNS", 100)
     line = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"

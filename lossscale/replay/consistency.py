@@ -1,0 +1,385 @@
+"""A log checked against a framework's policy: where the logged scales depart from what the policy
+would have done."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..policy.core import Policy, describe
+from ..policy.frameworks import (
+    ApexPolicy,
+    DeepSpeedPolicy,
+    FairseqPolicy,
+    MegatronPolicy,
+    MindSporePolicy,
+    MinimumScaleError,
+)
+from .log import Log
+
+#: Per framework: its policy, and the names of its initial scale, growth window and hysteresis
+#: arguments (None: it has none), and fixed arguments for a replay (a replay must not stop at the
+#: floor where the log goes on).
+_POLICIES: dict[str, tuple[type[Policy], str, str, str | None, dict[str, Any]]] = {
+    "deepspeed": (DeepSpeedPolicy, "init_scale", "scale_window", "delayed_shift", {"raise_error_at_min_scale": False}),
+    "apex": (ApexPolicy, "init_scale", "scale_window", None, {}),
+    "fairseq": (FairseqPolicy, "init_scale", "scale_window", None, {}),
+    "megatron": (MegatronPolicy, "initial_scale", "growth_interval", "hysteresis",
+                 {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5}),
+    "mindspore": (MindSporePolicy, "init_loss_scale", "scale_window", None, {}),
+}
+
+
+#: The growth window where the policy class has no default: Megatron-LM's ``--loss-scale-window``
+#: (``megatron/training/arguments.py``, default 1000; ``MegatronPolicy`` takes every argument).
+_DEFAULT_WINDOW = {"megatron": 1000}
+
+
+def _matches(framework: str, replayed: float, logged: float) -> bool:
+    """Whether a replayed scale prints as the logged one: DeepSpeed prints ``int(S)`` (older
+    releases the float), Megatron ``{:.1f}``, fairseq's progress lines ``{:g}`` of S rounded to 4
+    places (its overflow lines ``str(S)``), MindSpore the binary32 value; apex and csv the value."""
+    if replayed == logged:
+        return True
+    if not math.isfinite(replayed):
+        return False
+    if framework == "deepspeed":
+        return int(replayed) == logged
+    if framework == "megatron":
+        return f"{replayed:.1f}" == f"{logged:.1f}"
+    if framework == "fairseq":  # {:g} of S rounded to 4 places, or (0.6-0.10) 3 or 0 decimals
+        return any(float(format(round(replayed, d), "g")) == logged for d in (4, 3, 0))
+    if framework == "mindspore":
+        return bool(np.float32(replayed) == np.float32(logged))
+    return False
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where a replay and the log disagree: the log's line and step, which scale (``before`` the
+    step or ``after`` it), the logged and replayed values, and what would explain it."""
+
+    line: int
+    step: int | None
+    which: str
+    logged: float
+    replayed: float
+    explanation: str = ""
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f" (step {self.step})" if self.step is not None else "")
+        text = (f"{where}: the log's scale {self.which} the step is {_show(self.logged)}, the replay's "
+                f"{_show(self.replayed)}")
+        return text + (f"; {self.explanation}" if self.explanation else "")
+
+
+def _show(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and x == int(x) and abs(x) < 2**63 else repr(float(x))
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """The framework's own policy replayed on a log: the policy with the arguments inferred from the
+    log (``inferred`` says how each was found), how many logged scales were compared, the
+    departures (the replay takes the logged scale after each, so later ones are counted too), and
+    the replayed scale before each event (None where the replay cannot say: from the first
+    departure on, or where the ``fits`` candidates that fit the log equally well disagree)."""
+
+    framework: str
+    policy: Policy | None
+    inferred: dict[str, str]
+    compared: int
+    departures: tuple[Departure, ...]
+    scales: tuple[float | None, ...]
+    complete: bool
+    fits: int = 1
+    #: Why nothing was checked, where nothing was (no policy, no event, no scale compared, a constant scale).
+    unchecked: str = ""
+
+    @property
+    def consistent(self) -> bool:
+        """The policy reproduced every logged scale, and there was at least one to compare."""
+        return self.policy is not None and self.compared > 0 and not self.departures
+
+    def verdict(self) -> str:
+        """The consistency verdict in a few lines."""
+        if self.unchecked:
+            return f"{self.framework} log: {self.unchecked}"
+        args = ", ".join(f"{k}={_show(v) if isinstance(v, float) else v}" for k, v in describe(self.policy).items())
+        how = "; ".join(f"{k} {v}" for k, v in self.inferred.items())
+        scope = ("every step" if self.complete else
+                 "each overflow's own update and the growth between overflows (the log does not place every step)")
+        head = [f"{self.framework} log, replayed with {type(self.policy).__name__}({args})", f"inferred: {how}",
+                f"checked {scope}: {self.compared} logged scales compared"]
+        if not self.departures:
+            return "\n".join(head + ["consistent: the replay reproduces every logged scale"])
+        more = f" ({len(self.departures)} departures in all)" if len(self.departures) > 1 else ""
+        return "\n".join(head + [f"INCONSISTENT{more}: first at {self.departures[0]}"])
+
+
+def _arguments(framework: str, init: float, window: int | None, hysteresis: int | None) -> dict[str, Any]:
+    cls, init_name, window_name, hyst_name, fixed = _POLICIES[framework]
+    args = {**fixed, init_name: init}
+    if window is not None:
+        args[window_name] = window
+    if hyst_name and hysteresis is not None:
+        args[hyst_name] = hysteresis
+    if framework == "apex":
+        args["max_loss_scale"] = max(2.0**24, init)
+    if framework == "megatron":
+        args["min_scale"] = min(1.0, init)
+    return args
+
+
+def _resync(state: Any, logged: float) -> Any:
+    return state._replace(scale=type(state.scale)(logged))
+
+
+def _replay(policy: Policy, log: Log) -> tuple[list[Departure], list[float | None], int]:
+    """The policy stepped through a complete log: departures, the scale before each event, the
+    number of logged scales compared."""
+    state, departures, scales, compared = policy.initial(), [], [], 0
+    for e in log.events:
+        scales.append(float(state.scale))
+        if e.scale is not None:
+            compared += 1
+            if not _matches(log.framework, float(state.scale), e.scale):
+                departures.append(Departure(e.line, e.step, "before", e.scale, float(state.scale)))
+                state = _resync(state, e.scale)
+        try:
+            state = policy.next(state, not e.overflow)
+        except MinimumScaleError:
+            departures.append(Departure(e.line, e.step, "after", e.next_scale or float(state.scale),
+                                        float(state.scale), "the policy stops training here (at its minimum scale)"))
+        if e.next_scale is not None:
+            compared += 1
+            if not _matches(log.framework, float(state.scale), e.next_scale):
+                departures.append(Departure(e.line, e.step, "after", e.next_scale, float(state.scale)))
+                state = _resync(state, e.next_scale)
+    return departures, scales, compared
+
+
+def _initial(framework: str, log: Log, window: int | None, hysteresis: int | None) -> float | None:
+    """The initial scale that makes the replay meet the first logged scale: the policy run from a
+    reference scale up to it, the ratio taken (each rule multiplies the scale by factors that do not
+    depend on it, away from its floor and cap)."""
+    ref = 2.0**64
+    cls = _POLICIES[framework][0]
+    policy = cls(**_arguments(framework, ref, window, hysteresis))
+    if framework == "apex":
+        policy = replace(policy, max_loss_scale=2.0**100)
+    state = policy.initial()
+    for e in log.events:
+        if e.scale is not None:
+            return e.scale * ref / float(state.scale)
+        state = policy.next(state, not e.overflow)
+        if e.next_scale is not None:
+            return e.next_scale * ref / float(state.scale)
+    return None
+
+
+def _windows(log: Log, default: int) -> tuple[list[int], str, bool]:
+    """Growth windows to try. Each run of clean steps whose scale is known before and after it
+    grew k times (a doubling per window), so its length L bounds the window: about L / (k + 1) to
+    L / k (one more or less, as the frameworks count from different steps); with no growth, above
+    L - 1. The windows every run allows, up to 64 of them (the framework's default among them
+    where it fits)."""
+    events = log.events
+    before: list[float | None] = []
+    for i, e in enumerate(events):
+        prev = events[i - 1].next_scale if i else None
+        before.append(e.scale if e.scale is not None else prev if prev is not None else
+                      2 * e.next_scale if e.overflow and e.next_scale is not None else None)
+    low, high, grew, i = 1, math.inf, False, 0
+    while i < len(events):
+        if events[i].overflow:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(events) and not events[j + 1].overflow:
+            j += 1
+        start = before[i]
+        end = before[j + 1] if j + 1 < len(events) else events[j].next_scale
+        length = j - i + 1
+        if start and end and end >= start:
+            k = round(math.log2(end / start))
+            grew = grew or k > 0
+            low = max(low, length // (k + 1) - 1)
+            if k > 0:
+                high = min(high, length // k + 1)
+        i = j + 1
+    if high < low:
+        return [default], "the framework's default (the log's growths fit no single window)", False
+    if high == math.inf:
+        return [max(default, low)], f"{'the default' if default >= low else low} (no growth in the log; any " \
+            f"value from about {low} fits)", False
+    span = list(range(low, int(high) + 1))
+    picked = span if len(span) <= 64 else sorted({*span[:: max(1, len(span) // 64)], *(
+        [default] if low <= default <= high else [])})
+    return picked, f"from the growths in the log (windows {low} to {int(high)} tried)", len(span) <= 64
+
+
+def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
+    """The log's own framework policy with arguments inferred from the log, and how each was
+    inferred: the initial scale from the first logged scale, the hysteresis from DeepSpeed's
+    hysteresis lines (Megatron's: tried from 1 to 4), the growth window from the first growth; among
+    the candidates, the one whose replay departs least (and latest)."""
+    fits, how, _ = _fits(log)
+    return (fits[0] if fits else None), how
+
+
+def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
+    """The candidates of :func:`framework_policy` that fit the log equally well (the first is the
+    one it returns; a short log often fits several growth windows), how each argument was found, and
+    whether every window the log allows was tried (else the replayed scales are not the log's)."""
+    if log.framework not in _POLICIES:
+        return [], {}, False
+    cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
+    default_window = _DEFAULT_WINDOW.get(log.framework) or next(
+        f.default for f in dataclasses.fields(cls) if f.name == window_name)
+    windows, window_how, pinned = _windows(log, default_window) if log.complete else (
+        [default_window], "not inferred (the log does not place every step)", False)
+    hysteresis: list[int | None] = [None]
+    how: dict[str, str] = {}
+    if log.framework == "deepspeed":
+        first = next((e for e in log.events if e.overflow and e.scale is not None), None)
+        hysteresis = [first.hysteresis if first is not None and first.hysteresis else 1]
+        how[hyst_name] = f"from the first overflow line (line {first.line})" if first else "1 (no overflow line)"
+    elif log.framework == "megatron":
+        hysteresis = [1, 2, 3, 4]
+        how[hyst_name] = "the best of 1 to 4"
+    best = None
+    for h in hysteresis:
+        for w in windows:
+            init = _initial(log.framework, log, w, h)
+            if init is None:
+                continue
+            policy = cls(**_arguments(log.framework, init, w, h))
+            departures = _replay(policy, log)[0] if log.complete else _chain(policy, log)[0]
+            key = (len(departures), -(departures[0].line if departures else 0))
+            if best is None or key < best[0]:
+                best = (key, [policy])
+            elif key == best[0]:
+                best[1].append(policy)
+    if best is None:
+        return [], {"initial scale": "not found (no logged scale)"}, False
+    how = {init_name: "from the first logged scale", window_name: window_how, **how}
+    return best[1], how, pinned
+
+
+def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
+    """For a log that does not place every step: each overflow's own update (from the logged scale
+    before it, where printed), and that some number of growths by the policy's factor leads from
+    one overflow's scale after to the next one's."""
+    factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
+    departures, compared, after = [], 0, None
+    for e in log.events:
+        if not e.overflow:
+            unseen = e.gap and e.overflows != 0 and e.next_scale is None  # overflows the log does not print
+            after = e.next_scale if e.next_scale is not None else None if unseen else after
+            continue
+        starts = [e.scale] if e.scale is not None else (
+            [after * factor**k for k in range(0, 64)] if after is not None else [])
+        if e.scale is not None and after is not None:
+            compared += 1
+            ratio = math.log(e.scale / after, factor) if e.scale > 0 and after > 0 else -1
+            if ratio < -1e-9 or abs(ratio - round(ratio)) > 1e-6 and not _matches(log.framework, after, e.scale):
+                departures.append(Departure(e.line, e.step, "before", e.scale, after,
+                                            f"no number of growths by {factor:g} leads from {_show(after)} to it"))
+        if e.next_scale is not None and starts:
+            compared += 1
+            state = policy.initial()
+            if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
+                state = state._replace(cur_hysteresis=e.hysteresis)
+            results = []
+            for s in starts:
+                try:
+                    results.append(float(policy.next(_resync(state, s), False).scale))
+                except MinimumScaleError:
+                    continue
+            if not any(_matches(log.framework, r, e.next_scale) for r in results):
+                departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
+                                            "the policy's backoff does not give it"))
+        after = e.next_scale if e.next_scale is not None else None
+    return departures, compared
+
+
+def _explain(policy: Policy, log: Log, first: Departure) -> str:
+    """Which single change of the policy's arguments would move the first departure later (or
+    remove it): each number doubled, halved, one more or one less, each flag flipped."""
+    best = None
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if isinstance(value, bool):
+            options = [not value]
+        elif isinstance(value, int):
+            options = [v for v in (value - 1, value + 1, value * 2, value // 2) if v >= 1]
+        elif isinstance(value, float):
+            options = [value * 2, value / 2]
+        else:
+            continue
+        for v in options:
+            try:
+                other = replace(policy, **{f.name: v})
+            except (ValueError, TypeError):
+                continue
+            departures = _replay(other, log)[0]
+            line = departures[0].line if departures else math.inf
+            if line > first.line and (best is None or line > best[0]):
+                best = (line, f.name, v)
+    if best is None:
+        return "no single change of the policy's arguments explains it (an edited log, or lines missing?)"
+    line, name, v = best
+    reach = "the whole log" if line == math.inf else f"the log up to line {line}"
+    return f"{name}={_show(v) if isinstance(v, float) else v} would reproduce {reach}"
+
+
+def consistency(log: Log, policy: Policy | None = None) -> Consistency:
+    """The log's own framework policy (``policy``, or one inferred from the log) replayed on its
+    overflow sequence, every logged scale compared; the first departure explained."""
+    inferred: dict[str, str] = {}
+    fits: list[Policy] = []
+    nothing = tuple(None for _ in log.events)
+    values = {v for e in log.events for v in (e.scale, e.next_scale) if v is not None}
+    if not log.events:
+        return Consistency(log.framework, None, {}, 0, (), (), log.complete, unchecked="no loss-scale event read: "
+                           "nothing to check")
+    if log.framework not in _POLICIES and policy is None:
+        return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked="no framework policy "
+                           "to check it against (the scales are the log's own)")
+    if len(values) == 1 and not any(e.overflow for e in log.events):
+        return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked=(
+            f"a constant loss scale {_show(values.pop())} and no overflow (a bf16 run, or a constant scaler): "
+            f"nothing for a dynamic policy to check"))
+    pinned = policy is not None  # a policy given is the log's, as given
+    if policy is None:
+        fits, inferred, pinned = _fits(log)
+        policy = fits[0] if fits else None
+    if policy is None:
+        return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked="no logged scale: "
+                           "nothing to check")
+    if log.complete:
+        departures, scales, compared = _replay(policy, log)
+        # not pinned (windows the log allows were left untried): the log's own scales only
+        cut = -math.inf if not pinned else departures[0].line if departures else math.inf
+        scales = [s if e.line < cut else None for s, e in zip(scales, log.events, strict=True)]
+        if len(fits) > 1:  # the scales the equally fitting candidates disagree on are not known
+            others = [_replay(other, log)[1] for other in fits[1:]]
+            scales = [s if all(o[i] == s for o in others) else None for i, s in enumerate(scales)]
+            window = _POLICIES[log.framework][2]
+            inferred = {**inferred, window: f"{inferred.get(window, '')}; {len(fits)} candidates fit equally well, "
+                        f"the steps whose scale they disagree on are unknown"}
+        if departures:
+            departures[0] = replace(departures[0], explanation=departures[0].explanation or
+                                    _explain(policy, log, departures[0]))
+    else:
+        departures, compared = _chain(policy, log)
+        scales = [None] * len(log.events)
+    unchecked = "" if compared else f"no logged scale could be compared with {type(policy).__name__}: nothing checked"
+    return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete,
+                       max(1, len(fits)), unchecked)
+

@@ -1,0 +1,173 @@
+"""A training log as a value (its events, one a loss-scale or overflow line), the line patterns of
+each framework's logging code, and the formats recognised."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+#: A DeepSpeed run's log that ships with the package (``lossscale/data/README.md`` says how it was
+#: made): ``lossscale replay`` on it shows a sparse log's replay.
+SAMPLE_LOG = Path(__file__).resolve().parents[1] / "data" / "deepspeed-sample.log"
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One step of a log: its number where the log says it (None where not), whether it
+    overflowed, the scale it ran at and the scale after it (None where the log does not print
+    them), its 1-based line; ``hysteresis``: DeepSpeed's hysteresis before the step, where printed or
+    implied (a line that reduces the scale says it was 1: ``DynamicLossScaler.update_scale`` reduces
+    only then)."""
+
+    step: int | None
+    overflow: bool
+    scale: float | None
+    next_scale: float | None
+    line: int
+    hysteresis: int | None = None
+    #: A gap: steps the log does not print one by one, ``(low, high)`` of them (high None: no
+    #: bound); ``step`` is its last step and ``next_scale`` the scale after it, where printed.
+    span: tuple[int, int | None] | None = None
+    #: Of a gap's steps, how many overflowed (in positions the log does not give; None: the log
+    #: says nothing of their outcomes); the others are clean.
+    overflows: int | None = 0
+    #: How many events just before a gap are among its steps, in their order but with the gap's
+    #: steps anywhere around them (the overflow lines between two step counters).
+    among: int = 0
+
+    @property
+    def gap(self) -> bool:
+        return self.span is not None
+
+
+@dataclass(frozen=True)
+class Log:
+    """A parsed log: its ``framework``, its ``events`` in log order, the ``unparsed`` lines (line
+    number and text) that spoke of overflow or the loss scale in no form the format has, and
+    ``complete``: whether every step between the first event and the last is an event."""
+
+    framework: str
+    events: tuple[LogEvent, ...]
+    unparsed: tuple[tuple[int, str], ...] = ()
+    complete: bool = False
+    notes: tuple[str, ...] = ()
+
+
+_NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+
+
+_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # tqdm: "| 12/100 [00:03<...]" after N finished steps
+
+
+_DS_REDUCE = re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)"
+                        r"(?: Rank \d+)? Skipping step\. Attempted loss scale: " + _NUM + r", reducing to " + _NUM)
+
+
+_DS_HYST = re.compile(r"\[(?:deepspeed|deepscale)\] OVERFLOW!(?: Rank \d+)? Skipping step\. Attempted loss scale: "
+                      + _NUM + r", but hysteresis is (\d+)\. Reducing hysteresis to (\d+)")
+
+
+_DS_BARE = re.compile(r"\[deepspeed\] OVERFLOW!(?: Rank \d+)? Skipping step\.(?: Gradients are non-finite, "
+                      r"weights were not updated\.)?\s*$")
+
+
+_DS_STEP = re.compile(r"\bstep=(\d+), skipped=(\d+)")
+
+
+# DeepSpeed's FP16_Optimizer (fused_optimizer.py, unfused_optimizer.py: _update_scale, verbose), and its
+# older "Overflow detected" form; the iteration is cur_iter, the number of steps before this one
+_DS_ITER = re.compile(r"Grad overflow on iteration:? (\d+)")
+
+
+_DS_FROM = re.compile(r"(Reducing|Increasing) dynamic loss scale from " + _NUM + r" to " + _NUM)
+
+
+_DS_STATIC = re.compile(r"Using static loss scale of:? " + _NUM)
+
+
+_DS_QUIET = re.compile(r"No Grad overflow for \d+ iterations")  # said before an Increasing line
+
+
+_DS_DETECTED = re.compile(r"Overflow detected\. Skipping step\. Attempted loss scale: " + _NUM +
+                          r", reducing to " + _NUM)
+
+
+_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, (?:loss scaler (\d+) )?reducing loss scale to " + _NUM)
+
+
+# apex/fp16_utils/fp16_optimizer.py, FP16_Optimizer.step (and the copies of it in NVIDIA's examples)
+_APEX_FP16 = re.compile(r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted loss scale: " + _NUM +
+                        r", reducing to " + _NUM)
+
+
+_FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected, (?:ignoring gradient, )?"
+                          r"setting loss scale to: " + _NUM)
+
+
+# progress lines: key=value pairs (SimpleProgressBar) in fairseq's order, num_updates before loss_scale,
+# or the other; fairseq <= 0.6's pipe-separated epoch summaries "| num_updates 10198 | ... | loss_scale 0.500 |"
+_FS_SCALE = re.compile(r"\bloss_scale[= ]" + _NUM + r"\b")
+
+
+_FS_UPDATES = re.compile(r"\bnum_updates[= ](\d+)\b")
+
+
+_FS_JSON = re.compile(r"(\{.*\"(?:train_)?loss_scale\".*\})")
+
+
+_MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale:? " + _NUM + r" \|(?:.* number of skipped "
+                       r"iterations:?\s*(\d+) \|)?")  # the 2019 form has no colons
+
+
+# MindFormers' MFLossMonitor.print_output_info (mindformers/core/callback/callback.py): one line per
+# sink of steps, the step within the epoch, the scale the step ran at (scaling_sens) in binary32
+_MINDFORMERS = re.compile(r"Epoch:\[\s*(\d+)/\s*\d+\], step:\[\s*(\d+)/\s*(\d+)\],.*?overflow cond: (True|False), "
+                          r"loss_scale: \[?" + _NUM)
+
+
+# MindYOLO's train step (mindyolo/utils/train_step_factory.py): an overflow it applies anyway
+_MINDYOLO = re.compile(r"overflow, still update, loss scale adjust to " + _NUM)
+
+
+# Colossal-AI's naive AMP optimizer: an overflow, the scale not printed
+_COLOSSAL = re.compile(r"Found overflow\. Skip step")
+
+
+_MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
+
+
+def _words(own: str) -> re.Pattern[str]:
+    """The words that make a line the format did not read count as unparsed rather than unrelated:
+    the format's own, and, whatever the format, any mention of an overflow or a loss scale."""
+    return re.compile(rf"{own}|(?i:overflow|loss[ _]?scale)")
+
+
+#: What marks a line as the format's (format detection), and the words that make an unmatched
+#: line count as unparsed rather than unrelated (:func:`_words`).
+_SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
+    "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)|"
+                             r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step|"
+                             r"\bstep=\d+, skipped=\d+"),
+                  _words(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
+    "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
+                        r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
+             _words(r"Gradient overflow|reducing loss scale|OVERFLOW")),
+    "fairseq": (re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected|\bloss_scale[= ]\d|"
+                           r"\"(?:train_)?loss_scale\""),
+                _words(r"overflow detected|loss_scale")),
+    "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
+                 _words(r"iteration\s+\d+/|loss scale:|skipped iterations")),
+    "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is|overflow cond: (?:True|False), "
+                             r"loss_scale:|overflow, still update, loss scale adjust to"),
+                  _words(r"overflow is|loss scale is|overflow cond|loss_scale")),
+    "colossalai": (_COLOSSAL, _words(r"overflow")),
+}
+
+
+LOG_FORMATS = (*_SIGNS, "csv")
+
+
+def _float(text: str) -> float:
+    return float(text)
+

@@ -1,0 +1,509 @@
+"""Each framework's lines parsed into a log's events (``read_log``), from the logging code that
+prints them."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .log import (
+    _APEX,
+    _APEX_FP16,
+    _BAR,
+    _COLOSSAL,
+    _DS_BARE,
+    _DS_DETECTED,
+    _DS_FROM,
+    _DS_HYST,
+    _DS_ITER,
+    _DS_QUIET,
+    _DS_REDUCE,
+    _DS_STATIC,
+    _DS_STEP,
+    _FS_JSON,
+    _FS_OVERFLOW,
+    _FS_SCALE,
+    _FS_UPDATES,
+    _MEGATRON,
+    _MINDFORMERS,
+    _MINDSPORE,
+    _MINDYOLO,
+    _SIGNS,
+    LOG_FORMATS,
+    Log,
+    LogEvent,
+    _float,
+)
+
+
+def _detect(lines: Sequence[str]) -> str:
+    if lines and re.fullmatch(r"\s*step\s*,\s*scale\s*,\s*overflow\s*", lines[0]):
+        return "csv"
+    counts = {name: sum(1 for line in lines if sign.search(line)) for name, (sign, _) in _SIGNS.items()}
+    found = {name: n for name, n in counts.items() if n}
+    if len(found) == 1:
+        return next(iter(found))
+    if not found:
+        raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(LOG_FORMATS)}; "
+                         f"a csv log starts with the header step,scale,overflow)")
+    shown = ", ".join(f"{name} ({n} lines)" for name, n in found.items())
+    raise ValueError(f"mixed log formats: {shown}; give format= one of {', '.join(LOG_FORMATS)}")
+
+
+def read_log(source: str | Path, format: str = "auto") -> Log:
+    """The log at a path, or log text (a string holding a newline, or naming no file), parsed in
+    ``format`` (``auto``: the one format whose lines appear; ValueError naming the formats known
+    where none or several do)."""
+    if isinstance(source, Path) or ("\n" not in source and Path(source).is_file()):
+        try:
+            text = Path(source).read_text(errors="replace")
+        except OSError as err:
+            raise ValueError(f"cannot read the log {str(source)!r}: {err.strerror or err}") from None
+    elif "\n" not in source and not any(sign.search(source) for sign, _ in _SIGNS.values()):
+        raise ValueError(f"no log file {source!r} (give a path to a log, or the log's text)")
+    else:
+        text = source
+    lines = text.splitlines()
+    if format == "auto":
+        format = _detect(lines)
+    if format not in LOG_FORMATS:
+        raise ValueError(f"unknown log format {format!r}; valid: auto, {', '.join(LOG_FORMATS)}")
+    if format == "csv":
+        return _read_csv(lines)
+    return _PARSERS[format](lines)
+
+
+class _Builder:
+    """Collects a log's overflow lines and step counters and assembles its events.
+
+    ``all`` counters count every step (DeepSpeed's ``step=N`` and tqdm's bar close step N: an
+    overflow line before counter N, after N - 1, is step N); ``clean`` counters count applied steps
+    only (fairseq's ``num_updates``: the overflow lines between counters N - 1 and N are the skipped
+    steps before applied step N, which the log does not number)."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+        self.events: list[LogEvent] = []
+        self.pending: list[LogEvent] = []
+        self.unparsed: list[tuple[int, str]] = []
+        self.notes: list[str] = []
+        self.last: int | None = None
+        self.kind = "all"
+        self.skipped_before: int | None = 0  # a skipped counter starts at 0 with the run
+        self.interval = 1  # the most steps between two counters
+        self.complete = True
+        self.maybe_copies: set[int] = set()  # overflow lines identical to the one before: copies, or not
+
+    def overflow(self, event: LogEvent) -> None:
+        self.pending.append(event)
+
+    def counter(self, n: int, line: int, kind: str, next_scale: float | None = None,
+                skipped: int | None = None) -> None:
+        if n == 0 and self.last is None:  # a bar's first frame, before any step
+            self.last = 0
+            return
+        pending, self.pending, self.kind = self.pending, [], kind
+        last = self.last if self.last is not None else (0 if n == 1 else None)
+        before = self.skipped_before
+        counted = skipped - before if skipped is not None and before is not None else None
+        if counted is not None and counted != len(pending) and self.last is not None:
+            self.notes.append(f"line {line}: skipped={skipped} counts {counted} overflows since the last report; the "
+                              f"log shows {len(pending)}")
+        if last is not None and n == last and not pending:
+            return  # the same counter again (a bar redrawn)
+        if last is not None and n == last + 1 and (kind == "clean" or len(pending) <= 1) and \
+                counted in (None, len(pending)):
+            if kind == "all" and pending:
+                self.events.append(replace(pending[0], step=n))
+            else:
+                self.events.extend(pending)
+                self.events.append(LogEvent(n, False, None, next_scale, line))
+        elif last is None:  # the first counter, after step 1 (printing every k steps, or a pasted tail)
+            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before)
+        else:  # the steps since the last counter: the overflow lines among clean steps the log does not print
+            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before)
+        self.skipped_before = skipped if skipped is not None else self.skipped_before
+        self.interval = max(self.interval, n - (self.last or 0))  # the first counter's window: from step 1
+        self.last = n
+
+    def _window(self, pending: list[LogEvent], n: int, steps: int | None, line: int, kind: str,
+                next_scale: float | None, skipped: int | None, before: int | None) -> None:
+        """The steps up to counter ``n`` (``steps`` of them; None: from an unknown start): the
+        pending overflow lines in their order, with the clean steps (and, where the counter's
+        skipped count is higher, unprinted overflows) around them as one gap."""
+        self.complete = False
+        k = len(pending)
+        counted = skipped - before if skipped is not None and before is not None else None
+        if kind == "clean":  # fairseq: the counter counts applied updates; its own step is the last
+            clean = steps - 1 if steps is not None else None
+            gap = LogEvent(n - 1, False, None, None, line, span=(clean or 0, clean), among=k)
+            self.events.extend(pending)
+            if clean != 0:
+                self.events.append(gap)
+            # fairseq's loss_scale is the mean over the logging interval: the scale only for an interval of one
+            self.events.append(LogEvent(n, False, None, next_scale if clean == 0 else None, line))
+            return
+        if counted is not None and 0 < counted < k:
+            pending = self._copies(pending, counted, line)
+            k = len(pending)
+        if counted is not None and counted < k:
+            return self._unknown(pending, n, line, next_scale, f"{k} overflow lines since the last counter, which "
+                                 f"counts {counted} skipped steps (several ranks printing, or a duplicated paste?)")
+        if steps is None and counted is None:  # a pasted tail, no skipped count: the lines cut off are unknown
+            self.events.extend(pending)
+            self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, n - k), overflows=None, among=k))
+            return
+        anonymous = counted - k if counted is not None else 0
+        low = high = n if steps is None else steps  # the first counter's window: from the run's first step
+        if low - k < anonymous or high - k < anonymous:
+            return self._unknown(pending, n, line, next_scale, "more overflows than steps since the last counter")
+        if low == high == k + anonymous and not anonymous:  # every step is an overflow line: each placed
+            self.events.extend(replace(e, step=n - k + 1 + i) for i, e in enumerate(pending))
+            return
+        self.events.extend(pending)
+        self.events.append(LogEvent(n, False, None, next_scale, line, span=(low - k, high - k), overflows=anonymous,
+                                    among=k))
+
+    def _copies(self, pending: list[LogEvent], counted: int, line: int) -> list[LogEvent]:
+        """More overflow lines than the counter counts overflows, where lines repeat the one before
+        them: the repeats read as copies from other ranks, where that accounts for the count (every
+        overflow printed by the same number of ranks, or every repeat a copy). Else as they are."""
+        runs: list[list[LogEvent]] = []
+        for e in pending:
+            if runs and e.line in self.maybe_copies:
+                runs[-1].append(e)
+            else:
+                runs.append([e])
+        # run i stands for m_i overflows, 1 <= m_i <= its length, summing to the count: where that fixes
+        # every m_i, or every overflow was printed the same number of times, the copies are known
+        total = sum(len(run) for run in runs)
+        least = [max(1, counted - (total - len(run))) for run in runs]
+        most = [min(len(run), counted - (len(runs) - 1)) for run in runs]
+        ranks = len(pending) // counted
+        if least == most and all(len(run) % m == 0 for run, m in zip(runs, least, strict=True)):
+            kept = [e for run, m in zip(runs, least, strict=True) for e in run[::len(run) // m]]
+        elif len(pending) % counted == 0 and all(len(run) % ranks == 0 for run in runs):
+            kept = [e for run in runs for e in run[::ranks]]
+        else:
+            return pending
+        self.notes.append(f"line {line}: {len(pending)} overflow lines, some repeating the line before them, and "
+                          f"the counter counts {counted} overflows: the repeats read as copies (several ranks "
+                          f"printing)")
+        return kept
+
+    def _unknown(self, pending: list[LogEvent], n: int, line: int, next_scale: float | None, why: str) -> None:
+        """The window up to counter ``n`` that the log contradicts: its lines, then its steps unknown."""
+        self.notes.append(f"line {line}: {why}: their steps are left unknown")
+        self.events.extend(pending)
+        self.events.append(LogEvent(n, False, None, next_scale, line, span=(0, None), overflows=None))
+
+    def build(self) -> Log:
+        pending = self.pending
+        if self.last is None:  # no counters: nothing numbers the steps, nor counts the clean ones between
+            self.complete = False
+            previous: LogEvent | None = None
+            for e in pending:
+                if previous is not None and previous.step is not None and e.step is not None:
+                    between = e.step - previous.step - 1  # numbered overflow lines: the clean steps between
+                    if between > 0:
+                        self.events.append(LogEvent(e.step - 1, False, None, None, e.line, span=(between, between)))
+                else:
+                    self.events.append(LogEvent(None, False, None, None, e.line, span=(0, None)))
+                self.events.append(e)
+                previous = e
+        elif pending:  # overflow lines after the last counter: within one counter interval of it
+            k, every = len(pending), self.kind == "all"
+            room = self.interval - k if every else self.interval - 1
+            if room < 0:
+                self.notes.append(f"{k} overflow lines after the last counter, which comes every {self.interval} "
+                                  f"steps: their steps are left unknown")
+                self.events.append(LogEvent(None, False, None, None, pending[0].line, span=(0, None)))
+                self.events.extend(pending)
+                self.complete = False
+            elif room == 0:  # each the next step
+                self.events.extend(replace(e, step=self.last + 1 + i) if every else e for i, e in enumerate(pending))
+            else:
+                self.events.extend(pending)
+                self.events.append(LogEvent(None, False, None, None, pending[-1].line, span=(0, room), among=k))
+                self.complete = False
+        return Log(self.framework, tuple(self.events), tuple(self.unparsed), self.complete and bool(self.events),
+                   tuple(self.notes))
+
+
+#: What a line carries before its message: time stamps, levels, sources and rank prefixes (``[...]``
+#: groups, torchrun's ``0: `` and ``[default0]:``, ``Rank N``), dropped to compare two ranks' lines.
+_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]*\]:?|\d+:|\|)\s*)+|\b[Rr]ank\s*\d+\b")
+
+
+def _rank(text: str) -> str | None:
+    """The rank a line names in its prefix (``Rank N``, torchrun's ``N:`` or ``[defaultN]:``), if any."""
+    m = re.search(r"\b[Rr]ank\s*(\d+)|^\s*(\d+):|\[default(\d+)\]", text)
+    return next((g for g in m.groups() if g is not None), None) if m else None
+
+
+def _ranks_printing(lines: Sequence[str], words: re.Pattern[str]) -> int:
+    """How many ranks print each overflow line, where the log shows it: the most lines in a row that
+    repeat one message under distinct rank prefixes (1 where none do). The frameworks print an
+    overflow's scaled and unscaled forms from one function on every rank that prints either
+    (DeepSpeed's ``update_scale``), so the count holds for the lines that name no rank too."""
+    most, ranks, last = 1, set(), None
+    for text in lines:
+        rank, message = _rank(text), _PREFIX.sub("", text).strip()
+        if rank is not None and message == last and rank not in ranks and words.search(text):
+            ranks.add(rank)
+            most = max(most, len(ranks))
+        else:
+            ranks, last = ({rank}, message) if rank is not None else (set(), None)
+    return most
+
+
+def _scan(lines: Sequence[str], framework: str, handle) -> Log:
+    """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
+    line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
+    in every format: the training bar only (the one with the most steps; a rollout or evaluation
+    bar is not a step counter), read in its place on the line (a message pasted after a bar on the
+    same line follows it); a bar that goes backwards is noted. A line identical to the overflow
+    line just before it, prefixes aside and no counter between, is another rank printing the same
+    step's overflow: one overflow, the copies noted. Where the log shows R ranks printing each
+    overflow (the same line under R rank prefixes), identical lines naming no rank are read in
+    groups of R, one overflow each."""
+    b = _Builder(framework)
+    words = _SIGNS[framework][1]
+    printing = _ranks_printing(lines, words)
+    totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
+    training = max(totals) if totals else None
+    other_bars: set[int] = set()
+    copies, last_message, group = 0, None, 0  # the last overflow line's message and rank; its lines in a row
+
+    def read(i: int, text: str) -> bool:
+        nonlocal copies, last_message, group
+        before = len(b.pending)
+        if not handle(b, i, text):
+            return False
+        if len(b.pending) != before + 1:  # a counter, or a line that is no overflow: copies end here
+            last_message = None
+            return True
+        message, rank, e = _PREFIX.sub("", text).strip(), _rank(text), b.pending[-1]
+        # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
+        # line is a copy where the first one changed it, or where the two name different ranks
+        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
+        same = last_message is not None and message == last_message[0]
+        if same and printing > 1 and rank is None:  # R ranks print each overflow: R identical lines, one overflow
+            copy = group % printing != 0
+        else:
+            copy = same and (changed or (rank is not None and last_message[1] is not None and rank != last_message[1]))
+        if copy:
+            b.pending.pop()
+            copies += 1
+            group += 1
+        else:
+            if same:  # a copy, or the same line again
+                b.maybe_copies.add(i)
+            last_message, group = (message, rank), 1
+        return True
+
+    for i, text in enumerate(lines, start=1):
+        for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
+            bar = _BAR.search(part)
+            if not (bar and "%" in part[:bar.start()]):
+                if not read(i, part) and words.search(part):
+                    b.unparsed.append((i, part))
+                continue
+            head, close = part[:bar.start()], part.find("]", bar.end())
+            tail = part[close + 1:] if close >= 0 else ""
+            read(i, head)
+            n, total = int(bar[1]), int(bar[2])
+            if total != training:
+                other_bars.add(total)
+            elif b.last is not None and n < b.last:
+                b.notes.append(f"line {i}: the progress bar goes back from {b.last} to {n} (a restart?); read on "
+                               f"from {b.last}")
+            else:
+                b.counter(n, i, "all")
+                last_message = None
+            if tail.strip() and not read(i, tail) and words.search(tail):
+                b.unparsed.append((i, tail))
+    if other_bars:
+        b.notes.append(f"progress bars of {', '.join(map(str, sorted(other_bars)))} steps are not the training "
+                       f"bar ({training} steps) and count no step")
+    if copies:
+        b.notes.append(f"{copies} overflow lines repeat the line before them (several ranks printing, told apart by "
+                       f"their prefixes and that no step counter came between): each read as one overflow")
+    return b.build()
+
+
+def _deepspeed(lines: Sequence[str]) -> Log:
+    iteration: list[int | None] = [None]  # FP16_Optimizer's "Grad overflow on iteration N", awaiting its scales
+
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _DS_ITER.search(text):
+            iteration[0] = int(m[1])
+        elif m := _DS_FROM.search(text):
+            grow = m[1] == "Increasing"
+            step = None if grow or iteration[0] is None else iteration[0] + 1
+            b.overflow(LogEvent(step, not grow, _float(m[2]), _float(m[3]), i, None if grow else 1))
+            iteration[0] = None
+        elif m := _DS_STATIC.search(text):  # a static scale: the overflow's step is skipped, the scale kept
+            step = None if iteration[0] is None else iteration[0] + 1
+            b.overflow(LogEvent(step, True, _float(m[1]), _float(m[1]), i))
+            iteration[0] = None
+        elif _DS_QUIET.search(text):
+            pass
+        elif m := _DS_REDUCE.search(text) or _DS_DETECTED.search(text):  # a reduction: the hysteresis was 1
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i, 1))
+        elif m := _DS_HYST.search(text):
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[1]), i, int(m[2])))
+        elif _DS_BARE.search(text):
+            b.overflow(LogEvent(None, True, None, None, i))
+        elif m := _DS_STEP.search(text):
+            b.counter(int(m[1]), i, "all", skipped=int(m[2]))
+        else:
+            return False
+        return True
+    return _scan(lines, "deepspeed", handle)
+
+
+def _apex(lines: Sequence[str]) -> Log:
+    ids: set[str] = set()
+
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _APEX.search(text):
+            ids.add(m[1] or "0")
+            b.overflow(LogEvent(None, True, None, _float(m[2]), i))
+            return True
+        if m := _APEX_FP16.search(text):
+            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
+            return True
+        return False
+    log = _scan(lines, "apex", handle)
+    if len(ids) > 1:
+        log = replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}): their lines are read "
+                                  f"as one sequence"), complete=False)
+    return log
+
+
+def _fairseq(lines: Sequence[str]) -> Log:
+    def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _FS_OVERFLOW.search(text):
+            b.overflow(LogEvent(None, True, None, _float(m[1]), i))
+        elif (m := _FS_UPDATES.search(text)) and (scale := _FS_SCALE.search(text)):
+            b.counter(int(m[1]), i, "clean", next_scale=_float(scale[1]))
+        elif (m := _FS_JSON.search(text)) and _fairseq_json(b, i, m[1]):
+            pass
+        else:
+            return False
+        return True
+    return _scan(lines, "fairseq", handle)
+
+
+def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
+    try:
+        stats = json.loads(text)
+        train = "train_" if "train_loss_scale" in stats else ""  # the end-of-epoch record's keys
+        scale, updates = float(stats[f"{train}loss_scale"]), int(stats[f"{train}num_updates"])
+    except (ValueError, KeyError, TypeError):
+        return False
+    b.counter(updates, i, "clean", next_scale=scale)
+    return True
+
+
+def _per_step(framework: str, rows: Iterable[tuple[int, int | None, bool, float | None, float | None]],
+              unparsed: list[tuple[int, str]], notes: list[str], interval: dict[int, int] | None = None) -> Log:
+    """A log with one line per numbered step: complete where the steps run on by one; the steps
+    between two numbered lines a gap whose outcomes the log does not give; before each unnumbered
+    overflow line (MindYOLO's, Colossal-AI's) a gap of clean steps of unknown length. ``interval``:
+    for a line that sums its logging interval (Megatron's, keyed by line), how many of the
+    interval's steps were skipped: the interval is a gap with that many overflows."""
+    events, complete, last = [], True, None
+    for line, step, overflow, scale, next_scale in rows:
+        if step is None:
+            complete = False
+            events += [LogEvent(None, False, None, None, line, span=(0, None)),
+                       LogEvent(None, overflow, scale, next_scale, line)]
+            continue
+        skipped = (interval or {}).get(line)
+        if last is not None and step <= last:
+            complete = False
+            notes.append(f"line {line}: step {step} follows step {last}; the steps between are unknown")
+            events.append(LogEvent(step - 1, False, None, None, line, span=(0, None), overflows=None))
+        elif skipped is not None and step - (last or 0) > 1:  # an interval: its skipped steps anywhere in it
+            complete = False
+            steps = step - last if last is not None else None
+            span = (steps, steps) if steps is not None else (max(skipped, 1), step)
+            events.append(LogEvent(step, skipped > 0, None, next_scale, line, span=span, overflows=skipped))
+            last = step
+            continue
+        elif step > (last if last is not None else 0) + 1:
+            complete = False
+            if last is not None:
+                notes.append(f"line {line}: step {step} follows step {last}; the steps between are not in the log")
+            between = step - (last if last is not None else 0) - 1
+            events.append(LogEvent(step - 1, False, None, None, line, span=(between, between), overflows=None))
+        events.append(LogEvent(step, overflow, scale, next_scale, line))
+        last = step
+    return Log(framework, tuple(events), tuple(unparsed), complete and bool(events), tuple(notes))
+
+
+def _megatron(lines: Sequence[str]) -> Log:
+    rows, unparsed, notes, skipped = [], [], [], {}
+    words = _SIGNS["megatron"][1]
+    for i, text in enumerate(lines, start=1):
+        if m := _MEGATRON.search(text):
+            skipped[i] = int(m[3] or 0)  # over the logging interval, which the iterations give
+            rows.append((i, int(m[1]), skipped[i] > 0, None, _float(m[2])))
+        elif words.search(text):
+            unparsed.append((i, text))
+    return _per_step("megatron", rows, unparsed, notes, skipped)
+
+
+def _mindspore(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    words = _SIGNS["mindspore"][1]
+    for i, text in enumerate(lines, start=1):
+        if m := _MINDSPORE.search(text):
+            rows.append((i, int(m[1]), m[2] == "True", _float(m[3]), None))
+        elif m := _MINDFORMERS.search(text):  # the step within its epoch, numbered through the epochs
+            rows.append((i, (int(m[1]) - 1) * int(m[3]) + int(m[2]), m[4] == "True", _float(m[5]), None))
+        elif m := _MINDYOLO.search(text):
+            rows.append((i, None, True, None, _float(m[1])))
+        elif words.search(text):
+            unparsed.append((i, text))
+    return _per_step("mindspore", rows, unparsed, [])
+
+
+def _colossalai(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    for i, text in enumerate(lines, start=1):
+        if _COLOSSAL.search(text):
+            rows.append((i, None, True, None, None))
+        elif _SIGNS["colossalai"][1].search(text):
+            unparsed.append((i, text))
+    return _per_step("colossalai", rows, unparsed, [])
+
+
+def _read_csv(lines: Sequence[str]) -> Log:
+    rows, unparsed = [], []
+    truth = {"1": True, "0": False, "true": True, "false": False}
+    for i, text in enumerate(lines[1:], start=2):
+        if not text.strip():
+            continue
+        cells = [c.strip() for c in text.split(",")]
+        try:
+            step, scale = int(cells[0]), float(cells[1])
+            overflow = truth[cells[2].lower()]
+            if len(cells) != 3 or not (scale > 0 and math.isfinite(scale)):
+                raise ValueError
+        except (ValueError, KeyError, IndexError):
+            unparsed.append((i, text))
+            continue
+        rows.append((i, step, overflow, scale, None))
+    return _per_step("csv", rows, unparsed, [])
+
+
+_PARSERS = {"deepspeed": _deepspeed, "apex": _apex, "fairseq": _fairseq, "megatron": _megatron,
+            "mindspore": _mindspore, "colossalai": _colossalai}
+
