@@ -2,7 +2,8 @@
 
 from . import formats, profiles
 from .collective import Group
-from .device import Device, Event, LegacyModeWarning, Observer, current_device
+from .device.core import Device, current_device
+from .device.register import Event, LegacyModeWarning, Observer
 from .formats import (
     BFLOAT16,
     BINARY16,

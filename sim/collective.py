@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .device import Device
+from .device.core import Device
 
 __all__: list[str] = []  # Group's one public path is sim.Group
 

@@ -43,7 +43,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from . import ops
-from .device import Device
+from .device.core import Device
 
 __all__ = ["on_device", "coverage", "scope_path", "DEVICE", "EXACT"]
 

@@ -67,7 +67,7 @@ CONVERTERS = _t("test_formats", "test_eight_bit", "test_mx")
 CLASSIFY = _t("test_simulate", "test_who_sees")
 FP8 = _t("test_fp8",)
 
-K, D, DET, FW, AS = "sim/kernels.py", "sim/device.py", "lossscale/training/detectors.py", \
+K, D, DET, FW, AS = "sim/kernels.py", "sim/device/register.py", "lossscale/training/detectors.py", \
     "lossscale/policy/frameworks.py", "lossscale/policy/ascend.py"
 F, S, FP = "sim/formats.py", "lossscale/training/simulate.py", "lossscale/training/fp8.py"
 
@@ -77,7 +77,7 @@ def _m(name: str, place: str, file: str, original: str, replacement: str, tests:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    # -- the register: sim/device.py ----------------------------------------------------------------
+    # -- the register: sim/device/register.py ----------------------------------------------------------------
     _m("d-overflow-in-slot-1", "register", D, "reg[0] |= (status & _OVERFLOW) != 0",
        "reg[1] |= (status & _OVERFLOW) != 0", REGISTER),
     _m("d-invalid-dropped", "register", D, "reg[1] |= (status & _INVALID) != 0", "reg[1] |= 0", REGISTER),

@@ -420,7 +420,7 @@ def test_threaded_matmul_is_the_in_order_binary32_sum() -> None:
     """One thread and two (the rows split) against the documented sum written with numpy:
     binary16 products (exact in binary32: 22 significant bits at most) added along k in ascending
     order, each addition rounded to binary32, then rounded once to the output dtype."""
-    from sim.device import THREADED_MATMUL
+    from sim.device.cube import THREADED_MATMUL
     rng = np.random.default_rng(3)
     m = k = n = 128
     assert m * k * n >= THREADED_MATMUL  # large enough that the rows are split

@@ -44,7 +44,7 @@ import numpy as np
 
 from sim import Device, Flag, mx
 from sim.checks import integer
-from sim.device import matrix_stacks
+from sim.device.cube import matrix_stacks
 from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
 
 from ..policy.core import F32_MAX

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from .. import elementary
 from .. import fused as _fused
 from .. import torch_binary32 as _binary32
-from ..device import Device
+from ..device.core import Device
 from ..kernels import INVALID as _INVALID
 from .convert import _NUMPY, _held, _map, _numpy, _Op, _tensor, aten
 from .draws import _UNIFORM, _dropout
