@@ -1,5 +1,5 @@
-"""The README's Python examples run as written (one namespace, in order), and print or hold
-what their comments say."""
+"""The Python examples of the README and of the docs pages run as written (one namespace, the
+README first, then the pages in the order below), and print or hold what their comments say."""
 
 from __future__ import annotations
 
@@ -11,20 +11,25 @@ import numpy as np
 
 from lossscale.app.results import load_run as lossscale_load
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The pages with examples, in the order they run (a page's example may use an earlier one's names:
+#: devicemode's TorchWorkload trains scalers' Halving).
+PAGES = [README, *(ROOT / "docs" / name for name in ("devices.md", "formats.md", "scalers.md", "devicemode.md",
+                                                       "files.md"))]
 
 
 def test_readme_python_examples_run(capsys) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 4
+    blocks = [(page, block) for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
+    assert len(blocks) >= 8
     ns: dict = {}
-    for block in blocks:
+    for page, block in blocks:
         if "import torch" in block and importlib.util.find_spec("torch") is None:
             continue  # the optional extra; CI installs it
         if "to_pandas()" in block and importlib.util.find_spec("pandas") is None:
             continue
         capsys.readouterr()
-        exec(compile(block, str(README), "exec"), ns)  # noqa: S102
+        exec(compile(block, str(page), "exec"), ns)  # noqa: S102
         out = capsys.readouterr().out
         if "fpu.status" in block:  # the emulator's first example
             assert ns["y"].tolist() == [65504.0] and ns["dev"].get_float_status().tolist() == [1, 0, 0, 1, 0, 0, 0, 0]
