@@ -11,7 +11,7 @@ from . import kernels as K
 from . import ops
 from .checks import integer
 from .formats import BINARY16, Format, format_of
-from .rounding import Flag, OverflowMode, Rounding, Tininess, config
+from .rounding import Choices, Flag, OverflowMode, Rounding, Tininess, config
 
 __all__: list[str] = []  # Fpu's one public path is sim.Fpu
 
@@ -28,6 +28,7 @@ def binary_kernel(op: str, fmt: Format):
 _ELEMENTARY = {op.name: op.code for op in ops.of_kind(ops.ELEMENTARY)}
 _COMPARE = {op.name: op.code for op in ops.of_kind(ops.COMPARE, where="fpu")}
 _NO_INEXACT = 0x1F & ~(Flag.INEXACT | Flag.UNDERFLOW)
+_CHOICES = Choices()  # a unit's choices where none are given
 
 
 def filled(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -119,7 +120,9 @@ class Fpu:
     ``SATURATION`` with ``nan_to_zero=False`` (overflow and Inf -> +-MAX, NaN kept),
     for every operation. Per-element flags are the IEEE flags in both modes; ``status``
     is their sticky OR since the last :meth:`clear_status`. NaN results are
-    the format's canonical quiet NaN (``default_nan`` overrides the bits: a quiet NaN's);
+    the format's canonical quiet NaN (``default_nan`` overrides the bits: a quiet NaN's).
+    ``choices`` (:class:`sim.rounding.Choices`; a device passes its product's) gives the
+    implementation-defined choices that ``tininess`` and ``nan_to_zero`` do not name;
     input payloads are not propagated, except by ``neg`` and ``abs``, which
     are sign-bit operations.
 
@@ -143,13 +146,14 @@ class Fpu:
         self,
         overflow: OverflowMode | str = OverflowMode.INF_NAN,
         rounding: Rounding | str = Rounding.NEAREST_EVEN,
-        tininess: Tininess | str = Tininess.AFTER,
+        tininess: Tininess | str | None = None,
         *,
         format: Format | str = BINARY16,
         nan_to_zero: bool | None = None,
         default_nan: int | None = None,
         seed: int = 0,
         random_bits: int | None = None,
+        choices: Choices | None = None,
     ) -> None:
         satfinite = _is_satfinite(overflow)
         if satfinite and nan_to_zero:
@@ -161,12 +165,15 @@ class Fpu:
         self.random_bits = None if random_bits is None else integer("random_bits", random_bits, 1, 62,
                                                                     "None (every dropped bit)")
         self._draws = 0
-        self.tininess = Tininess.parse(tininess)
+        choices = _CHOICES if choices is None else choices
+        if not isinstance(choices, Choices):
+            raise TypeError(f"choices must be a sim.rounding.Choices, got {type(choices).__name__}")
+        self.tininess = choices.tininess if tininess is None else Tininess.parse(tininess)
         self.format = format_of(format)
         if self.format.precision > 25:
             raise ValueError(f"Fpu computes in formats of at most 25 significand bits "
                              f"(binary16, bfloat16, binary32), not {self.format.name}")
-        self.nan_to_zero = not satfinite if nan_to_zero is None else bool(nan_to_zero)
+        self.nan_to_zero = (False if satfinite else choices.nan_to_zero) if nan_to_zero is None else bool(nan_to_zero)
         self.default_nan = self.format.default_nan if default_nan is None else _quiet_nan(default_nan, self.format)
         self._status = 0
         self._configs: dict[tuple, np.ndarray] = {}

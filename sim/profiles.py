@@ -26,10 +26,11 @@ pick from its environment variables (sources: torch_npu ``NpuVariables.cpp``
 ``IsSupportInfNan`` and ``register/OptionsManager.cpp``; MindSpore's
 ``MS_ASCEND_CHECK_OVERFLOW_MODE``, read by MindSpore 2.2 and earlier).
 
-Where the sources are silent the profile states the model's choice: tininess
-after rounding, the positive canonical quiet NaN (0x7E00), matmul accumulation
-in binary32 (the cube unit's; ``Device.matmul``'s default). Subnormals are
-kept, never flushed to zero, on every profile.
+Where the sources are silent the profile states the model's choice: its ``choices``
+(``sim.rounding.Choices``: tininess after rounding, the positive canonical quiet NaN 0x7E00, NaN
+to +0 in saturation, binary32 saturating with the device), matmul accumulation in binary32 (the
+cube unit's; ``Device.matmul``'s default). Subnormals are kept, never flushed to zero, on every
+profile.
 
 Cube-unit operand formats and the bias table: ``cube_bfloat16`` says the cube unit
 takes bfloat16 matmul and convolution operands (Atlas 350, A3 and A2, whose Ascend C
@@ -59,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rounding import OverflowMode, Tininess
+from .rounding import Choices, OverflowMode
 
 __all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from_env"]
 
@@ -81,8 +82,9 @@ class Profile:
     overflow_modes: tuple[OverflowMode, ...]
     default_overflow_mode: OverflowMode
     saturation_is_legacy: bool
-    tininess: Tininess = Tininess.AFTER
-    default_nan: int = 0x7E00
+    #: The implementation-defined choices of its arithmetic (tininess, the default NaN, NaN in
+    #: saturation, binary32's overflow mode): see :class:`sim.rounding.Choices`.
+    choices: Choices = Choices()
     matmul_accumulate: type = np.float32
     #: The cube unit takes bfloat16 matmul and convolution operands.
     cube_bfloat16: bool = False

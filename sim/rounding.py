@@ -7,6 +7,7 @@ The rounding itself happens in one place, :func:`sim.kernels.round_pack`;
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import numpy as np
@@ -102,6 +103,44 @@ class Tininess(_Parsed):
     @classmethod
     def _aliases(cls) -> dict[str, tuple[str, ...]]:
         return {"AFTER": ("after",), "BEFORE": ("before",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """The choices IEEE 754 and Ascend's documents leave to an implementation, kept in one place
+    (as SoftFloat keeps a platform's in one ``specialize.h``). A product's are its profile's
+    (``Profile.choices``); ``Fpu`` and ``Device`` read them, and each can be overridden by name
+    (``Device("atlas-a2", tininess="before")``, ``Fpu(nan_to_zero=False)``). Where a source
+    is silent the value is the model's choice, said here."""
+
+    #: The bits of a binary16 NaN result: the positive canonical quiet NaN, 0x7E00 (the sources are
+    #: silent; x86's and SoftFloat's default NaN is the negative one). bfloat16 and binary32 results
+    #: take their format's positive canonical quiet NaN.
+    default_nan: int = 0x7E00
+    #: When underflow's tininess is detected: after rounding, as x86 and TestFloat's default (the
+    #: sources are silent).
+    tininess: Tininess = Tininess.AFTER
+    #: In saturation mode a NaN result becomes +0 (Ascend's rule, "NaN -> 0"); False keeps the NaN,
+    #: as OCP FP8's saturating conversion does.
+    nan_to_zero: bool = True
+    #: binary32 results follow the device's overflow mode, as binary16 and bfloat16 ones do; False
+    #: keeps binary32 in INF/NaN mode while the narrower formats saturate.
+    saturate_float32: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tininess", Tininess.parse(self.tininess))
+        for name in ("nan_to_zero", "saturate_float32"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+
+    def replace(self, **changes) -> Choices:
+        """These choices with some changed by name; a value of None leaves its choice as it is."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown choice {', '.join(unknown)}; the choices are "
+                            f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 #: The six deterministic rounding modes, which every format and operation supports.

@@ -388,7 +388,9 @@ def test_maximum_and_minimum_are_ieee_2019() -> None:
 
 def test_nan_results_have_the_profiles_default_nan_bits() -> None:
     import dataclasses
-    profile = dataclasses.replace(profiles.get("atlas-a2"), default_nan=0x7FFF)
+
+    from sim.rounding import Choices
+    profile = dataclasses.replace(profiles.get("atlas-a2"), choices=Choices(default_nan=0x7FFF))
     dev = Device(profile)
     for got in (dev.sub(np.full(1, np.inf, H), np.full(1, np.inf, H)), dev.log(np.full(1, -1, H)),
                 dev.matmul(np.array([[np.inf]], H), np.zeros((1, 1), H), accumulate=np.float16),

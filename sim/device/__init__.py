@@ -44,7 +44,9 @@ matmuls in FP8), and a device can be a rank of a collective
 
 Arithmetic is binary16 (and binary32 or bfloat16 where the operands are),
 in the device's overflow mode; binary32 results saturate too in saturation
-mode unless ``saturate_float32=False``. A result is rounded in the settings
+mode unless ``saturate_float32=False``. That, tininess, the default NaN and NaN in saturation
+mode are the device's ``choices`` (``sim.rounding.Choices``): its profile's, each changed by
+name in the constructor. A result is rounded in the settings
 of its own format: a cast, a matmul or a sum into binary16 follows the
 binary16 overflow mode whatever the source. Transcendentals are correctly
 rounded in every mode. ``matmul`` multiplies exactly, accumulates in binary32

@@ -15,7 +15,7 @@ from .. import profiles
 from ..checks import integer
 from ..formats import BFLOAT16, BINARY16, BINARY32
 from ..fpu import Fpu
-from ..rounding import SIX_MODES, OverflowMode, Rounding
+from ..rounding import SIX_MODES, OverflowMode, Rounding, Tininess
 from .casts import _Casts
 from .cube import _Cube
 from .elementwise import _Elementwise
@@ -38,7 +38,9 @@ class Device(_Register, _Elementwise, _Casts, _Cube, _Reductions):
     """A simulated Atlas NPU with its own float-status register and sticky IEEE status."""
 
     def __init__(self, profile: str | profiles.Profile = "atlas-a2", overflow: OverflowMode | str | None = None,
-                 *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool = True,
+                 *, rounding: Rounding | str = Rounding.NEAREST_EVEN, saturate_float32: bool | None = None,
+                 tininess: Tininess | str | None = None, default_nan: int | None = None,
+                 nan_to_zero: bool | None = None,
                  name: str | None = None, threads: int = 1, record_events: bool = False, seed: int = 0,
                  observers: Iterable[Observer] = (), substitutes: Mapping[str, Callable] | None = None,
                  matmul_bias: str = "after") -> None:
@@ -69,12 +71,16 @@ class Device(_Register, _Elementwise, _Casts, _Cube, _Reductions):
         self.overflow = mode
         self.name = name or self.profile.name
         self.threads = threads
-        p = self.profile
-        kw = dict(rounding=rounding, tininess=p.tininess)
+        #: The implementation-defined choices this device computes with: its profile's, with those
+        #: named in the constructor (``saturate_float32``, ``tininess``, ``default_nan``,
+        #: ``nan_to_zero``) changed.
+        self.choices = self.profile.choices.replace(saturate_float32=saturate_float32, tininess=tininess,
+                                                    default_nan=default_nan, nan_to_zero=nan_to_zero)
+        kw = dict(rounding=rounding, choices=self.choices)
         #: Seeds the random bits of stochastic casts; each source format's unit draws its own stream.
         self.seed = integer("seed", seed, 0)
-        self.fpu = Fpu(mode, format=BINARY16, default_nan=p.default_nan, seed=4 * self.seed, **kw)
-        f32_mode = mode if saturate_float32 else OverflowMode.INF_NAN
+        self.fpu = Fpu(mode, format=BINARY16, default_nan=self.choices.default_nan, seed=4 * self.seed, **kw)
+        f32_mode = mode if self.choices.saturate_float32 else OverflowMode.INF_NAN
         self._fpus = {np.dtype(np.float16): self.fpu,
                       np.dtype(np.float32): Fpu(f32_mode, format=BINARY32, seed=4 * self.seed + 1, **kw),
                       BFLOAT16.dtype: Fpu(mode, format=BFLOAT16, seed=4 * self.seed + 2, **kw)}
