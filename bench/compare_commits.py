@@ -14,9 +14,13 @@ each checkout, with PYTHONPATH set to it and a fresh temporary folder as the wor
     fp8-delayed          run --profile atlas-350 --fp8 delayed
     compare              compare --manager exponential --manager torch --manager deepspeed
     sweep-trace          sweep <checkout>/examples/sweep-trace.toml   (200 trace points, 2 workers)
+    torch-transformer    run --workload torch-transformer --profile atlas-training --steps 30
+    replay               replay <checkout>/lossscale/data/deepspeed-sample.log --manager torch
+                         --manager exponential
 
 These are README.md's commands, with the CLI's own defaults (300 steps; the sweep's 200 steps
-come from its grid file): no step count is imposed. Each checkout compiles the numba kernels
+come from its grid file), but for the torch workload, whose 300 steps would take minutes (it is
+skipped where torch is not installed). Each checkout compiles the numba kernels
 afresh (its own __pycache__), which is most of the time: about 5 minutes per commit on 2 cores,
 so about 10 minutes in all.
 
@@ -33,6 +37,7 @@ Exit status: 0 if everything is identical, 1 if anything differs, 2 if a job cou
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -57,6 +62,9 @@ JOBS: dict[str, list[str]] = {
     "fp8-delayed": ["run", "--profile", "atlas-350", "--fp8", "delayed"],
     "compare": ["compare", "--manager", "exponential", "--manager", "torch", "--manager", "deepspeed"],
     "sweep-trace": ["sweep", "{src}/examples/sweep-trace.toml"],
+    "torch-transformer": ["run", "--workload", "torch-transformer", "--profile", "atlas-training", "--steps", "30"],
+    "replay": ["replay", "{src}/lossscale/data/deepspeed-sample.log", "--manager", "torch", "--manager",
+               "exponential"],
 }
 
 # Top-level JSON keys left out of the comparison, because they legitimately differ between
@@ -255,7 +263,7 @@ def main() -> int:
     if args.keep is not None and args.keep.exists():
         print(f"compare_commits: --keep {args.keep} exists already", file=sys.stderr)
         return 2
-    jobs = args.job or list(JOBS)
+    jobs = args.job or [j for j in JOBS if not j.startswith("torch-") or importlib.util.find_spec("torch")]
 
     tmp = Path(tempfile.mkdtemp(prefix="compare-commits-"))
     outputs = args.keep.resolve() if args.keep is not None else tmp / "out"
