@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lossscale import SGD, Adam, LossScaleOptimizer, Momentum, simulate
-from lossscale.training.simulate import HARMLESS_ERROR, _relative_error
+from lossscale.training.harm import HARMLESS_ERROR, _relative_error
 
 from groups import representatives  # noqa: E402
 

@@ -52,6 +52,7 @@ from .config import (
 from .detectors import DETECTORS, FEEDS_NOTHING, UNMARKED, Detector, make_detector
 from .errors import SettingError, SettingTypeError, SettingValueError
 from .fp8 import AmaxGroup, CurrentScaling, Fp8Matmuls, Recipe
+from .harm import _NAN, HARMLESS_ERROR, _grad_max, _overflow_harm, _relative_error
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .pipeline import Pipeline
@@ -373,19 +374,6 @@ def _scale(scale: Any, manager: Any, name: str, rank: int, t: int) -> float:
     return value
 
 
-#: The largest relative error (:func:`_relative_error`) of an update that still agrees with
-#: the binary32 one "to within binary16 rounding": 2**-4, 128 units of binary16's rounding
-#: (u = 2**-11). One rounding of each element would be an error of at most u, but a binary16
-#: step rounds the weights, every layer's activations and every gradient on the way back, and
-#: a rounding can flip a ReLU near zero, moving one example's whole contribution to a unit:
-#: the default mlp's quiet steps (no overflow) reach 2**-6.4 (300 steps, atlas-a2) and 2**-5.8
-#: (atlas-training, log_perplexity). An overflow that reaches the update is of order 1 (a
-#: saturated gradient 65504/S, a lost step is exactly 1), so the bar sits 4x above the quiet
-#: steps and 16x below that.
-HARMLESS_ERROR = 2.0 ** -4
-_NAN = float("nan")  # one object: rows of equal runs compare equal (NaN == NaN is false, `is` true)
-
-
 def _reference(run: _Training, t: int, step0: list[Any], applies: bool) -> tuple[list[Any] | None, list[Any] | None]:
     """Rank 0's binary32 reference update, before its step is applied: the workload's
     ``grads32`` on the same weights and the step's whole batch (unscaled, clipped as the step is), through a
@@ -397,50 +385,6 @@ def _reference(run: _Training, t: int, step0: list[Any], applies: bool) -> tuple
     reference = opt.preview(_clip(run, list(zip(grads32, params, strict=True))))
     would_be = None if applies or reference is None else opt.preview(step0)
     return reference, would_be
-
-
-def _relative_error(update: list[Any] | None, reference: list[Any] | None) -> float:
-    """``||update - reference|| / ||reference||`` over all parameters (2-norms, in binary64):
-    0 where both are zero, inf where the update is not finite or the reference is zero and
-    the update is not, NaN where there is no reference."""
-    if update is None or reference is None:
-        return _NAN
-    with np.errstate(all="ignore"):
-        diff = float(np.sqrt(sum(np.sum((np.asarray(u, np.float64) - np.asarray(r, np.float64)) ** 2)
-                                 for u, r in zip(update, reference, strict=True))))
-        norm = float(np.sqrt(sum(np.sum(np.asarray(r, np.float64) ** 2) for r in reference)))
-    if not np.isfinite(diff):
-        return float("inf")
-    if norm == 0:
-        return 0.0 if diff == 0 else float("inf")
-    return diff / norm
-
-
-def _overflow_harm(step: _Step, overflow: bool) -> str:
-    """What an overflow step's overflow did to the update ('' on a step without one: no
-    operation of the step raised a register event and rank 0's gradients are finite; the
-    register itself is not read, since it may still hold an earlier step's flags). Applied: ``harmless`` if its
-    update agrees with binary32 within :data:`HARMLESS_ERROR`, else ``harmful``. Skipped (the
-    update is zero): ``skipped-needless`` if the update its gradients would have made agrees,
-    else ``skipped-needed``. ``''`` too where the update could not be measured."""
-    with np.errstate(all="ignore"):
-        nonfinite = not all(bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in step.grads[0])
-    if not (overflow or nonfinite):
-        return ""
-    error = step.update_error if step.decisions[0] else step.skipped_update_error
-    if error != error:
-        return ""
-    agrees = error <= HARMLESS_ERROR
-    if step.decisions[0]:
-        return "harmless" if agrees else "harmful"
-    return "skipped-needless" if agrees else "skipped-needed"
-
-
-def _grad_max(step: _Step) -> float:
-    """Rank 0's largest gradient magnitude, unscaled."""
-    with np.errstate(all="ignore"):  # a scale of 0 (a framework's backoff underflowed): inf, or NaN
-        return float(np.float64(max(float(np.max(np.abs(g.astype(np.float32)))) for g in step.grads[0]))
-                     / np.float64(step.scales[0]))
 
 
 def _underflow(run: _Training, t: int, step: _Step) -> float:
