@@ -136,7 +136,7 @@ def test_pooling_windows_are_summed_in_order(seed) -> None:
     spatial dimensions, with NaN, Inf and -0 among the values: the vectorised windows of
     sim.torch_binary32 give the bits of the window-by-window loop."""
     torch = pytest.importorskip("torch")
-    from sim import torch_binary32 as tb
+    from sim.torch_binary32 import pooling as tb
 
     rng = np.random.default_rng(seed)
     cases = 0

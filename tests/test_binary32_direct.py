@@ -14,6 +14,9 @@ torch = pytest.importorskip("torch")
 from torch._decomp import decomposition_table  # noqa: E402
 
 from sim import torch_binary32 as tb  # noqa: E402
+from sim.torch_binary32 import attention as tb_attention  # noqa: E402
+from sim.torch_binary32 import common as tb_common  # noqa: E402
+from sim.torch_binary32 import mode as tb_mode  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -21,14 +24,14 @@ aten = torch.ops.aten
 @contextlib.contextmanager
 def _decomposed():
     """Binary32Mode without its direct evaluations: each operation by its decomposition (as before)."""
-    saved = tb.DIRECT
-    tb.DIRECT = {}
-    tb._HOW.clear()
+    saved = tb_mode.DIRECT
+    tb_mode.DIRECT = {}
+    tb_mode._HOW.clear()
     try:
         yield
     finally:
-        tb.DIRECT = saved
-        tb._HOW.clear()
+        tb_mode.DIRECT = saved
+        tb_mode._HOW.clear()
 
 
 def _clone(x):
@@ -274,10 +277,10 @@ def _run_before(fn, operands, elementwise=False):
     events = 0
     for o in outs:
         if finite and bool(torch.isinf(o).any()):
-            pole = mode.flags_seen & tb._DIVBYZERO and not mode.flags_seen & tb._OVERFLOW
-            events |= tb._DIVBYZERO if pole else tb._OVERFLOW
+            pole = mode.flags_seen & tb_common._DIVBYZERO and not mode.flags_seen & tb_common._OVERFLOW
+            events |= tb_common._DIVBYZERO if pole else tb_common._OVERFLOW
         if nan_free and bool(torch.isnan(o).any()):
-            events |= tb._INVALID
+            events |= tb_common._INVALID
     return out, events
 
 
@@ -370,12 +373,12 @@ def test_attention(seed):
         mask = [None, None, torch.from_numpy(rng.random((L, S)) < 0.7), _values(rng, (b, 1, L, S), False)][kind]
         causal = kind == 1
         scale = None if rng.random() < 0.5 else float(rng.choice([0.1, 2.0, 1e-3]))
-        out, lse = tb._attention_math(q, k, v, mask, causal, scale)
+        out, lse = tb_attention._attention_math(q, k, v, mask, causal, scale)
         want_out, want_lse = _math_steps(q, k, v, mask, causal, scale)
         _same(out, want_out.contiguous(), "attention out")
         _same(lse, want_lse.contiguous(), "attention lse")
         grad = _values(rng, (b, h, L, D), False)
-        got = tb._attention_backward(None, grad, q, k, v, out, lse, mask, causal, scale, enable_gqa=hk != h)
+        got = tb_attention._attention_backward(None, grad, q, k, v, out, lse, mask, causal, scale, enable_gqa=hk != h)
         want = _backward_steps(grad, q, k, v, out, lse, mask, causal, scale, h // hk)
         for i, (x, y) in enumerate(zip(got, want, strict=True)):
             _same(x, y.contiguous(), f"attention backward [{i}]")

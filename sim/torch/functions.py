@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import binary32 as _b32
 from .. import recurrent as _recurrent
 from .. import torch_binary32 as _binary32
+from ..torch_binary32 import attention as _b32_attention
 from .convert import _numpy, _tensor
 
 F = torch.nn.functional
@@ -128,20 +130,20 @@ def _attention_direct(q, k, v, keep, mask, enable_gqa) -> bool:
     return (q.dim() >= 2 and k.shape[:-2] == lead and v.shape[:-2] == lead
             and q.dtype == k.dtype == v.dtype == torch.float32
             and (keep is None or tuple(keep.shape) == (*lead, q.shape[-2], k.shape[-2]))
-            and _binary32._masks_ours(mask))
+            and _b32_attention._masks_ours(mask))
 
 
 def _attention32_steps(q, k, v, keep, mask, p, is_causal, scale):
     """_attention's steps in numpy, the modelled operations (the same values as its torch operations
     in Binary32Mode): (output, softmax, attention after dropout, scale)."""
     scale = 1 / q.shape[-1] ** 0.5 if scale is None else scale
-    scores = _binary32._scores(_numpy(q), _numpy(k), mask, is_causal, scale)
-    attn = _binary32._softmax_np(None, scores)
+    scores = _b32_attention._scores(_numpy(q), _numpy(k), mask, is_causal, scale)
+    attn = _b32_attention._softmax_np(None, scores)
     dropped = attn
     if keep is not None:
         with np.errstate(all="ignore"):
             dropped = (attn * _numpy(keep)) / np.float32(1 - p)
-    return _tensor(_binary32.binary32.matmul(dropped, _numpy(v))), attn, dropped, scale
+    return _tensor(_b32.matmul(dropped, _numpy(v))), attn, dropped, scale
 
 
 def _attention32_vjp(q, k, v, keep, mask, p, is_causal, scale, grad, of_mask: bool = False
@@ -153,7 +155,7 @@ def _attention32_vjp(q, k, v, keep, mask, p, is_causal, scale, grad, of_mask: bo
     gradient this, summed to its shape as autograd sums a broadcast operand's), then the scale,
     dQ = dS K and dK = (Q^T dS)^T."""
     _, attn, dropped, scale = _attention32_steps(q, k, v, keep, mask, p, is_causal, scale)
-    b32, g = _binary32.binary32, _numpy(grad)
+    b32, g = _b32, _numpy(grad)
     qn, kn, vn = _numpy(q), _numpy(k), _numpy(v)
     with np.errstate(all="ignore"):
         da = b32.matmul(g, np.swapaxes(vn, -1, -2))
