@@ -33,6 +33,12 @@ anything was lost. The operations meet that contract as follows:
 - the binary32 matmul accumulation uses the IEEE fused multiply-add: binary16
   products are exact in binary32, so it is the addition with one rounding.
 
+This module stays one file, past the project's 600 lines for a module: numba's on-disk cache
+is invalidated only when a cached function's own source file changes, not when a function it
+calls in another file does (numba's "Notes on Caching", cache limitations: "changes in symbols
+defined in another file are not detected"), so the one rounding routine and the loops that
+inline it live together, where an edit to it recompiles every loop.
+
 Format and settings travel as a small int64 array (:func:`config`), so one
 compiled loop serves every format (the 8-bit ones too: where their overflow starts,
 what an overflow, an infinity or a NaN becomes, HiFloat8's tapered precision), mode

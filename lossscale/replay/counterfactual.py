@@ -14,8 +14,6 @@ from .log import Log
 from .steps import Decision, _across, _after, _counts, _factors, _placed, _power, _window
 
 BINARY16_MAX = 65504.0
-
-
 #: The most states a counterfactual replay follows after unknown steps before it calls the state lost.
 MAX_STATES = 256
 

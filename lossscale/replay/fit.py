@@ -21,8 +21,6 @@ __all__ = ["MAX_RUNS", "MAX_JOINT"]  # exact_fit: lossscale.replay.exact_fit
 #: following the framework's own runs, and the most (with the other policy's state beside them) in
 #: replaying another policy, before it leaves a log to the bounds above (a few seconds each).
 MAX_RUNS = 250_000
-
-
 MAX_JOINT = 2_000_000
 
 

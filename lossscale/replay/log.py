@@ -55,11 +55,7 @@ class Log:
 
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-
-
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # tqdm: "| 12/100 [00:03<...]" after N finished steps
-
-
 _DS_REDUCE = re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)"
                         r"(?: Rank \d+)? Skipping step\. Attempted loss scale: " + _NUM + r", reducing to " + _NUM)
 
@@ -78,17 +74,9 @@ _DS_STEP = re.compile(r"\bstep=(\d+), skipped=(\d+)")
 # DeepSpeed's FP16_Optimizer (fused_optimizer.py, unfused_optimizer.py: _update_scale, verbose), and its
 # older "Overflow detected" form; the iteration is cur_iter, the number of steps before this one
 _DS_ITER = re.compile(r"Grad overflow on iteration:? (\d+)")
-
-
 _DS_FROM = re.compile(r"(Reducing|Increasing) dynamic loss scale from " + _NUM + r" to " + _NUM)
-
-
 _DS_STATIC = re.compile(r"Using static loss scale of:? " + _NUM)
-
-
 _DS_QUIET = re.compile(r"No Grad overflow for \d+ iterations")  # said before an Increasing line
-
-
 _DS_DETECTED = re.compile(r"Overflow detected\. Skipping step\. Attempted loss scale: " + _NUM +
                           r", reducing to " + _NUM)
 
@@ -108,14 +96,8 @@ _FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected,
 # progress lines: key=value pairs (SimpleProgressBar) in fairseq's order, num_updates before loss_scale,
 # or the other; fairseq <= 0.6's pipe-separated epoch summaries "| num_updates 10198 | ... | loss_scale 0.500 |"
 _FS_SCALE = re.compile(r"\bloss_scale[= ]" + _NUM + r"\b")
-
-
 _FS_UPDATES = re.compile(r"\bnum_updates[= ](\d+)\b")
-
-
 _FS_JSON = re.compile(r"(\{.*\"(?:train_)?loss_scale\".*\})")
-
-
 _MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale:? " + _NUM + r" \|(?:.* number of skipped "
                        r"iterations:?\s*(\d+) \|)?")  # the 2019 form has no colons
 
@@ -132,8 +114,6 @@ _MINDYOLO = re.compile(r"overflow, still update, loss scale adjust to " + _NUM)
 
 # Colossal-AI's naive AMP optimizer: an overflow, the scale not printed
 _COLOSSAL = re.compile(r"Found overflow\. Skip step")
-
-
 _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
 
 

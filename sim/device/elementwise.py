@@ -13,8 +13,6 @@ from ..formats import BFLOAT16, Format
 from ..fpu import Fpu, filled, finish
 
 _F16 = np.dtype(np.float16)
-
-
 #: The classes the short paths take as they are (a masked array or other subclass is checked first).
 _PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
 

@@ -21,15 +21,9 @@ EVENTS = Flag.OVERFLOW | Flag.INVALID | Flag.DIVBYZERO
 
 # As plain ints for the per-operation path (IntFlag arithmetic is slow).
 _EVENTS, _OVERFLOW, _INVALID, _DIVBYZERO = int(EVENTS), int(Flag.OVERFLOW), int(Flag.INVALID), int(Flag.DIVBYZERO)
-
-
 _INT32_MAX = int(np.iinfo(np.int32).max)
-
-
 #: The operations :meth:`Device.substitute` can route elsewhere.
 SUBSTITUTABLE = frozenset({"matmul"})
-
-
 _NO_TAGS: Mapping[str, Any] = MappingProxyType({})
 
 

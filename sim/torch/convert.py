@@ -11,8 +11,6 @@ import torch
 from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
-
-
 #: The numpy dtype of each torch dtype the device computes in.
 NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
                 torch.float32: np.dtype(np.float32)}
@@ -40,8 +38,6 @@ def as_tensor(a) -> torch.Tensor:
 
 
 _NUMPY, _numpy, _tensor = NUMPY_DTYPES, as_array, as_tensor  # the short names used below
-
-
 _BFLOAT16 = NUMPY_DTYPES[torch.bfloat16]
 
 

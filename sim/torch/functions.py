@@ -18,8 +18,6 @@ from ..torch_binary32 import attention as _b32_attention
 from .convert import _numpy, _tensor
 
 F = torch.nn.functional
-
-
 #: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
 #: ``_backward``): torch's CPU build has no aten operation of them for the mode to see.
 ABOVE_AUTOGRAD = ("aten.scaled_dot_product_attention", "aten.rms_norm", "aten.lstm", "aten.gru", "aten.rnn_tanh",

@@ -79,8 +79,6 @@ def _reduce(kind: str) -> Callable:
 
 
 _true_div = _binary("div")
-
-
 def _div(op: _Op, a, b, rounding_mode=None):
     """a / b on the device, rounded once; with a rounding mode (``trunc``, ``floor``: fmod's and
     remainder's gradients make it) aclnnDivMod: the fused model, binary32 inside, one rounding."""
@@ -463,8 +461,6 @@ def _hardswish_backward(op: _Op, grad, x):
 
 
 _sub = _binary("sub")
-
-
 def _rsub(op: _Op, a, b, alpha=1):
     """``b - alpha * a`` (torch's ``rsub``, which ``1.0 - x`` calls): ``sub`` with its operands
     swapped, rounded as ``sub`` with ``alpha`` is (the product first where alpha is not 1)."""

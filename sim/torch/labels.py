@@ -24,8 +24,6 @@ def _tensors(output) -> list[torch.Tensor]:
 
 #: The sequence number torch gives the next autograd node made in this thread; AccumulateGrad's.
 _next_sequence_nr, _NO_SEQUENCE_NR = torch._C._autograd._get_sequence_nr, 2**64 - 1
-
-
 _forwards = threading.local()  # this thread's _Spans, as weak references, oldest first
 
 

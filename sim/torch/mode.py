@@ -339,8 +339,6 @@ class DeviceMode(TorchDispatchMode):
 
 
 _WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
-
-
 #: Kernels that write arguments their schemas do not mark (``Tensor? running_mean``), by packet: the
 #: tensors a call writes. native_batch_norm in training and batch_norm_update_stats update a batch
 #: norm's running statistics in place.

@@ -13,11 +13,7 @@ from .convert import _map, aten
 from .handlers import _HANDLERS, _handler
 
 _OPERANDS = object()  # _result_dtypes' mark: no meta kernel, the results take the operands' dtype
-
-
 _EACH = object()  # _result_dtypes' mark: a list of results, each of one dtype
-
-
 _DTYPES: dict[tuple, tuple] = {}
 
 
@@ -120,12 +116,8 @@ EXACT_OVERLOADS = frozenset({
 #: Factory operations, by the position of their fill value: torch makes the tensor, and a fill
 #: value that the tensor's dtype cannot hold exactly is rounded into it on the device instead.
 _FILLS = {aten.full: 1, aten.new_full: 2, aten.full_like: 1, aten.fill_: 1, aten.scalar_tensor: 0}
-
-
 #: Factory operations of computed sequences: computed in binary64, each value rounded once on the device.
 _SEQUENCES = frozenset({aten.arange, aten.linspace, aten.logspace})
-
-
 #: Operations that create values: no operand is cast, so uninitialised memory never reaches the device.
 FACTORIES = frozenset({
     aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.zeros,

@@ -18,11 +18,7 @@ if TYPE_CHECKING:
 
 
 aten, prims = torch.ops.aten, torch.ops.prims
-
-
 _F32, _F64 = torch.float32, torch.float64
-
-
 _INVALID, _DIVBYZERO, _OVERFLOW = K.INVALID, K.DIVBYZERO, K.OVERFLOW
 
 
@@ -113,11 +109,7 @@ def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
 # operands, on meta tensors). tests/test_binary32_direct.py holds them to the decompositions
 # evaluated in Binary32Mode: bits, strides, written arguments, flags.
 _STRIDES: dict[tuple, tuple[int, ...]] = {}
-
-
 _NONE = np.zeros(1, np.float32)  # a kernel's absent weight or bias
-
-
 def _strides(op, args: tuple, which: int = 0) -> tuple[int, ...]:
     """The strides of result ``which`` of torch's decomposition of ``op`` on ``args``, found by
     running it once on meta tensors of the same shapes and strides (per op, layout and the other

@@ -195,11 +195,7 @@ for _d in (1, 2, 3):
 
 
 IMPLEMENTED[aten._weight_norm_interface_backward] = _weight_norm_interface_backward
-
-
 IMPLEMENTED[aten.grid_sampler_2d_backward] = _grid_sampler_2d_backward
-
-
 _RANDOM = frozenset({aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli, aten.bernoulli_,
                      aten.uniform, aten.uniform_, aten.normal, aten.normal_, aten.exponential_, aten.log_normal_,
                      aten.cauchy_, aten.geometric_})
@@ -352,11 +348,7 @@ def _out_names(func) -> tuple[str, ...]:
 
 
 _OUT_NAMES: dict[Any, tuple[str, ...]] = {}
-
-
 _HOW: dict[Any, tuple[str, Callable | None, tuple[str, ...]]] = {}  # each overload's _how, as first met
-
-
 _IEEE: dict[Any, bool] = {}  # each overload's functional op in NATIVE, as first asked
 
 
@@ -437,8 +429,6 @@ class _Flags:
 
 
 _NO_FLAGS = _Flags()  # the record of a computation no modelled function took part in
-
-
 #: Functions torch computes in one kernel, with the poles among their floating operand's values: an
 #: infinite result there is IEEE 754's division by zero (an exact infinity from finite operands,
 #: section 7.3), not an overflow. torch 2.13's digamma is -inf at +0 and inf at -0 (NaN at the
@@ -452,8 +442,6 @@ _POLES: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
 #: Each overload's out= names, whether it is elementwise (sim.elementary's) and pointwise (torch's tag),
 #: its poles (``_POLES``, or None) and how many of its outputs are judged (``_JUDGED``; None: all).
 _KIND: dict[Any, tuple[tuple[str, ...], bool, bool, Any, int | None]] = {}
-
-
 def run(fn: Callable[[], Any], operands: list[torch.Tensor], elementwise: bool = False,
         pointwise: bool = False, poles: Callable[[torch.Tensor], torch.Tensor] | None = None,
         judged: int | None = None) -> tuple[Any, int]:
