@@ -258,6 +258,126 @@ def _checked_arguments(floor: Any, cap: Any, flags: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be None (what the policy declares) or a bool, got {value!r}")
 
 
+class _PolicyCheck:
+    """check_policy's properties of one policy, each a check of one overflow sequence that raises
+    PolicyError naming the property, the steps and the scales."""
+
+    def __init__(self, make: Callable[[], Any], name: str, floor: float | None, cap: float | None, capped: bool,
+                 raises: tuple[type[BaseException], ...], growth_within: int, backoff_within: int) -> None:
+        self.make, self.name, self.floor, self.cap, self.capped = make, name, floor, cap, capped
+        self.raises, self.growth_within, self.backoff_within = raises, growth_within, backoff_within
+
+    def scales(self, steps: list[bool], interleave: Callable[[], Any] | None = None) -> list[float]:
+        return _scales(self.make, steps, self.raises, interleave=interleave)
+
+    def fail(self, what: str, steps: Sequence[bool], scales: list[float]) -> None:
+        text = "".join("." if s else "X" for s in steps)
+        raise PolicyError(f"{self.name}: {what}\n  steps (. finite, X overflow): {text or '(none)'}\n"
+                          f"  scales: {scales[:12]}{' ...' if len(scales) > 12 else ''}")
+
+    def reporting(self, check: Callable[[list[bool]], None]) -> Callable[[list[bool]], None]:
+        """``check``, with an exception the policy raised turned into a PolicyError that says how to allow it."""
+        def checked(steps: list[bool]) -> None:
+            try:
+                check(steps)
+            except _Raised as raised:
+                err = raised.error
+                self.fail(f"update_loss_scale raised {type(err).__name__} at step {raised.step}: {err}; if the "
+                          f"policy raises it by design, pass raises=({type(err).__name__},)", raised.fed, [])
+            except _NotANumber as bad:
+                self.fail(bad.sentence(), steps[:bad.index], [])
+        checked.__name__ = check.__name__
+        return checked
+
+    def never_nan(self, steps: list[bool]) -> None:
+        scales = self.scales(steps)
+        for i, s in enumerate(scales):
+            if math.isnan(s):
+                self.fail(f"the scale became NaN {f'at step {i - 1}' if i else 'before any update'}", steps[:i], scales)
+
+    def bounds(self, steps: list[bool]) -> None:
+        scales, floor, cap = self.scales(steps), self.floor, self.cap
+        for i, s in enumerate(scales):
+            if cap is not None and s > cap:
+                self.fail(f"the scale {s} rose above the cap {cap} after step {i}", steps, scales)
+            if floor is None and not s > 0:
+                self.fail(f"the scale reached {s} after step {i}", steps, scales)
+            if floor is not None and s < floor:
+                self.fail(f"the scale {s} fell below the floor {floor} after step {i}", steps, scales)
+            if self.capped and not (math.isfinite(s) and s <= F32_MAX):
+                self.fail(f"the scale reached {s} after step {i} (not finite)", steps, scales)
+
+    def overflow_never_raises(self, steps: list[bool]) -> None:
+        scales = self.scales(steps)
+        for i in range(len(scales) - 1):
+            if not steps[i] and scales[i + 1] > scales[i]:
+                self.fail(f"an overflow at step {i} raised the scale from {scales[i]} to {scales[i + 1]}", steps,
+                          scales)
+
+    def overflows_lower(self, steps: list[bool]) -> None:
+        n, floor = self.backoff_within, self.floor
+        tail = self.scales(list(steps) + [False] * n)
+        if len(tail) == len(steps) + n + 1:
+            last = tail[len(steps)]
+            at_floor = last <= (floor if floor is not None else 0.0)
+            if not at_floor and math.isfinite(last) and min(tail[len(steps):]) >= last:
+                self.fail(f"{n} overflows in a row after the sequence never lowered the scale from {last} "
+                          f"(its floor: {floor}; give floor= if {last} is it, or lowers=False for a fixed scale)",
+                          steps, tail[:len(steps) + 1])
+
+    def no_shared_state(self, steps: list[bool]) -> None:
+        scales = self.scales(steps)
+        chance = _draws(lambda: self.scales(steps))
+        if not _agree(self.scales(steps), scales):
+            self.fail(_CHANCE if chance else _OUTSIDE, steps, scales)
+        if not _agree(self.scales(steps, interleave=self.make), scales):
+            if chance:
+                self.fail(_CHANCE, steps, scales)
+            self.fail("two instances share state: updating another instance changed this one's scales (hidden "
+                      "shared state)", steps, scales)
+
+    def finite_runs_grow(self, steps: list[bool]) -> None:
+        n, cap = self.growth_within, self.cap
+        scales, tail = self.scales(steps), self.scales(list(steps) + [True] * n)
+        if len(tail) == len(steps) + n + 1:
+            last = tail[len(steps)]
+            if self.capped and not all(math.isfinite(x) and x <= F32_MAX for x in tail):
+                self.fail(f"a run of finite steps after the sequence made the scale {max(tail)} (not finite)",
+                          steps, scales)
+            if 0 < last < min(F32_MAX / 2**8, cap if cap is not None else math.inf) and \
+                    max(tail[len(steps):]) <= last:
+                hint = f"; if {last} is the policy's ceiling, give cap={last}" if cap is None else ""
+                self.fail(f"{n} finite steps after the sequence never grew the scale from {last}{hint} "
+                          f"(grows=False for a fixed scale)", steps, scales)
+
+    def run(self, lowers: bool, grows: bool, max_examples: int, max_steps: int) -> None:
+        """Every property over hypothesis's sequences, most specific first: shared state makes every
+        other result meaningless; an overflow that raises the scale is named as such, not as the
+        non-finite scale it leads to."""
+        try:
+            shared = _shares_state(self.make, self.raises, min(self.growth_within, 2000))
+        except _Raised:
+            shared = None  # reported below, with the shrunk sequence that raises
+        except _NotANumber as bad:
+            raise PolicyError(f"{self.name}: {bad.sentence()}") from None
+        if shared:
+            cause = "" if shared.startswith(_CHANCE) else " (hidden shared state, as in a class attribute)"
+            raise PolicyError(f"{self.name}: {shared}{cause}")
+        checks = [self.never_nan, self.no_shared_state, self.overflow_never_raises] + (
+            [self.overflows_lower] if lowers else []) + [self.bounds] + ([self.finite_runs_grow] if grows else [])
+        for check in checks:
+            run = settings(max_examples=max_examples, deadline=None, database=None,
+                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+                given(steps=overflow_sequences(max_steps))(self.reporting(check)))
+            try:
+                run()
+            except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
+                inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
+                raise PolicyError(f"{self.name}: the same steps gave different results from one run to the next, so "
+                                  f"the policy depends on state outside its instances (hidden shared state) or on "
+                                  f"chance (random numbers, a clock)\n{inner}") from None
+
+
 def check_policy(make: Callable[[], Any], *, floor: float | None = None, cap: float | None = None,
                  capped: bool | None = None, grows: bool | None = None, lowers: bool | None = None,
                  growth_within: int = 5000,
@@ -307,111 +427,8 @@ def check_policy(make: Callable[[], Any], *, floor: float | None = None, cap: fl
         grows = getattr(policy, "grows", True)
     if lowers is None:
         lowers = getattr(policy, "lowers", True)
-    name = type(probe).__name__
-
-    def fail(what: str, steps: Sequence[bool], scales: list[float]) -> None:
-        text = "".join("." if s else "X" for s in steps)
-        raise PolicyError(f"{name}: {what}\n  steps (. finite, X overflow): {text or '(none)'}\n"
-                          f"  scales: {scales[:12]}{' ...' if len(scales) > 12 else ''}")
-
-    def reporting(check: Callable[[list[bool]], None]) -> Callable[[list[bool]], None]:
-        """``check``, with an exception the policy raised turned into a PolicyError that says how to allow it."""
-        def checked(steps: list[bool]) -> None:
-            try:
-                check(steps)
-            except _Raised as raised:
-                err = raised.error
-                fail(f"update_loss_scale raised {type(err).__name__} at step {raised.step}: {err}; if the policy "
-                     f"raises it by design, pass raises=({type(err).__name__},)", raised.fed, [])
-            except _NotANumber as bad:
-                fail(bad.sentence(), steps[:bad.index], [])
-        checked.__name__ = check.__name__
-        return checked
-
-    def never_nan(steps: list[bool]) -> None:
-        scales = _scales(make, steps, raises)
-        for i, s in enumerate(scales):
-            if math.isnan(s):
-                fail(f"the scale became NaN {f'at step {i - 1}' if i else 'before any update'}", steps[:i], scales)
-
-    def bounds(steps: list[bool]) -> None:
-        scales = _scales(make, steps, raises)
-        for i, s in enumerate(scales):
-            if cap is not None and s > cap:
-                fail(f"the scale {s} rose above the cap {cap} after step {i}", steps, scales)
-            if floor is None and not s > 0:
-                fail(f"the scale reached {s} after step {i}", steps, scales)
-            if floor is not None and s < floor:
-                fail(f"the scale {s} fell below the floor {floor} after step {i}", steps, scales)
-            if capped and not (math.isfinite(s) and s <= F32_MAX):
-                fail(f"the scale reached {s} after step {i} (not finite)", steps, scales)
-
-    def overflow_never_raises(steps: list[bool]) -> None:
-        scales = _scales(make, steps, raises)
-        for i in range(len(scales) - 1):
-            if not steps[i] and scales[i + 1] > scales[i]:
-                fail(f"an overflow at step {i} raised the scale from {scales[i]} to {scales[i + 1]}", steps, scales)
-
-    def overflows_lower(steps: list[bool]) -> None:
-        tail = _scales(make, list(steps) + [False] * backoff_within, raises)
-        if len(tail) == len(steps) + backoff_within + 1:
-            last = tail[len(steps)]
-            at_floor = last <= (floor if floor is not None else 0.0)
-            if not at_floor and math.isfinite(last) and min(tail[len(steps):]) >= last:
-                fail(f"{backoff_within} overflows in a row after the sequence never lowered the scale from {last} "
-                     f"(its floor: {floor}; give floor= if {last} is it, or lowers=False for a fixed scale)",
-                     steps, tail[:len(steps) + 1])
-
-    def no_shared_state(steps: list[bool]) -> None:
-        scales = _scales(make, steps, raises)
-        chance = _draws(lambda: _scales(make, steps, raises))
-        if not _agree(_scales(make, steps, raises), scales):
-            fail(_CHANCE if chance else _OUTSIDE, steps, scales)
-        if not _agree(_scales(make, steps, raises, interleave=make), scales):
-            if chance:
-                fail(_CHANCE, steps, scales)
-            fail("two instances share state: updating another instance changed this one's scales (hidden shared "
-                 "state)", steps, scales)
-
-    def finite_runs_grow(steps: list[bool]) -> None:
-        scales = _scales(make, steps, raises)
-        tail = _scales(make, list(steps) + [True] * growth_within, raises)
-        if len(tail) == len(steps) + growth_within + 1:
-            last = tail[len(steps)]
-            if capped and not all(math.isfinite(x) and x <= F32_MAX for x in tail):
-                fail(f"a run of finite steps after the sequence made the scale {max(tail)} (not finite)",
-                     steps, scales)
-            if 0 < last < min(F32_MAX / 2**8, cap if cap is not None else math.inf) and \
-                    max(tail[len(steps):]) <= last:
-                hint = f"; if {last} is the policy's ceiling, give cap={last}" if cap is None else ""
-                fail(f"{growth_within} finite steps after the sequence never grew the scale from {last}{hint} "
-                     f"(grows=False for a fixed scale)", steps, scales)
-
-    try:
-        shared = _shares_state(make, raises, min(growth_within, 2000))
-    except _Raised as raised:
-        shared = None  # reported below, with the shrunk sequence that raises
-        del raised
-    except _NotANumber as bad:
-        raise PolicyError(f"{name}: {bad.sentence()}") from None
-    if shared:
-        cause = "" if shared.startswith(_CHANCE) else " (hidden shared state, as in a class attribute)"
-        raise PolicyError(f"{name}: {shared}{cause}")
-    # Most specific first: shared state makes every other result meaningless; an overflow that
-    # raises the scale is named as such, not as the non-finite scale it leads to.
-    checks = [never_nan, no_shared_state, overflow_never_raises] + ([overflows_lower] if lowers else []) + [bounds] + (
-        [finite_runs_grow] if grows else [])
-    for check in checks:
-        run = settings(max_examples=max_examples, deadline=None, database=None,
-                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
-            given(steps=overflow_sequences(max_steps))(reporting(check)))
-        try:
-            run()
-        except Flaky as err:  # a failure that does not replay: the policy's results drift between runs
-            inner = next((e for e in getattr(err, "exceptions", ()) if isinstance(e, PolicyError)), err)
-            raise PolicyError(f"{name}: the same steps gave different results from one run to the next, so the "
-                              f"policy depends on state outside its instances (hidden shared state) or on chance "
-                              f"(random numbers, a clock)\n{inner}") from None
+    _PolicyCheck(make, type(probe).__name__, floor, cap, capped, raises, growth_within, backoff_within).run(
+        lowers, grows, max_examples, max_steps)
 
 
 def _try_make(make: Callable[[], Any]) -> Any:
@@ -437,6 +454,23 @@ def amax_sequences(max_steps: int = 200) -> st.SearchStrategy[list[float]]:
     return st.lists(value, max_size=max_steps)
 
 
+def _recipe_scales(make: Callable[[], Any], seq: list[float], other: Any = None) -> list[float]:
+    """The scales a new recipe made by ``make`` quantises each amax of ``seq`` with (updating after
+    each, and ``other`` beside it), then the scale it would use next."""
+    m, out = make(), []
+    for a in seq:
+        out.append(float(m.scale_for(a)))
+        m.update(a)
+        if other is not None:
+            other.update(1.0)
+    out.append(float(m.scale_for(1.0)))
+    return out
+
+
+def _shown(values: list[float]) -> str:
+    return f"{values[:12]}{' ...' if len(values) > 12 else ''}"
+
+
 def check_recipe(make: Callable[[], Any], *, fits: bool | None = None, max_examples: int = 150,
                  max_steps: int = 200) -> None:
     """Property-test an FP8 scaling recipe's face (``scale_for(amax)``, ``update(amax)``):
@@ -460,18 +494,10 @@ def check_recipe(make: Callable[[], Any], *, fits: bool | None = None, max_examp
     fp8_max = float(getattr(probe, "fp8_max", 448.0))
 
     def scales(seq: list[float], other: Any = None) -> list[float]:
-        m, out = make(), []
-        for a in seq:
-            out.append(float(m.scale_for(a)))
-            m.update(a)
-            if other is not None:
-                other.update(1.0)
-        out.append(float(m.scale_for(1.0)))
-        return out
+        return _recipe_scales(make, seq, other)
 
     def fail(what: str, seq: list[float], got: list[float]) -> None:
-        raise PolicyError(f"{name}: {what}\n  amax: {seq[:12]}{' ...' if len(seq) > 12 else ''}\n"
-                          f"  scales: {got[:12]}{' ...' if len(got) > 12 else ''}")
+        raise PolicyError(f"{name}: {what}\n  amax: {_shown(seq)}\n  scales: {_shown(got)}")
 
     def bounds(seq: list[float]) -> None:
         got = scales(seq)

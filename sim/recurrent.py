@@ -397,6 +397,22 @@ def _placed(g: np.ndarray | None, rows: int, start: int) -> np.ndarray | None:
     return out
 
 
+def _packed_state_grads(reverse: bool, later: tuple | None, n: int, out_t, hy, cy) -> tuple:
+    """The gradients reaching a packed step's hidden and cell state (n rows), in autograd's order:
+    its output's, the step run after it (``later``: its cell's gradients and its rows m) through
+    the slice that step took, and a finished row's final gradient (``hy``, ``cy``)."""
+    if later is None:  # the last step run: the final state's gradient first, then the output's
+        return _added(None if hy is None else hy[:n], out_t), None if cy is None else cy[:n]
+    g_mm, c_prev, h_path, m = later
+    if m == n:  # the next cell took this state as it is
+        return _added(_added(out_t, h_path), g_mm), c_prev
+    if not reverse:  # it took the first m rows; the rest finished here
+        gh = _added(_added(out_t, _placed(_added(h_path, g_mm), n, 0)), _placed(None if hy is None else hy[m:n], n, m))
+        return gh, _added(_placed(c_prev, n, 0), _placed(None if cy is None else cy[m:n], n, m))
+    # it took these rows and the initial states of rows n:m (a concatenation)
+    return _added(out_t, None if g_mm is None else _added(h_path, g_mm)[:n]), None if c_prev is None else c_prev[:n]
+
+
 def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], int]:
     """:func:`backward` of a packed sequence, in autograd's order on torch's PackedLayer and
     ReversedPackedLayer: a step's hidden state gets its output's gradient first, then the next
@@ -430,21 +446,7 @@ def _backward_packed(tape: Tape, grads: list[np.ndarray | None]) -> tuple[list[n
                 t = s["t"]
                 n, at = bs[t], offsets[t]
                 out_t = None if g_seq is None else g_seq[at:at + n]
-                if later is None:  # the last step run: the final state's gradient first, then the output's
-                    gh = _added(None if hy is None else hy[:n], out_t)
-                    gc = None if cy is None else cy[:n]
-                else:
-                    g_mm, c_prev, h_path, m = later
-                    if m == n:  # the next cell took this state as it is
-                        gh = _added(_added(out_t, h_path), g_mm)
-                        gc = c_prev
-                    elif not d.reverse:  # it took the first m rows; the rest finished here
-                        gh = _added(_added(out_t, _placed(_added(h_path, g_mm), n, 0)),
-                                    _placed(None if hy is None else hy[m:n], n, m))
-                        gc = _added(_placed(c_prev, n, 0), _placed(None if cy is None else cy[m:n], n, m))
-                    else:  # it took these rows and the initial states of rows n:m (a concatenation)
-                        gh = _added(out_t, None if g_mm is None else _added(h_path, g_mm)[:n])
-                        gc = None if c_prev is None else c_prev[:n]
+                gh, gc = _packed_state_grads(d.reverse, later, n, out_t, hy, cy)
                 g_mm, c_prev, h_path, g_ig = _cell_backward(kind, d, s, gh, gc, f, wgrads)
                 if d.reverse:  # rows start:n of this step's state were the initial state's (all, at the first)
                     start = bs[t + 1] if t + 1 < steps else 0

@@ -224,3 +224,27 @@ def test_optional_paths_import() -> None:
     import sim.jax
 
     assert w.JaxWorkload and sim.jax.on_device and sim.jax.coverage
+
+
+#: Modules over 600 lines, and functions over 60, with the reason each stays so. kernels.py is one
+#: file because numba's cache is invalidated only by an edit to a cached function's own file (its
+#: docstring says more); its compiled loops, and the two switches over the elementwise functions'
+#: codes in elementary/compiled.py, are compiled kernels whose branches numba inlines into one loop.
+LONG_MODULES = {"sim.kernels"}
+LONG_FUNCTIONS = {("sim.kernels", "round_pack"), ("sim.kernels", "_unary_value"), ("sim.kernels", "tree_sum"),
+                  ("sim.elementary.compiled", "_unary"), ("sim.elementary.compiled", "_binary")}
+
+
+def test_modules_and_functions_are_short() -> None:
+    """A module over 600 lines or a function over 60 holds more than one idea: none, but the
+    compiled kernels named above."""
+    long_modules, long_functions = set(), set()
+    for name, path in KNOWN.items():
+        text = path.read_text()
+        if text.count("\n") > 600:
+            long_modules.add(name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.add((name, node.name))
+    assert long_modules == LONG_MODULES and long_functions == LONG_FUNCTIONS, (
+        sorted(long_modules - LONG_MODULES), sorted(long_functions - LONG_FUNCTIONS))

@@ -261,6 +261,45 @@ def _ranks_printing(lines: Sequence[str], words: re.Pattern[str]) -> int:
     return most
 
 
+class _Copies:
+    """Several ranks printing one overflow: each line ``handle`` reads into the builder, with an
+    overflow line that copies the one before it (prefixes aside, no counter between) taken back."""
+
+    def __init__(self, b: _Builder, handle, printing: int) -> None:
+        self.b, self.handle, self.printing = b, handle, printing
+        self.copies, self.group = 0, 0  # copies taken back; the last overflow line's lines in a row
+        self.last_message: tuple[str, str | None] | None = None  # the last overflow line's message and rank
+
+    def read(self, i: int, text: str) -> bool:
+        """Whether ``handle`` read the line (a copy of the overflow before it is read, then taken back)."""
+        b = self.b
+        before = len(b.pending)
+        if not self.handle(b, i, text):
+            return False
+        if len(b.pending) != before + 1:  # a counter, or a line that is no overflow: copies end here
+            self.last_message = None
+            return True
+        message, rank, e = _PREFIX.sub("", text).strip(), _rank(text), b.pending[-1]
+        # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
+        # line is a copy where the first one changed it, or where the two name different ranks
+        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
+        last = self.last_message
+        same = last is not None and message == last[0]
+        if same and self.printing > 1 and rank is None:  # R ranks print each overflow: R identical lines, one
+            copy = self.group % self.printing != 0
+        else:
+            copy = same and (changed or (rank is not None and last[1] is not None and rank != last[1]))
+        if copy:
+            b.pending.pop()
+            self.copies += 1
+            self.group += 1
+        else:
+            if same:  # a copy, or the same line again
+                b.maybe_copies.add(i)
+            self.last_message, self.group = (message, rank), 1
+        return True
+
+
 def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
     line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
@@ -273,38 +312,11 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     groups of R, one overflow each."""
     b = _Builder(framework)
     words = _SIGNS[framework][1]
-    printing = _ranks_printing(lines, words)
     totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
     training = max(totals) if totals else None
     other_bars: set[int] = set()
-    copies, last_message, group = 0, None, 0  # the last overflow line's message and rank; its lines in a row
-
-    def read(i: int, text: str) -> bool:
-        nonlocal copies, last_message, group
-        before = len(b.pending)
-        if not handle(b, i, text):
-            return False
-        if len(b.pending) != before + 1:  # a counter, or a line that is no overflow: copies end here
-            last_message = None
-            return True
-        message, rank, e = _PREFIX.sub("", text).strip(), _rank(text), b.pending[-1]
-        # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
-        # line is a copy where the first one changed it, or where the two name different ranks
-        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
-        same = last_message is not None and message == last_message[0]
-        if same and printing > 1 and rank is None:  # R ranks print each overflow: R identical lines, one overflow
-            copy = group % printing != 0
-        else:
-            copy = same and (changed or (rank is not None and last_message[1] is not None and rank != last_message[1]))
-        if copy:
-            b.pending.pop()
-            copies += 1
-            group += 1
-        else:
-            if same:  # a copy, or the same line again
-                b.maybe_copies.add(i)
-            last_message, group = (message, rank), 1
-        return True
+    ranks = _Copies(b, handle, _ranks_printing(lines, words))
+    read = ranks.read
 
     for i, text in enumerate(lines, start=1):
         for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
@@ -324,15 +336,15 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
                                f"from {b.last}")
             else:
                 b.counter(n, i, "all")
-                last_message = None
+                ranks.last_message = None
             if tail.strip() and not read(i, tail) and words.search(tail):
                 b.unparsed.append((i, tail))
     if other_bars:
         b.notes.append(f"progress bars of {', '.join(map(str, sorted(other_bars)))} steps are not the training "
                        f"bar ({training} steps) and count no step")
-    if copies:
-        b.notes.append(f"{copies} overflow lines repeat the line before them (several ranks printing, told apart by "
-                       f"their prefixes and that no step counter came between): each read as one overflow")
+    if ranks.copies:
+        b.notes.append(f"{ranks.copies} overflow lines repeat the line before them (several ranks printing, told "
+                       f"apart by their prefixes and that no step counter came between): each read as one overflow")
     return b.build()
 
 

@@ -34,6 +34,39 @@ def current_device() -> Device:
 
 
 
+
+def _matmul_bias(profile: profiles.Profile, matmul_bias: str) -> str:
+    """A device's ``matmul_bias``, checked against its product's cube unit."""
+    if matmul_bias not in ("after", "fused"):
+        raise ValueError(f"matmul_bias must be 'after' or 'fused', got {matmul_bias!r}")
+    if matmul_bias == "fused" and not profile.bias_table:
+        raise ValueError(f"{profile.name}: its cube unit has no bias table (Mmad supports "
+                         f"cmatrixSource=false only), so a bias cannot enter the binary32 sum; "
+                         f"use matmul_bias='after'")
+    return matmul_bias
+
+
+def _overflow(profile: profiles.Profile, overflow: OverflowMode | str | None) -> OverflowMode:
+    """A device's overflow mode: one its product has (its default for None); a legacy one warns."""
+    mode = profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
+    if mode not in profile.overflow_modes:
+        raise ValueError(f"{profile.name} ({profile.product_en}) supports "
+                         f"{profile.describe_modes()}, not {mode.name}")
+    if mode is OverflowMode.SATURATION and profile.saturation_is_legacy:
+        warnings.warn(f"{profile.name}: saturation mode is kept for compatibility only, is no longer "
+                      f"developed, and may carry precision error; the default is INF_NAN",
+                      LegacyModeWarning, stacklevel=3)  # the code that made the device
+    return mode
+
+
+def _rounding(rounding: Rounding | str) -> Rounding:
+    """A device's rounding mode: one of the six deterministic ones (the others are for casts)."""
+    rounding = Rounding.parse(rounding)
+    if rounding not in SIX_MODES:
+        raise ValueError(f"a device computes in one of {', '.join(m.name for m in SIX_MODES)}; "
+                         f"{rounding.name} rounding is for casts: dev.cast(x, fmt, rounding={rounding.name!r})")
+    return rounding
+
 class Device(_Register, _Elementwise, _Casts, _Cube, _Reductions):
     """A simulated Atlas NPU with its own float-status register and sticky IEEE status."""
 
@@ -45,32 +78,14 @@ class Device(_Register, _Elementwise, _Casts, _Cube, _Reductions):
                  observers: Iterable[Observer] = (), substitutes: Mapping[str, Callable] | None = None,
                  matmul_bias: str = "after") -> None:
         self.profile = profiles.get(profile)
-        if matmul_bias not in ("after", "fused"):
-            raise ValueError(f"matmul_bias must be 'after' or 'fused', got {matmul_bias!r}")
-        if matmul_bias == "fused" and not self.profile.bias_table:
-            raise ValueError(f"{self.profile.name}: its cube unit has no bias table (Mmad supports "
-                             f"cmatrixSource=false only), so a bias cannot enter the binary32 sum; "
-                             f"use matmul_bias='after'")
         #: Where a matmul's or convolution's bias enters when none is named in the call: "fused"
         #: (the initial value of the binary32 sums, one rounding) or "after" (added to the rounded
         #: product by the vector unit, a second rounding).
-        self.matmul_bias = matmul_bias
-        mode = self.profile.default_overflow_mode if overflow is None else OverflowMode.parse(overflow)
-        if mode not in self.profile.overflow_modes:
-            raise ValueError(f"{self.profile.name} ({self.profile.product_en}) supports "
-                             f"{self.profile.describe_modes()}, not {mode.name}")
-        threads = integer("threads", threads, 1)
-        rounding = Rounding.parse(rounding)
-        if rounding not in SIX_MODES:
-            raise ValueError(f"a device computes in one of {', '.join(m.name for m in SIX_MODES)}; "
-                             f"{rounding.name} rounding is for casts: dev.cast(x, fmt, rounding={rounding.name!r})")
-        if mode is OverflowMode.SATURATION and self.profile.saturation_is_legacy:
-            warnings.warn(f"{self.profile.name}: saturation mode is kept for compatibility only, is no longer "
-                          f"developed, and may carry precision error; the default is INF_NAN",
-                          LegacyModeWarning, stacklevel=2)
-        self.overflow = mode
+        self.matmul_bias = _matmul_bias(self.profile, matmul_bias)
+        mode = self.overflow = _overflow(self.profile, overflow)
+        rounding = _rounding(rounding)
         self.name = name or self.profile.name
-        self.threads = threads
+        self.threads = integer("threads", threads, 1)
         #: The implementation-defined choices this device computes with: its profile's, with those
         #: named in the constructor (``saturate_float32``, ``tininess``, ``default_nan``,
         #: ``nan_to_zero``) changed.

@@ -74,6 +74,14 @@ def _mp():
     return mpmath
 
 
+def _normal_cdf(mp):
+    return lambda t: mp.erfc(-t / mp.sqrt(2)) / 2
+
+
+def _logistic(mp):
+    return lambda t: 1 / (1 + mp.exp(-t))
+
+
 def _exact_mp(mp, fn: Function, xs: tuple[float, ...], ps: tuple[float, ...]):
     """The exact function of exact binary64 values, in mpmath at the current precision."""
     x = [mp.mpf(v) for v in xs]
@@ -98,9 +106,7 @@ def _exact_mp(mp, fn: Function, xs: tuple[float, ...], ps: tuple[float, ...]):
         return mp.log(abs(mp.gamma(x[0])))
     if c == I0:
         return mp.besseli(0, x[0])
-    phi = lambda t: mp.erfc(-t / mp.sqrt(2)) / 2  # noqa: E731
-    sig = lambda t: 1 / (1 + mp.exp(-t))  # noqa: E731
-    k1 = mp.mpf(44715) / 10**6
+    phi, sig, k1 = _normal_cdf(mp), _logistic(mp), mp.mpf(44715) / 10**6
     if c == GELU:
         return x[0] * phi(x[0])
     if c == GELU_TANH:
@@ -125,6 +131,13 @@ def _exact_mp(mp, fn: Function, xs: tuple[float, ...], ps: tuple[float, ...]):
         return mp.log(mp.exp(x[0]) + mp.exp(x[1]))
     if c == GLU:
         return x[0] * sig(x[1])
+    return _exact_mp_gradient(mp, fn, x, p)
+
+
+def _exact_mp_gradient(mp, fn: Function, x: list, p: list):
+    """The exact gradient functions (``_BW``: the incoming gradient g times the derivative at y), in mpmath."""
+    c = fn.code
+    phi, sig, k1 = _normal_cdf(mp), _logistic(mp), mp.mpf(44715) / 10**6
     g, y = x[0], x[1] if len(x) > 1 else None
     if c == GELU_BW:
         return g * (phi(y) + y * mp.exp(-y * y / 2) / mp.sqrt(2 * mp.pi))
