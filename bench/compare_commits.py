@@ -5,7 +5,8 @@
 OLD and NEW are git refs of the repository this script is in (committed code only: each is
 checked out into a temporary `git worktree`, removed at the end, also on error or Ctrl-C). In
 each checkout, with PYTHONPATH set to it and a fresh temporary folder as the working directory,
-`python -m lossscale` runs every job of JOBS, each into its own `--out` folder:
+`python -m lossscale` runs every job of JOBS, each into its own `--out` folder (a file of the
+checkout a job reads, such as the grid or the log, is copied into the working directory first):
 
     run-default          run                                      (mlp, atlas-a2, exponential, 300 steps)
     run-atlas-training   run --profile atlas-training
@@ -112,7 +113,7 @@ def run_jobs(python: str, src: Path, work: Path, jobs: list[str], label: str) ->
         raise SystemExit(f"compare_commits: with PYTHONPATH={src}, lossscale imports from {where}")
     codes, started = {}, time.perf_counter()
     for job in jobs:
-        args = [a.replace("{src}", str(src)) for a in JOBS[job]] + ["--out", job]
+        args = [_local(a, src, work) for a in JOBS[job]] + ["--out", job]
         t0 = time.perf_counter()
         with open(work / f"{job}.stdout", "wb") as out, open(work / f"{job}.stderr", "wb") as err:
             codes[job] = subprocess.run([python, "-m", "lossscale", *args], cwd=work, env=env,
@@ -120,6 +121,18 @@ def run_jobs(python: str, src: Path, work: Path, jobs: list[str], label: str) ->
         print(f"  {label}: {job:<21} exit {codes[job]}  {time.perf_counter() - t0:6.1f} s", file=sys.stderr)
     print(f"  {label}: all jobs {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return codes
+
+
+def _local(arg: str, src: Path, work: Path) -> str:
+    """A job's argument, a file of the checkout (``{src}/...``) copied into the working folder and
+    named there, so that both commits' runs read it under one name (a log's path is in its replay's
+    output)."""
+    if "{src}" not in arg:
+        return arg
+    path = Path(arg.replace("{src}", str(src)))
+    if not (work / path.name).exists():
+        shutil.copyfile(path, work / path.name)
+    return path.name
 
 
 def first_line_difference(a: bytes, b: bytes) -> str:
