@@ -1,7 +1,7 @@
 """The operations, each declared once: what they compute, their compiled kernel, and the
 torch aten packets and JAX primitives that map to them.
 
-:class:`~sim.fpu.Fpu`'s and :class:`~sim.device.Device`'s elementwise methods are made from
+:class:`~sim.fpu.Fpu`'s and :class:`~sim.Device`'s elementwise methods are made from
 this table, and ``sim.torch``'s routes and ``sim.jax``'s mapping are read from it. Adding
 an elementwise operation is its kernel (an op code in :mod:`sim.kernels`) and one entry
 here. Operations of kind ``OTHER`` have hand-written methods (a composition, a cast, a
