@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
@@ -73,7 +73,8 @@ class Format:
     ``exponent_bias`` (None: IEEE's, 2**(exp_bits-1) - 1); ``has_infs``; ``nans``, one of
     :data:`NAN_ENCODINGS`; ``has_subnormals``; ``signed``; ``has_zero``; for a tapered format
     ``taper``, the exponent magnitudes above which one fraction bit fewer is kept, and
-    ``table``, which makes the value of every code (indexed by code).
+    ``table``, which makes the value of every code (indexed by code); ``aliases``, other names
+    :func:`format_of` takes for it.
     """
 
     name: str
@@ -88,6 +89,7 @@ class Format:
     has_zero: bool = True
     taper: tuple[int, ...] = ()
     table: Callable[[], np.ndarray] | None = None
+    aliases: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.nans not in NAN_ENCODINGS:
@@ -329,34 +331,39 @@ def _hifloat8_values() -> np.ndarray:
     return out
 
 
-BINARY16 = Format("binary16", 5, 10, np.dtype(np.float16))
-BFLOAT16 = Format("bfloat16", 8, 7, np.dtype(ml_dtypes.bfloat16))
-BINARY32 = Format("binary32", 8, 23, np.dtype(np.float32))
-BINARY64 = Format("binary64", 11, 52, np.dtype(np.float64))
-# OCP OFP8 v1.0: E4M3 has no infinities and one NaN magnitude; E5M2 is IEEE-like.
-FLOAT8_E4M3FN = Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), has_infs=False, nans="all_ones")
-FLOAT8_E5M2 = Format("float8_e5m2", 5, 2, np.dtype(ml_dtypes.float8_e5m2))
-# OCP MX v1.0: the E8M0 scale is 2**(code - 127), unsigned, no zero, 0xFF NaN; the element
-# formats FP6 (E3M2, E2M3) and FP4 (E2M1) have no infinities and no NaN.
-FLOAT8_E8M0FNU = Format("float8_e8m0fnu", 8, 0, np.dtype(ml_dtypes.float8_e8m0fnu), exponent_bias=127,
-                        has_infs=False, nans="all_ones", has_subnormals=False, signed=False, has_zero=False)
-FLOAT6_E3M2FN = Format("float6_e3m2fn", 3, 2, np.dtype(ml_dtypes.float6_e3m2fn), has_infs=False, nans="none")
-FLOAT6_E2M3FN = Format("float6_e2m3fn", 2, 3, np.dtype(ml_dtypes.float6_e2m3fn), has_infs=False, nans="none")
-FLOAT4_E2M1FN = Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), has_infs=False, nans="none")
-# arXiv 2409.16626: rounded as a carrier with 6 exponent and 3 fraction bits, one fraction bit
-# fewer above exponent magnitudes 3, 7 and 15; -0's code is NaN.
-HIFLOAT8 = Format("hifloat8", 6, 3, np.dtype(np.uint8), nans="negative_zero", taper=(3, 7, 15),
-                  table=_hifloat8_values)
-EIGHT_BIT = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, HIFLOAT8)
-FORMATS = (BINARY16, BFLOAT16, BINARY32, BINARY64, *EIGHT_BIT)
+#: The catalogue: every format the emulator rounds to, one entry each. Every list of formats
+#: (:data:`EIGHT_BIT`, the names :func:`format_of` takes, ``sim``'s constants such as
+#: ``sim.BINARY16``, named by the format's name in capitals) is derived from it.
+FORMATS = (
+    BINARY16 := Format("binary16", 5, 10, np.dtype(np.float16), aliases=("float16", "half")),
+    BFLOAT16 := Format("bfloat16", 8, 7, np.dtype(ml_dtypes.bfloat16), aliases=("bf16",)),
+    BINARY32 := Format("binary32", 8, 23, np.dtype(np.float32), aliases=("float32",)),
+    BINARY64 := Format("binary64", 11, 52, np.dtype(np.float64), aliases=("float64",)),
+    # OCP OFP8 v1.0: E4M3 has no infinities and one NaN magnitude; E5M2 is IEEE-like.
+    FLOAT8_E4M3FN := Format("float8_e4m3fn", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn), has_infs=False,
+                            nans="all_ones", aliases=("e4m3",)),
+    FLOAT8_E5M2 := Format("float8_e5m2", 5, 2, np.dtype(ml_dtypes.float8_e5m2), aliases=("e5m2",)),
+    # OCP MX v1.0: the E8M0 scale is 2**(code - 127), unsigned, no zero, 0xFF NaN; the element
+    # formats FP6 (E3M2, E2M3) and FP4 (E2M1) have no infinities and no NaN.
+    FLOAT8_E8M0FNU := Format("float8_e8m0fnu", 8, 0, np.dtype(ml_dtypes.float8_e8m0fnu), exponent_bias=127,
+                             has_infs=False, nans="all_ones", has_subnormals=False, signed=False, has_zero=False,
+                             aliases=("e8m0",)),
+    FLOAT6_E3M2FN := Format("float6_e3m2fn", 3, 2, np.dtype(ml_dtypes.float6_e3m2fn), has_infs=False, nans="none",
+                            aliases=("e3m2",)),
+    FLOAT6_E2M3FN := Format("float6_e2m3fn", 2, 3, np.dtype(ml_dtypes.float6_e2m3fn), has_infs=False, nans="none",
+                            aliases=("e2m3",)),
+    FLOAT4_E2M1FN := Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), has_infs=False, nans="none",
+                            aliases=("e2m1",)),
+    # arXiv 2409.16626: rounded as a carrier with 6 exponent and 3 fraction bits, one fraction bit
+    # fewer above exponent magnitudes 3, 7 and 15; -0's code is NaN.
+    HIFLOAT8 := Format("hifloat8", 6, 3, np.dtype(np.uint8), nans="negative_zero", taper=(3, 7, 15),
+                       table=_hifloat8_values, aliases=("hif8",)),
+)
+#: The narrow formats: a code of at most a byte.
+EIGHT_BIT = tuple(f for f in FORMATS if f.bits <= 8)
 
 _BY_DTYPE = {f.dtype: f for f in FORMATS if not f.tapered}
-_BY_NAME = {f.name: f for f in FORMATS} | {
-    "float16": BINARY16, "half": BINARY16, "bf16": BFLOAT16,
-    "float32": BINARY32, "float64": BINARY64, "hif8": HIFLOAT8, "e4m3": FLOAT8_E4M3FN,
-    "e5m2": FLOAT8_E5M2, "e8m0": FLOAT8_E8M0FNU, "e3m2": FLOAT6_E3M2FN, "e2m3": FLOAT6_E2M3FN,
-    "e2m1": FLOAT4_E2M1FN,
-}
+_BY_NAME = {name: f for f in FORMATS for name in (f.name, *f.aliases)}
 
 
 def format_of(spec: Format | str | np.dtype | type) -> Format:

@@ -271,8 +271,8 @@ class Fpu:
     def convert(self, x, dtype, *, rounding: Rounding | str | None = None, overflow: OverflowMode | str | None = None,
                 return_flags: bool = False) -> _Out:
         """Convert between binary16, bfloat16, binary32 and binary64, or from them into the 8-bit
-        formats (``"float8_e4m3fn"``, ``"float8_e5m2"``, ``"float8_e8m0fnu"``, ``"float4_e2m1fn"``,
-        ``"hifloat8"``, or their ml_dtypes dtypes; HiFloat8 results are uint8 codes).
+        formats (:data:`sim.formats.EIGHT_BIT`, by name or ml_dtypes dtype; HiFloat8 results are
+        uint8 codes).
 
         Narrowing rounds in ``rounding`` (default: the unit's); widening is exact. The
         overflow mode (default: the unit's) applies to every result: ``INF_NAN`` is IEEE's,

@@ -66,9 +66,6 @@ __all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from
 
 _BOTH = (OverflowMode.INF_NAN, OverflowMode.SATURATION)
 _SAT = (OverflowMode.SATURATION,)
-#: The Atlas 350's narrow float formats (see the module's docstring for the sources).
-ATLAS_350_EIGHT_BIT = ("hifloat8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn",
-                       "float6_e2m3fn", "float4_e2m1fn")
 
 
 @dataclass(frozen=True)
@@ -104,7 +101,9 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
-            cube_bfloat16=True, bias_table=True, eight_bit=ATLAS_350_EIGHT_BIT,
+            cube_bfloat16=True, bias_table=True,
+            eight_bit=("hifloat8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn", "float6_e2m3fn",
+                       "float4_e2m1fn"),
             note="one runtime document says INF/NaN only; the NPULossScaleOptimizer page lists both modes and is "
                  "followed",
             socs=("Ascend950*",)),

@@ -90,3 +90,20 @@ def test_bad_descriptions_are_named() -> None:
     with pytest.raises(ValueError, match="NaN encoding"):
         formats.Format("x", 3, 2, np.dtype(np.uint8), nans="some")
     assert math.isclose(formats.BINARY16.eps, 2.0**-10)
+
+
+def test_every_list_of_formats_is_the_catalogue() -> None:
+    """A format is one catalogue entry: sim's constant, its names and the narrow list follow."""
+    import sim
+    from sim import profiles
+
+    for f in formats.FORMATS:
+        assert getattr(sim, f.name.upper()) is f and f.name.upper() in sim.__all__
+        assert all(formats.format_of(name) is f for name in (f.name, *f.aliases))
+    assert formats.EIGHT_BIT == tuple(f for f in formats.FORMATS if f.dtype.itemsize == 1)
+    assert [f.name for f in formats.EIGHT_BIT] == ["float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn",
+                                                   "float6_e2m3fn", "float4_e2m1fn", "hifloat8"]
+    aliases = [a for f in formats.FORMATS for a in (f.name, *f.aliases)]
+    assert len(aliases) == len(set(aliases)), "a name of two formats"
+    for p in profiles.PROFILES.values():  # a product's formats are catalogue names
+        assert all(formats.format_of(name).name == name for name in p.eight_bit), p.name

@@ -23,9 +23,8 @@ class _Casts:
              *, return_flags: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Convert between float32, binary16 and bfloat16 (or widen to float64; float64 sources,
         such as the scalars of a program, round into the device's formats), or into the 8-bit
-        formats (by ml_dtypes dtype or name: ``"float8_e4m3fn"``, ``"float8_e5m2"``,
-        ``"float8_e8m0fnu"``, ``"float4_e2m1fn"``, ``"hifloat8"``, whose results are uint8
-        codes), rounding in ``rounding`` (default: the device's; ``"stochastic"`` draws from
+        formats (:data:`sim.formats.EIGHT_BIT`, by ml_dtypes dtype or name; ``"hifloat8"``'s
+        results are uint8 codes), rounding in ``rounding`` (default: the device's; ``"stochastic"`` draws from
         the device's ``seed``) and in the overflow mode of the destination (default: the
         device's; ``"satfinite"``: OCP's saturating cast, NaN kept). Ascend's saturation
         control covers casts to hif8, e8m0, e5m2 and e4m3fn as it does half and bf16.

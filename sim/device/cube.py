@@ -95,8 +95,9 @@ class _Cube:
 
     def matmul_fp8(self, a, b, a_format: Format | str | None = None, b_format: Format | str | None = None,
                    scale_inv: float = 1.0, out_dtype=np.float32) -> np.ndarray:
-        """``a @ b`` for 8-bit operands (M, K) and (K, N): E4M3FN, E5M2 or E2M1 arrays (their
-        ml_dtypes dtypes), or uint8 codes of a named format (``"hifloat8"``).
+        """``a @ b`` for 8-bit operands (M, K) and (K, N): arrays of a signed format of
+        :data:`sim.formats.EIGHT_BIT` (their ml_dtypes dtypes), or its uint8 codes named by
+        ``a_format``/``b_format`` (``"hifloat8"``).
 
         As the cube unit computes: every 8-bit value is exact in binary16, so the operands
         widen exactly; the products are exact and are added along k in ascending order in
