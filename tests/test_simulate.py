@@ -282,3 +282,24 @@ def test_mlp_grads32_against_finite_differences() -> None:
             fd[j] = (loss64(*plus) - loss64(*minus)) / (2 * h)
         assert g.shape == p64[i].shape and g.dtype == F32
         assert np.abs(g.reshape(-1) - fd).max() <= 1e-5 * np.abs(fd).max(), f"parameter {i}"
+
+
+def test_summary_counts_are_the_rows_counted() -> None:
+    """Each count of summary.json is its column counted, worked by hand on four rows."""
+    from dataclasses import fields, replace
+
+    from lossscale.training.records import COUNTS, Row, Summary, counts
+
+    base = Row(step=0, loss_scale=1.0, overflow=False, event_phases="", detector_finite=True, applied=True,
+               undetected_overflow=False, false_positive=False, ranks_agree=True, ranks_applied="1",
+               register=(0,) * 8, loss=0.0, baseline_loss=0.0, grad_max=0.0, underflow_fraction=0.0,
+               update_error=0.0, skipped_update_error=float("nan"), overflow_harm="")
+    rows = [base,
+            replace(base, step=1, overflow=np.bool_(True), applied=False, overflow_harm="skipped-needed"),
+            replace(base, step=2, overflow=True, undetected_overflow=True, overflow_harm="harmful"),
+            replace(base, step=3, applied=False, false_positive=True, ranks_agree=False)]
+    assert counts(rows) == {"overflow_steps": 2, "skipped_steps": 2, "undetected_overflow_steps": 1,
+                            "false_positive_steps": 1, "rank_disagreement_steps": 1, "harmless_overflow_steps": 0,
+                            "harmful_overflow_steps": 1, "needless_skip_steps": 0, "needed_skip_steps": 1}
+    assert all(type(v) is int for v in counts(rows).values())
+    assert set(COUNTS) <= {f.name for f in fields(Summary)}

@@ -46,7 +46,7 @@ from ..policy.core import Manager, Policy, PolicyManager, check_scale, describe
 from ..policy.frameworks import TorchGradScaler, TorchPolicy
 from .config import make_manager
 from .detectors import UNMARKED, Detector, TorchNpu, make_detector
-from .records import Row, Run, Summary, versions
+from .records import Row, Run, Summary, counts, versions
 
 #: The keys of ``torch.amp.GradScaler.state_dict()`` (torch/amp/grad_scaler.py).
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
@@ -461,10 +461,7 @@ class GradScaler:
             detector=self.detector.name, phases=f"unmarked (the workload's whole step is one phase, {UNMARKED})",
             versions={**versions(), "torch": torch.__version__}, steps_run=len(rows), stopped_early=None,
             interrupted=False, final={}, baseline_float32={}, final_loss_scale=self.get_scale(),
-            skipped_steps=sum(not r.applied for r in rows), overflow_steps=sum(r.overflow for r in rows),
-            undetected_overflow_steps=sum(r.undetected_overflow for r in rows),
-            false_positive_steps=sum(r.false_positive for r in rows), rank_disagreement_steps=0,
-            harmless_overflow_steps=0, harmful_overflow_steps=0, needless_skip_steps=0, needed_skip_steps=0,
+            **counts(rows),
             max_quiet_update_error=math.nan, harmless_error=math.nan, mean_underflow_fraction=math.nan,
             underflow_every=0, matmul_accumulation=np.dtype(dev.profile.matmul_accumulate).name,
             events_recorded=None, first_overflow=None, top_labels={}, fp8=None)

@@ -7,11 +7,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Row", "Summary", "Run", "EventRow", "Fp8Row", "SCHEMA", "COLUMNS", "EVENT_COLUMNS", "FP8_COLUMNS"]
+__all__ = ["Row", "Summary", "Run", "EventRow", "Fp8Row", "SCHEMA", "COLUMNS", "COUNTS", "counts", "EVENT_COLUMNS",
+           "FP8_COLUMNS"]
 
 
-def _column(help: str) -> Any:
-    return field(metadata={"help": help})
+def _column(help: str, counts: dict[str, Any] | None = None) -> Any:
+    """A trajectory column: its help, and the summary figures that count its rows (``counts``:
+    ``{summary key: the value counted}``)."""
+    return field(metadata={"help": help, "counts": counts or {}})
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,13 +23,17 @@ class Row:
 
     step: int = _column("the step, from 0")
     loss_scale: float = _column("the scale the step used (rank 0)")
-    overflow: bool = _column("some device operation of the step raised a register event, on any rank")
+    overflow: bool = _column("some device operation of the step raised a register event, on any rank",
+                             {"overflow_steps": True})
     event_phases: str = _column("the phases those operations ran in")
     detector_finite: bool = _column("the detector saw a finite step (rank 0)")
-    applied: bool = _column("rank 0 applied the step (every step, with a manager that checks nothing)")
-    undetected_overflow: bool = _column("applied though an operation that feeds the update raised an event")
-    false_positive: bool = _column("skipped though no operation that feeds the update raised an event")
-    ranks_agree: bool = _column("every rank decided alike")
+    applied: bool = _column("rank 0 applied the step (every step, with a manager that checks nothing)",
+                            {"skipped_steps": False})
+    undetected_overflow: bool = _column("applied though an operation that feeds the update raised an event",
+                                        {"undetected_overflow_steps": True})
+    false_positive: bool = _column("skipped though no operation that feeds the update raised an event",
+                                   {"false_positive_steps": True})
+    ranks_agree: bool = _column("every rank decided alike", {"rank_disagreement_steps": False})
     ranks_applied: str = _column("each rank's decision (1 applied, 0 skipped), as text")
     register: tuple[int, ...] = _column("the registers summed over ranks as the check found them: 8 numbers (the "
                                         "file writes them space-separated)")
@@ -40,7 +47,9 @@ class Row:
     skipped_update_error: float = _column("on a skipped step, the error the update its gradients would have "
                                           "made (NaN: applied)")
     overflow_harm: str = _column("on an overflow step, harmless, harmful, skipped-needless or skipped-needed "
-                                 "(empty: no overflow)")
+                                 "(empty: no overflow)",
+                                 {"harmless_overflow_steps": "harmless", "harmful_overflow_steps": "harmful",
+                                  "needless_skip_steps": "skipped-needless", "needed_skip_steps": "skipped-needed"})
 
     def to_dict(self) -> dict[str, Any]:
         """The row as ``{column: value}``, in file order."""
@@ -51,6 +60,14 @@ class Row:
 #: writes and reads by it), read from :class:`Row`.
 SCHEMA: dict[str, type] = {f.name: f.type for f in fields(Row)}
 COLUMNS = tuple(SCHEMA)
+#: The summary's counts of steps, each from the one column it counts: ``{key: (column, value)}``.
+COUNTS: dict[str, tuple[str, Any]] = {key: (f.name, value) for f in fields(Row)
+                                      for key, value in f.metadata["counts"].items()}
+
+
+def counts(rows: list[Row]) -> dict[str, int]:
+    """The summary's counts over a trajectory (:data:`COUNTS`)."""
+    return {key: int(sum(getattr(r, column) == value for r in rows)) for key, (column, value) in COUNTS.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,7 @@ from .harm import _NAN, HARMLESS_ERROR, _grad_max, _overflow_harm, _relative_err
 from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .pipeline import Pipeline
-from .records import Row, Run, Summary, versions
+from .records import Row, Run, Summary, counts, versions
 from .workloads import check_split, check_workload, make_workload
 
 __all__ = ["Interrupted", "StepFailed"]  # simulate: lossscale.simulate
@@ -450,15 +450,7 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         steps_run=len(rows), stopped_early=stopped, interrupted=interrupted,
         final=final, baseline_float32=baseline,
         final_loss_scale=float(run.opts[0].get_loss_scale()),  # a user policy's np.float16 as a Python float
-        skipped_steps=sum(not r.applied for r in rows),
-        overflow_steps=sum(r.overflow for r in rows),
-        undetected_overflow_steps=sum(r.undetected_overflow for r in rows),
-        false_positive_steps=sum(r.false_positive for r in rows),
-        rank_disagreement_steps=sum(not r.ranks_agree for r in rows),
-        harmless_overflow_steps=sum(r.overflow_harm == "harmless" for r in rows),
-        harmful_overflow_steps=sum(r.overflow_harm == "harmful" for r in rows),
-        needless_skip_steps=sum(r.overflow_harm == "skipped-needless" for r in rows),
-        needed_skip_steps=sum(r.overflow_harm == "skipped-needed" for r in rows),
+        **counts(rows),
         max_quiet_update_error=max((r.update_error for r in rows if r.applied and not r.overflow_harm
                                     and r.update_error == r.update_error), default=float("nan")),
         harmless_error=HARMLESS_ERROR,
