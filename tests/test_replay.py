@@ -37,7 +37,7 @@ from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST
 from lossscale.policy.ascend import ExponentialUpdate, FixedLossScale
 from lossscale.policy.frameworks import ApexPolicy, DeepSpeedPolicy, FairseqPolicy, TorchPolicy
-from lossscale.replay import LogEvent, bounds, consistency, counterfactual, exact_fit, log_steps, read_log
+from lossscale.replay import LOG_FORMATS, LogEvent, bounds, consistency, counterfactual, exact_fit, log_steps, read_log
 
 MAX = 65504.0
 
@@ -1013,3 +1013,20 @@ def test_lines_naming_no_rank_are_read_in_groups_of_the_ranks_the_log_shows() ->
         (1, True, None, 0), (3, True, None, 0), (5, False, (1, 1), 1)]
     first = counterfactual(log, TorchPolicy(init_scale=2048.0, growth_interval=1))[0]
     assert set(first.scales) == {1024.0, 2048.0, 4096.0}  # the missing overflow may come first: 2048 halved or grown
+
+
+def test_each_log_format_is_one_entry() -> None:
+    """A log format is its LOG_FORMATS entry: the reader, the signs, the framework's policy (whose
+    argument names must be the class's), and a line of the package's documentation."""
+    import dataclasses
+
+    import lossscale.replay
+
+    for name, entry in LOG_FORMATS.items():
+        assert entry.name == name and f"``{name}``" in lossscale.replay.__doc__
+        spec = entry.policy
+        if spec is not None:
+            names = {f.name for f in dataclasses.fields(spec.cls)}
+            used = {spec.init, spec.window, *([spec.hysteresis] if spec.hysteresis else []), *spec.fixed,
+                    *spec.bounds(1.0)}
+            assert used <= names, (name, used - names)

@@ -77,8 +77,9 @@ certain and nothing it decides is left open (:func:`exact_fit` names the runs ke
 behave alike are followed as one until one of them grows, so the cost is the number of distinct
 runs, not of windows; past ``MAX_RUNS`` or ``MAX_JOINT`` places the replay falls back to the bounds.
 
-The package's files: ``log`` (a log as a value, the line patterns and formats), ``parsers``
-(``read_log``: each framework's lines), ``consistency`` (a log against a framework's policy),
+The package's files: ``log`` (a log, a format and a framework's policy as values, the line
+patterns), ``formats`` (``LOG_FORMATS``, one entry per format, and ``read_log``), ``parsers``
+(each framework's lines), ``consistency`` (a log against a framework's policy),
 ``steps`` (a policy's decisions over a log's steps), ``counterfactual`` (another policy replayed)
 and ``fit`` (the arguments that reproduce a log exactly; its search limits ``MAX_RUNS`` and
 ``MAX_JOINT`` are set there: ``lossscale.replay.fit.MAX_RUNS``).
@@ -87,8 +88,8 @@ and ``fit`` (the arguments that reproduce a log exactly; its search limits ``MAX
 from .consistency import Consistency, Departure, consistency, framework_policy
 from .counterfactual import BINARY16_MAX, MAX_STATES, bounds, counterfactual, log_steps, logged_scales, scale_bounds
 from .fit import exact_fit
-from .log import LOG_FORMATS, SAMPLE_LOG, Log, LogEvent
-from .parsers import read_log
+from .formats import LOG_FORMATS, read_log
+from .log import SAMPLE_LOG, Log, LogEvent
 from .steps import Decision
 
 __all__ = ["LogEvent", "Log", "read_log", "LOG_FORMATS", "Departure", "Consistency", "consistency", "Decision",

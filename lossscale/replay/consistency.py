@@ -8,54 +8,24 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from ..policy.core import Policy, describe
-from ..policy.frameworks import (
-    ApexPolicy,
-    DeepSpeedPolicy,
-    FairseqPolicy,
-    MegatronPolicy,
-    MindSporePolicy,
-    MinimumScaleError,
-)
-from .log import Log
-
-#: Per framework: its policy, and the names of its initial scale, growth window and hysteresis
-#: arguments (None: it has none), and fixed arguments for a replay (a replay must not stop at the
-#: floor where the log goes on).
-_POLICIES: dict[str, tuple[type[Policy], str, str, str | None, dict[str, Any]]] = {
-    "deepspeed": (DeepSpeedPolicy, "init_scale", "scale_window", "delayed_shift", {"raise_error_at_min_scale": False}),
-    "apex": (ApexPolicy, "init_scale", "scale_window", None, {}),
-    "fairseq": (FairseqPolicy, "init_scale", "scale_window", None, {}),
-    "megatron": (MegatronPolicy, "initial_scale", "growth_interval", "hysteresis",
-                 {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5}),
-    "mindspore": (MindSporePolicy, "init_loss_scale", "scale_window", None, {}),
-}
+from ..policy.frameworks import MinimumScaleError
+from .formats import LOG_FORMATS
+from .log import Log, LogPolicy
 
 
-#: The growth window where the policy class has no default: Megatron-LM's ``--loss-scale-window``
-#: (``megatron/training/arguments.py``, default 1000; ``MegatronPolicy`` takes every argument).
-_DEFAULT_WINDOW = {"megatron": 1000}
+def _policy(framework: str) -> LogPolicy | None:
+    """The policy of the framework that prints a log format (None: none to check a log against)."""
+    return LOG_FORMATS[framework].policy
 
 
 def _matches(framework: str, replayed: float, logged: float) -> bool:
-    """Whether a replayed scale prints as the logged one: DeepSpeed prints ``int(S)`` (older
-    releases the float), Megatron ``{:.1f}``, fairseq's progress lines ``{:g}`` of S rounded to 4
-    places (its overflow lines ``str(S)``), MindSpore the binary32 value; apex and csv the value."""
+    """Whether a replayed scale prints as the logged one (each framework's printing:
+    :attr:`LogPolicy.prints`)."""
     if replayed == logged:
         return True
-    if not math.isfinite(replayed):
-        return False
-    if framework == "deepspeed":
-        return int(replayed) == logged
-    if framework == "megatron":
-        return f"{replayed:.1f}" == f"{logged:.1f}"
-    if framework == "fairseq":  # {:g} of S rounded to 4 places, or (0.6-0.10) 3 or 0 decimals
-        return any(float(format(round(replayed, d), "g")) == logged for d in (4, 3, 0))
-    if framework == "mindspore":
-        return bool(np.float32(replayed) == np.float32(logged))
-    return False
+    spec = _policy(framework)
+    return math.isfinite(replayed) and spec is not None and spec.prints(replayed, logged)
 
 
 @dataclass(frozen=True)
@@ -122,17 +92,13 @@ class Consistency:
 
 
 def _arguments(framework: str, init: float, window: int | None, hysteresis: int | None) -> dict[str, Any]:
-    cls, init_name, window_name, hyst_name, fixed = _POLICIES[framework]
-    args = {**fixed, init_name: init}
+    spec = _policy(framework)
+    args = {**spec.fixed, spec.init: init}
     if window is not None:
-        args[window_name] = window
-    if hyst_name and hysteresis is not None:
-        args[hyst_name] = hysteresis
-    if framework == "apex":
-        args["max_loss_scale"] = max(2.0**24, init)
-    if framework == "megatron":
-        args["min_scale"] = min(1.0, init)
-    return args
+        args[spec.window] = window
+    if spec.hysteresis and hysteresis is not None:
+        args[spec.hysteresis] = hysteresis
+    return {**args, **spec.bounds(init)}
 
 
 def _resync(state: Any, logged: float) -> Any:
@@ -167,11 +133,9 @@ def _initial(framework: str, log: Log, window: int | None, hysteresis: int | Non
     """The initial scale that makes the replay meet the first logged scale: the policy run from a
     reference scale up to it, the ratio taken (each rule multiplies the scale by factors that do not
     depend on it, away from its floor and cap)."""
-    ref = 2.0**64
-    cls = _POLICIES[framework][0]
-    policy = cls(**_arguments(framework, ref, window, hysteresis))
-    if framework == "apex":
-        policy = replace(policy, max_loss_scale=2.0**100)
+    ref, spec = 2.0**64, _policy(framework)
+    policy = spec.cls(**_arguments(framework, ref, window, hysteresis))
+    policy = replace(policy, **spec.bounds(2.0**100))  # no cap met on the way from the reference
     state = policy.initial()
     for e in log.events:
         if e.scale is not None:
@@ -236,22 +200,18 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
     """The candidates of :func:`framework_policy` that fit the log equally well (the first is the
     one it returns; a short log often fits several growth windows), how each argument was found, and
     whether every window the log allows was tried (else the replayed scales are not the log's)."""
-    if log.framework not in _POLICIES:
+    spec = _policy(log.framework)
+    if spec is None:
         return [], {}, False
-    cls, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
-    default_window = _DEFAULT_WINDOW.get(log.framework) or next(
-        f.default for f in dataclasses.fields(cls) if f.name == window_name)
+    cls, init_name, window_name, hyst_name = spec.cls, spec.init, spec.window, spec.hysteresis
+    default_window = spec.default_window or next(f.default for f in dataclasses.fields(cls) if f.name == window_name)
     windows, window_how, pinned = _windows(log, default_window) if log.complete else (
         [default_window], "not inferred (the log does not place every step)", False)
     hysteresis: list[int | None] = [None]
     how: dict[str, str] = {}
-    if log.framework == "deepspeed":
-        first = next((e for e in log.events if e.overflow and e.scale is not None), None)
-        hysteresis = [first.hysteresis if first is not None and first.hysteresis else 1]
-        how[hyst_name] = f"from the first overflow line (line {first.line})" if first else "1 (no overflow line)"
-    elif log.framework == "megatron":
-        hysteresis = [1, 2, 3, 4]
-        how[hyst_name] = "the best of 1 to 4"
+    if spec.hystereses is not None:
+        values, how[hyst_name] = spec.hystereses(log)
+        hysteresis = list(values)
     best = None
     for h in hysteresis:
         for w in windows:
@@ -348,7 +308,7 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
     if not log.events:
         return Consistency(log.framework, None, {}, 0, (), (), log.complete, unchecked="no loss-scale event read: "
                            "nothing to check")
-    if log.framework not in _POLICIES and policy is None:
+    if _policy(log.framework) is None and policy is None:
         return Consistency(log.framework, None, {}, 0, (), nothing, log.complete, unchecked="no framework policy "
                            "to check it against (the scales are the log's own)")
     if len(values) == 1 and not any(e.overflow for e in log.events):
@@ -370,7 +330,7 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
         if len(fits) > 1:  # the scales the equally fitting candidates disagree on are not known
             others = [_replay(other, log)[1] for other in fits[1:]]
             scales = [s if all(o[i] == s for o in others) else None for i, s in enumerate(scales)]
-            window = _POLICIES[log.framework][2]
+            window = _policy(log.framework).window
             inferred = {**inferred, window: f"{inferred.get(window, '')}; {len(fits)} candidates fit equally well, "
                         f"the steps whose scale they disagree on are unknown"}
         if departures:

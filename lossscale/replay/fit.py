@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..policy.core import Policy
-from .consistency import _POLICIES, _arguments, _matches, _show
+from .consistency import _arguments, _matches, _policy, _show
 from .log import Log, LogEvent
 from .steps import Decision, _counts, _limits, _next, _seen, _window
 
@@ -34,9 +34,10 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     for (a window's growth is the only difference, and :func:`_graph` splits a window off when it
     grows). None where the log bounds too little for that (no scale printed, or a gap of unknown
     length before the end)."""
-    if log.framework not in _POLICIES or not log.events:
+    spec = _policy(log.framework)
+    if spec is None or not log.events:
         return None
-    cls, _, _, hyst_name, _ = _POLICIES[log.framework]
+    cls, hyst_name = spec.cls, spec.hysteresis
     events = log.events
     spans = [e.span if e.gap else (1, 1) for e in events]
     if any(hi is None for _, hi in spans[:-1]):
@@ -49,8 +50,7 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     before = sum(spans[i][1] for i in range(pin + 1))
     overflows_before = int(min(sum(_counts(e)[1] for e in events[:pin + 1]), before))
     logged = next(v for e in events for v in (e.scale, e.next_scale) if v is not None)
-    if log.framework == "mindspore":  # printed as the shortest decimal of its binary32 value
-        logged = float(np.float32(logged))
+    logged = spec.value(logged)
     probe = cls(**_arguments(log.framework, 1.0, 1, 1 if hyst_name else None))
     grow = float(getattr(probe, "scale_factor", getattr(probe, "growth_factor", 2.0)))
     back = float(getattr(probe, "backoff_factor", 1.0 / grow))
@@ -254,7 +254,7 @@ def _reproducing(log: Log) -> _Runs:
         return _Runs(None, "the log does not bound its framework's run enough (no scale printed, no known policy, "
                      "or steps of unknown number before its end)")
     groups, _ = _followed(log)
-    cands = _Candidates(_POLICIES[log.framework][2])
+    cands = _Candidates(_policy(log.framework).window)
     layer = {(cands.id(p), most, p.initial()) for p, most in family}
     graphs, budget = [], [MAX_RUNS]
     for i, j in groups:
@@ -263,7 +263,7 @@ def _reproducing(log: Log) -> _Runs:
             return _Runs(None, f"more than {MAX_RUNS} places to follow the framework's runs through the log "
                          f"(lossscale.replay.fit.MAX_RUNS)")
         if not made[1]:
-            return _Runs(None, f"no run of {_POLICIES[log.framework][0].__name__} reproduces the log up to line "
+            return _Runs(None, f"no run of {_policy(log.framework).cls.__name__} reproduces the log up to line "
                          f"{log.events[j].line}")
         graphs.append(made)
         layer = set(made[1].values())
@@ -294,7 +294,8 @@ def _reproducing(log: Log) -> _Runs:
 
 def _fit(log: Log, cands: _Candidates, ends: set[Any]) -> dict[str, str]:
     """The arguments of the runs that reproduce the log (each run's candidate, as it ends)."""
-    _, init_name, window_name, hyst_name, _ = _POLICIES[log.framework]
+    spec = _policy(log.framework)
+    init_name, window_name, hyst_name = spec.init, spec.window, spec.hysteresis
     windows: set[int] = set()
     for pid, most, _ in ends:
         windows.update(range(getattr(cands.policies[pid], window_name), most + 1))

@@ -1,11 +1,17 @@
-"""A training log as a value (its events, one a loss-scale or overflow line), the line patterns of
-each framework's logging code, and the formats recognised."""
+"""A training log as a value (its events, one a loss-scale or overflow line), a log format and the
+policy of the framework that prints it as values, and the line patterns of each framework's logging
+code."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..policy.core import Policy
 
 #: A DeepSpeed run's log that ships with the package (``lossscale/data/README.md`` says how it was
 #: made): ``lossscale replay`` on it shows a sparse log's replay.
@@ -117,35 +123,51 @@ _COLOSSAL = re.compile(r"Found overflow\. Skip step")
 _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
 
 
-def _words(own: str) -> re.Pattern[str]:
-    """The words that make a line the format did not read count as unparsed rather than unrelated:
-    the format's own, and, whatever the format, any mention of an overflow or a loss scale."""
-    return re.compile(rf"{own}|(?i:overflow|loss[ _]?scale)")
+def _no_arguments(init: float) -> dict[str, Any]:
+    return {}
 
 
-#: What marks a line as the format's (format detection), and the words that make an unmatched
-#: line count as unparsed rather than unrelated (:func:`_words`).
-_SIGNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
-    "deepspeed": (re.compile(r"\[(?:deepspeed|deepscale)\] (?:OVERFLOW!|fp16 dynamic loss scale overflow!)|"
-                             r"Grad overflow on iteration|dynamic loss scale from|Overflow detected\. Skipping step|"
-                             r"\bstep=\d+, skipped=\d+"),
-                  _words(r"OVERFLOW|overflow!|Attempted loss scale|step=\d+, skipped=")),
-    "apex": (re.compile(r"Gradient overflow\.\s+Skipping step|"
-                        r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted"),
-             _words(r"Gradient overflow|reducing loss scale|OVERFLOW")),
-    "fairseq": (re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected|\bloss_scale[= ]\d|"
-                           r"\"(?:train_)?loss_scale\""),
-                _words(r"overflow detected|loss_scale")),
-    "megatron": (re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
-                 _words(r"iteration\s+\d+/|loss scale:|skipped iterations")),
-    "mindspore": (re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is|overflow cond: (?:True|False), "
-                             r"loss_scale:|overflow, still update, loss scale adjust to"),
-                  _words(r"overflow is|loss scale is|overflow cond|loss_scale")),
-    "colossalai": (_COLOSSAL, _words(r"overflow")),
-}
+def _unequal(replayed: float, logged: float) -> bool:
+    return False
 
 
-LOG_FORMATS = (*_SIGNS, "csv")
+@dataclass(frozen=True)
+class LogPolicy:
+    """The loss-scale policy a log's framework runs, as a replay needs it.
+
+    ``cls``, the :class:`Policy`; ``init``, ``window`` and ``hysteresis``, the names of its
+    initial scale, growth window and hysteresis arguments (None: it has none); ``fixed``,
+    arguments fixed for a replay (a replay must not stop at a floor where the log goes on);
+    ``bounds(init)``, the arguments that follow the initial scale (a cap or floor the log's scales
+    must not meet); ``default_window``, the framework's growth window where the class has no
+    default; ``hystereses(log)``, the hysteresis values to try and how they were found;
+    ``prints(replayed, logged)``, whether an unequal replayed scale prints as the logged number;
+    ``value(logged)``, the scale a printed number stands for."""
+
+    cls: type[Policy]
+    init: str
+    window: str
+    hysteresis: str | None = None
+    fixed: dict[str, Any] = field(default_factory=dict)
+    bounds: Callable[[float], dict[str, Any]] = _no_arguments
+    default_window: int | None = None
+    hystereses: Callable[[Log], tuple[list[int], str]] | None = None
+    prints: Callable[[float, float], bool] = _unequal
+    value: Callable[[float], float] = float
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """One log format: ``sign``, what marks a line as the format's (format detection; None: a
+    header marks it); ``words``, what makes a line the reader did not read count as unparsed
+    rather than unrelated; ``read(lines, words)``, its reader; ``policy``, the policy of the
+    framework that prints it (None: none to check it against)."""
+
+    name: str
+    sign: re.Pattern[str] | None
+    words: re.Pattern[str] | None
+    read: Callable[[Sequence[str], re.Pattern[str] | None], Log]
+    policy: LogPolicy | None = None
 
 
 def _float(text: str) -> float:

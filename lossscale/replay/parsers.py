@@ -1,5 +1,6 @@
-"""Each framework's lines parsed into a log's events (``read_log``), from the logging code that
-prints them."""
+"""Each framework's lines parsed into a log's events, from the logging code that prints them (the
+readers of :data:`lossscale.replay.formats.LOG_FORMATS`; each takes the lines and its format's
+words, which make a line it did not read count as unparsed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from .log import (
     _APEX,
@@ -32,49 +32,10 @@ from .log import (
     _MINDFORMERS,
     _MINDSPORE,
     _MINDYOLO,
-    _SIGNS,
-    LOG_FORMATS,
     Log,
     LogEvent,
     _float,
 )
-
-
-def _detect(lines: Sequence[str]) -> str:
-    if lines and re.fullmatch(r"\s*step\s*,\s*scale\s*,\s*overflow\s*", lines[0]):
-        return "csv"
-    counts = {name: sum(1 for line in lines if sign.search(line)) for name, (sign, _) in _SIGNS.items()}
-    found = {name: n for name, n in counts.items() if n}
-    if len(found) == 1:
-        return next(iter(found))
-    if not found:
-        raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(LOG_FORMATS)}; "
-                         f"a csv log starts with the header step,scale,overflow)")
-    shown = ", ".join(f"{name} ({n} lines)" for name, n in found.items())
-    raise ValueError(f"mixed log formats: {shown}; give format= one of {', '.join(LOG_FORMATS)}")
-
-
-def read_log(source: str | Path, format: str = "auto") -> Log:
-    """The log at a path, or log text (a string holding a newline, or naming no file), parsed in
-    ``format`` (``auto``: the one format whose lines appear; ValueError naming the formats known
-    where none or several do)."""
-    if isinstance(source, Path) or ("\n" not in source and Path(source).is_file()):
-        try:
-            text = Path(source).read_text(errors="replace")
-        except OSError as err:
-            raise ValueError(f"cannot read the log {str(source)!r}: {err.strerror or err}") from None
-    elif "\n" not in source and not any(sign.search(source) for sign, _ in _SIGNS.values()):
-        raise ValueError(f"no log file {source!r} (give a path to a log, or the log's text)")
-    else:
-        text = source
-    lines = text.splitlines()
-    if format == "auto":
-        format = _detect(lines)
-    if format not in LOG_FORMATS:
-        raise ValueError(f"unknown log format {format!r}; valid: auto, {', '.join(LOG_FORMATS)}")
-    if format == "csv":
-        return _read_csv(lines)
-    return _PARSERS[format](lines)
 
 
 class _Builder:
@@ -300,7 +261,7 @@ class _Copies:
         return True
 
 
-def _scan(lines: Sequence[str], framework: str, handle) -> Log:
+def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) -> Log:
     """Run ``handle(builder, line_number, text)`` over the lines (it returns True where it read the
     line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
     in every format: the training bar only (the one with the most steps; a rollout or evaluation
@@ -311,7 +272,6 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     overflow (the same line under R rank prefixes), identical lines naming no rank are read in
     groups of R, one overflow each."""
     b = _Builder(framework)
-    words = _SIGNS[framework][1]
     totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
     training = max(totals) if totals else None
     other_bars: set[int] = set()
@@ -348,7 +308,7 @@ def _scan(lines: Sequence[str], framework: str, handle) -> Log:
     return b.build()
 
 
-def _deepspeed(lines: Sequence[str]) -> Log:
+def deepspeed(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     iteration: list[int | None] = [None]  # FP16_Optimizer's "Grad overflow on iteration N", awaiting its scales
 
     def handle(b: _Builder, i: int, text: str) -> bool:
@@ -376,10 +336,10 @@ def _deepspeed(lines: Sequence[str]) -> Log:
         else:
             return False
         return True
-    return _scan(lines, "deepspeed", handle)
+    return _scan(lines, "deepspeed", words, handle)
 
 
-def _apex(lines: Sequence[str]) -> Log:
+def apex(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     ids: set[str] = set()
 
     def handle(b: _Builder, i: int, text: str) -> bool:
@@ -391,14 +351,14 @@ def _apex(lines: Sequence[str]) -> Log:
             b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
             return True
         return False
-    log = _scan(lines, "apex", handle)
+    log = _scan(lines, "apex", words, handle)
     if len(ids) > 1:
         log = replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}): their lines are read "
                                   f"as one sequence"), complete=False)
     return log
 
 
-def _fairseq(lines: Sequence[str]) -> Log:
+def fairseq(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     def handle(b: _Builder, i: int, text: str) -> bool:
         if m := _FS_OVERFLOW.search(text):
             b.overflow(LogEvent(None, True, None, _float(m[1]), i))
@@ -409,7 +369,7 @@ def _fairseq(lines: Sequence[str]) -> Log:
         else:
             return False
         return True
-    return _scan(lines, "fairseq", handle)
+    return _scan(lines, "fairseq", words, handle)
 
 
 def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
@@ -460,9 +420,8 @@ def _per_step(framework: str, rows: Iterable[tuple[int, int | None, bool, float 
     return Log(framework, tuple(events), tuple(unparsed), complete and bool(events), tuple(notes))
 
 
-def _megatron(lines: Sequence[str]) -> Log:
+def megatron(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     rows, unparsed, notes, skipped = [], [], [], {}
-    words = _SIGNS["megatron"][1]
     for i, text in enumerate(lines, start=1):
         if m := _MEGATRON.search(text):
             skipped[i] = int(m[3] or 0)  # over the logging interval, which the iterations give
@@ -472,9 +431,8 @@ def _megatron(lines: Sequence[str]) -> Log:
     return _per_step("megatron", rows, unparsed, notes, skipped)
 
 
-def _mindspore(lines: Sequence[str]) -> Log:
+def mindspore(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     rows, unparsed = [], []
-    words = _SIGNS["mindspore"][1]
     for i, text in enumerate(lines, start=1):
         if m := _MINDSPORE.search(text):
             rows.append((i, int(m[1]), m[2] == "True", _float(m[3]), None))
@@ -487,17 +445,18 @@ def _mindspore(lines: Sequence[str]) -> Log:
     return _per_step("mindspore", rows, unparsed, [])
 
 
-def _colossalai(lines: Sequence[str]) -> Log:
+def colossalai(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     rows, unparsed = [], []
     for i, text in enumerate(lines, start=1):
         if _COLOSSAL.search(text):
             rows.append((i, None, True, None, None))
-        elif _SIGNS["colossalai"][1].search(text):
+        elif words.search(text):
             unparsed.append((i, text))
     return _per_step("colossalai", rows, unparsed, [])
 
 
-def _read_csv(lines: Sequence[str]) -> Log:
+def read_csv(lines: Sequence[str], words: re.Pattern[str] | None = None) -> Log:
+    """``step,scale,overflow`` rows after the header (the scale each step ran at)."""
     rows, unparsed = [], []
     truth = {"1": True, "0": False, "true": True, "false": False}
     for i, text in enumerate(lines[1:], start=2):
@@ -514,8 +473,3 @@ def _read_csv(lines: Sequence[str]) -> Log:
             continue
         rows.append((i, step, overflow, scale, None))
     return _per_step("csv", rows, unparsed, [])
-
-
-_PARSERS = {"deepspeed": _deepspeed, "apex": _apex, "fairseq": _fairseq, "megatron": _megatron,
-            "mindspore": _mindspore, "colossalai": _colossalai}
-
