@@ -53,9 +53,11 @@ class Mutant:
 
 
 def _t(*names: str) -> tuple[str, ...]:
-    """Test files (``test_x``) or tests (``test_x::test_y``) as pytest's paths from the repository."""
+    """Test files (``test_x``) or tests (``test_x::test_y``) as pytest's paths from the repository
+    (a test file's name is unique under ``tests/``, whichever unit's folder holds it)."""
     parts = [n.partition("::") for n in names]
-    return tuple(f"tests/{file}.py{sep}{test}" for file, sep, test in parts)
+    where = {p.stem: p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    return tuple(f"{where[file]}{sep}{test}" for file, sep, test in parts)
 
 
 ARITHMETIC = _t("test_fpu", "test_testfloat", "test_eight_bit", "test_fpu_checks",

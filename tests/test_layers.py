@@ -15,8 +15,8 @@ import importlib
 from pathlib import Path
 
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
-ROOT = Path(__file__).resolve().parent.parent
 #: What each layer of lossscale may import of lossscale (``version`` is a leaf every layer reads).
 ALLOWED = {
     "policy": {"policy", "version"},

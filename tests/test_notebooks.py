@@ -9,11 +9,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_seven() -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 from lossscale.app.results import load_run as lossscale_load
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 #: The pages with examples, in the order they run (a page's example may use an earlier one's names:
 #: devicemode's TorchWorkload trains scalers' Halving).

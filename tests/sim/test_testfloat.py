@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import io
 import lzma
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from paths import DATA  # tests/ is on the path (conftest.py)
 
 from sim import Fpu, OverflowMode, Rounding, format_of
 
-DATA = np.load(Path(__file__).parent / "data" / "testfloat.npz")
-STEMS = sorted({k.rsplit("/", 1)[0] for k in DATA.files if k.endswith("/out")})
+VECTORS = np.load(DATA / "testfloat.npz")
+STEMS = sorted({k.rsplit("/", 1)[0] for k in VECTORS.files if k.endswith("/out")})
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64}
 COMPARE = {"eq": ("eq", False), "eq_signaling": ("eq", True), "le": ("le", True),
            "le_quiet": ("le", False), "lt": ("lt", True), "lt_quiet": ("lt", False)}
@@ -69,10 +69,10 @@ def test_vectors(stem: str, overflow: OverflowMode) -> None:
     op, call, src, dst, rounding, tininess = parse(stem)
     operands = []
     k = 0
-    while f"{op}/in{k}" in DATA.files:
-        operands.append(DATA[f"{op}/in{k}"].view(src))
+    while f"{op}/in{k}" in VECTORS.files:
+        operands.append(VECTORS[f"{op}/in{k}"].view(src))
         k += 1
-    want, want_flags = DATA[f"{stem}/out"], DATA[f"{stem}/flags"]
+    want, want_flags = VECTORS[f"{stem}/out"], VECTORS[f"{stem}/flags"]
     fpu = Fpu(overflow=overflow, rounding=rounding, tininess=tininess)
     got, flags = call(fpu, *operands)
     bad = np.flatnonzero(flags != want_flags)
@@ -99,9 +99,9 @@ def test_nan_results_are_the_default_nan_bits(stem: str, default: int | None) ->
     """Where TestFloat expects a NaN, the result is exactly the unit's default NaN (for
     binary16 results, the one the unit was given), not just some NaN."""
     op, call, src, dst, rounding, tininess = parse(stem)
-    operands = [DATA[f"{op}/in{k}"].view(src) for k in range(3) if f"{op}/in{k}" in DATA.files]
+    operands = [VECTORS[f"{op}/in{k}"].view(src) for k in range(3) if f"{op}/in{k}" in VECTORS.files]
     fmt = format_of(dst)
-    want = DATA[f"{stem}/out"].astype(np.uint64)
+    want = VECTORS[f"{stem}/out"].astype(np.uint64)
     got, _ = call(Fpu(rounding=rounding, tininess=tininess, default_nan=default), *operands)
     bits = got.view(fmt.uint)[(want & np.uint64(fmt.sign_bit - 1)) > fmt.inf_bits]
     expect = default if default is not None and fmt.width == 16 and fmt.man_bits == 10 else fmt.default_nan
@@ -112,11 +112,11 @@ def test_nan_results_are_the_default_nan_bits(stem: str, default: int | None) ->
 def test_every_mul_add_vector_of_the_level_1_set() -> None:
     """All 6,133,248 f16_mulAdd cases of TestFloat's level 1, six modes, both overflow modes
     (tests/data/README.md); the archive's every 61st case is the one above."""
-    with lzma.open(Path(__file__).parent / "data" / "f16_mulAdd_level1.npz.xz") as f:
+    with lzma.open(DATA / "f16_mulAdd_level1.npz.xz") as f:
         full = np.load(io.BytesIO(f.read()))
     operands = [full[f"in{k}"] for k in range(3)]
     for k in range(3):
-        assert np.array_equal(operands[k][::61], DATA[f"f16_mulAdd/in{k}"]), "not the set the sample came from"
+        assert np.array_equal(operands[k][::61], VECTORS[f"f16_mulAdd/in{k}"]), "not the set the sample came from"
     for mode in ("near_even", "minMag", "min", "max", "near_maxMag", "odd"):
         want, want_flags = full[f"{mode}/out"].astype(np.uint64), full[f"{mode}/flags"]
         for overflow in (OverflowMode.INF_NAN, OverflowMode.SATURATION):

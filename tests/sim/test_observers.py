@@ -4,10 +4,10 @@ group) and lossscale's phases built on them; the hardware model knows no trainin
 from __future__ import annotations
 
 import ast
-import pathlib
 
 import numpy as np
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 import lossscale
 from lossscale.training.phases import PHASES, PhaseEvents, begin_phase, current_phase, current_step
@@ -130,7 +130,7 @@ def test_phases_live_in_lossscale() -> None:
 
 
 def test_sim_never_imports_lossscale() -> None:
-    for path in pathlib.Path(__file__).parent.parent.joinpath("sim").rglob("*.py"):
+    for path in (ROOT / "sim").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []

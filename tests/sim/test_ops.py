@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 from sim import Device, Fpu, ops
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("op", [op for op in ops.OPS if op.kind != ops.OTHER and op.elementwise], ids=lambda o: o.name)

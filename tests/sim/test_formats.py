@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 from sim import FLOAT6_E2M3FN, FLOAT6_E3M2FN, Device, Fpu, formats
 
@@ -77,7 +77,7 @@ def test_fp6_by_name_and_by_dtype() -> None:
 
 def test_descriptions_import_no_compiled_code() -> None:
     """sim/formats.py loads on its own without numba (the kernels build their settings from it)."""
-    path = Path(__file__).resolve().parent.parent / "sim" / "formats.py"
+    path = ROOT / "sim" / "formats.py"
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('formats', {str(path)!r})\n"
             "m = sys.modules['formats'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"

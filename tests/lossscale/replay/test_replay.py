@@ -30,6 +30,7 @@ import logging
 import re
 
 import pytest
+from framework_logs import DS, deepspeed_log, deepspeed_run  # tests/ is on the path (tests/conftest.py)
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -40,37 +41,6 @@ from lossscale.policy.frameworks import ApexPolicy, DeepSpeedPolicy, FairseqPoli
 from lossscale.replay import LOG_FORMATS, LogEvent, bounds, consistency, counterfactual, exact_fit, log_steps, read_log
 
 MAX = 65504.0
-
-
-def deepspeed_log(overflows: list[bool], **kwargs) -> str:
-    """The real DynamicLossScaler's own lines for the sequence, with the engine's report after each step."""
-    return deepspeed_run(overflows, **kwargs)[0]
-
-
-def deepspeed_run(overflows: list[bool], **kwargs) -> tuple[str, list[float]]:
-    """:func:`deepspeed_log`, and the real scaler's ``cur_scale`` before each step."""
-    ls = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
-    buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
-    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] "
-                                           "%(message)s"))
-    ls.logger.addHandler(handler)
-    level = ls.logger.level
-    ls.logger.setLevel(logging.INFO)
-    scaler = ls.DynamicLossScaler(**kwargs)
-    skipped, scales = 0, []
-    rank, ls.dist.get_rank = ls.dist.get_rank, lambda *a: 0  # one process, no process group
-    try:
-        for step, overflow in enumerate(overflows, start=1):
-            scales.append(float(scaler.cur_scale))
-            scaler.update_scale(overflow)
-            skipped += overflow
-            buf.write(f"[Rank 0] step={step}, skipped={skipped}, lr=[0.001], mom=[(0.9, 0.999)]\n")
-    finally:
-        ls.logger.removeHandler(handler)
-        ls.logger.setLevel(level)
-        ls.dist.get_rank = rank
-    return buf.getvalue(), scales
 
 
 #: The sample log the package ships (``lossscale.replay.SAMPLE_LOG``): :func:`sample_log` wrote it.
@@ -298,7 +268,6 @@ def test_counterfactual_is_never_certain_where_the_log_leaves_it_open(log2g, win
 
 # -- the command: lossscale replay LOG --out DIR --manager ... ----------------------------------------
 
-DS = dict(init_scale=2**16, scale_window=5, min_scale=1, delayed_shift=2, consecutive_hysteresis=False)
 
 
 def replay(capsys, *argv: str) -> tuple[int, str, str]:

@@ -8,14 +8,13 @@ import json
 
 import numpy as np
 import pytest
+from runs import FAST  # tests/ is on the path (tests/conftest.py)
 
 from lossscale import simulate
 from lossscale.app.cli import main
 from lossscale.app.files import MANIFEST, read_run
 from lossscale.app.plots import figure_run
 from lossscale.training.records import COLUMNS
-
-FAST = ["--steps", "60", "--quiet", "--manager-arg", "incr_every_n_steps=10"]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -48,7 +47,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, m
     assert not (tmp_path / "runs").exists()  # nothing half-built
 
 
-def test_existing_output_needs_force(capsys, tmp_path) -> None:
+def test_existing_output_needs_force(capsys, tmp_path, earlier_run) -> None:
     """An earlier output is replaced only with --force; a folder holding the user's files never is."""
     out = tmp_path / "out"
     out.mkdir()
@@ -57,8 +56,7 @@ def test_existing_output_needs_force(capsys, tmp_path) -> None:
         code, _, err = run_cli(capsys, "run", *FAST, "--out", str(out), *force)
         assert code == 2 and "did not write (keep.txt)" in err and (out / "keep.txt").read_text() == "mine"
         assert "use --force" not in err and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    (out / "keep.txt").unlink()
-    assert run_cli(capsys, "run", *FAST, "--out", str(out))[0] == 0
+    out = earlier_run
     code, _, err = run_cli(capsys, "run", *FAST, "--out", str(out))
     assert code == 2 and "holds an earlier lossscale output; use --force" in err
     code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(out), "--force")
@@ -66,11 +64,10 @@ def test_existing_output_needs_force(capsys, tmp_path) -> None:
     assert not list(out.glob(".*.tmp"))  # no temporary files left behind
 
 
-def test_run_files_schema_and_determinism(capsys, tmp_path) -> None:
-    a, b = tmp_path / "a", tmp_path / "b"
-    for out in (a, b):
-        code, stdout, _ = run_cli(capsys, "run", *FAST, "--out", str(out))
-        assert code == 0 and "exponential" in stdout and "wrote" in stdout
+def test_run_files_schema_and_determinism(capsys, tmp_path, earlier_run) -> None:
+    a, b = earlier_run, tmp_path / "b"  # the same settings, run in another test's set-up
+    code, stdout, _ = run_cli(capsys, "run", *FAST, "--out", str(b))
+    assert code == 0 and "exponential" in stdout and "wrote" in stdout
     for name in ("trajectory.csv", "summary.json", "scale.png"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     rows = list(csv.DictReader((a / "trajectory.csv").open()))
@@ -105,9 +102,8 @@ def test_plot_shows_scale_markers_and_loss(tmp_path) -> None:
     assert {line.get_label() for line in bottom.get_lines()} == {"binary16 on the device", "binary32 baseline"}
 
 
-def test_plot_command_redraws(capsys, tmp_path) -> None:
-    out = tmp_path / "r"
-    assert run_cli(capsys, "run", *FAST, "--out", str(out))[0] == 0
+def test_plot_command_redraws(capsys, tmp_path, earlier_run) -> None:
+    out = earlier_run
     first = (out / "scale.png").read_bytes()
     (out / "scale.png").unlink()
     assert run_cli(capsys, "plot", str(out))[0] == 0

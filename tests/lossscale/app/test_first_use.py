@@ -59,12 +59,11 @@ def test_out_needs_an_existing_parent(capsys, tmp_path) -> None:
     assert not (tmp_path / "no").exists()
 
 
-def test_plot_names_what_is_wrong(capsys, tmp_path) -> None:
+def test_plot_names_what_is_wrong(capsys, tmp_path, earlier_run) -> None:
     (tmp_path / "file.txt").write_text("x")
     one_line(*run_cli(capsys, "plot", tmp_path / "file.txt")[::2], "is not a folder")
     one_line(*run_cli(capsys, "plot", tmp_path / "missing")[::2], "missing' does not exist")
-    out = tmp_path / "run"
-    assert run_cli(capsys, "run", *FAST, "--out", out)[0] == 0
+    out = earlier_run
     (out / "summary.json").write_text('{"arguments": ')
     one_line(*run_cli(capsys, "plot", out)[::2], "summary.json' is not valid JSON")
     assert run_cli(capsys, "run", *FAST, "--out", out, "--force")[0] == 0

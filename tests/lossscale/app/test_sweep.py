@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT  # tests/ is on the path (conftest.py)
 
 from lossscale.app.sweep import RESULT_COLUMNS, load_grid, points, run_sweep
 
@@ -134,11 +135,10 @@ def test_a_value_twice_and_a_heat_map_over_one_axis_are_refused(tmp_path) -> Non
 def test_the_example_grid_has_a_second_axis_that_shows_a_difference() -> None:
     """examples/sweep-trace.toml: its heat maps' two default axes (manager, detector) both vary,
     and the detector changes the skipped steps of one manager and seed."""
-    from pathlib import Path
 
     from lossscale.app.sweep import heatmap_axes, run_point
 
-    fixed, axes = load_grid(Path(__file__).parent.parent / "examples" / "sweep-trace.toml")
+    fixed, axes = load_grid(ROOT / "examples" / "sweep-trace.toml")
     grid = points(fixed, axes)
     assert len(grid) == 200 and heatmap_axes(grid) == ("manager", "detector")
     pair = [p for p in grid if p["manager"] == "torch" and p["seed"] == 0]

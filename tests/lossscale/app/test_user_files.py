@@ -35,7 +35,7 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 
 def a_log(tmp_path: Path) -> Path:
-    from test_replay import DS, deepspeed_log
+    from framework_logs import DS, deepspeed_log  # tests/ is on the path (tests/conftest.py)
 
     log = tmp_path / "ds.log"
     log.write_text(deepspeed_log([False, True, False], **DS))
@@ -82,11 +82,10 @@ def test_the_current_folder_is_refused(capsys, tmp_path, monkeypatch) -> None:
     assert list(tmp_path.iterdir()) == [here] and list(here.iterdir()) == [here / "sub"]
 
 
-def test_force_replaces_what_lossscale_wrote(capsys, tmp_path) -> None:
+def test_force_replaces_what_lossscale_wrote(capsys, earlier_run) -> None:
     """A run folder (and the plots `plot` redrew into it, which join its manifest) is lossscale's:
     --force replaces it whole. A file the user put there makes it the user's."""
-    out = tmp_path / "run"
-    assert cli(capsys, "run", *FAST, "--out", out)[0] == 0
+    out = earlier_run
     assert own_files(out) == {p.name for p in out.iterdir() if p.name != MANIFEST}
     assert cli(capsys, "plot", out, "--format", "svg")[0] == 0
     assert "scale.svg" in own_files(out) and foreign_files(out) == []
@@ -99,21 +98,20 @@ def test_force_replaces_what_lossscale_wrote(capsys, tmp_path) -> None:
     assert (out / "notes.md").read_text() == "my notes"
 
 
-def test_a_file_put_there_during_a_forced_run_is_kept(capsys, tmp_path) -> None:
+def test_a_file_put_there_during_a_forced_run_is_kept(tmp_path, earlier_run) -> None:
     """--force checks again when the run ends: a file the user put into the old output meanwhile
     keeps the old folder whole, and the new run goes beside it."""
-    out = tmp_path / "run"
-    assert cli(capsys, "run", *FAST, "--out", out)[0] == 0
+    out = earlier_run
     before = tree(out)
-    with pytest.raises(ValueError, match="x|run-2"), staged(out, force=True) as stage:
+    with pytest.raises(ValueError, match="x|earlier-2"), staged(out, force=True) as stage:
         (stage / "trajectory.csv").write_text("new\n")
         (out / "later.txt").write_text("mine")
     assert tree(out) == {**before, "later.txt": b"mine"}
-    assert (tmp_path / "run-2" / "trajectory.csv").read_text() == "new\n"
-    assert json.loads((tmp_path / "run-2" / MANIFEST).read_text())["files"] == ["trajectory.csv"]
+    assert (tmp_path / "earlier-2" / "trajectory.csv").read_text() == "new\n"
+    assert json.loads((tmp_path / "earlier-2" / MANIFEST).read_text())["files"] == ["trajectory.csv"]
 
 
-def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
+def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path, earlier_run) -> None:
     """sweep --force as run's: it starts a sweep folder over, and refuses one holding the user's
     files (a resume, which removes nothing, still runs beside them)."""
     grid = tmp_path / "grid.toml"
@@ -131,8 +129,7 @@ def test_sweep_force_starts_over_only_its_own_folder(capsys, tmp_path) -> None:
     points = (out / "points.jsonl").read_text()
     assert cli(capsys, *sweep, "--force")[0] == 0
     assert (out / "points.jsonl").read_text().count("\n") == points.count("\n") == 2  # run again, not appended
-    run = tmp_path / "run"
-    assert cli(capsys, "run", *FAST, "--out", run)[0] == 0
+    run = earlier_run
     refused(*cli(capsys, "sweep", grid, "--out", run, "--quiet"), "holds no sweep", "or --force")
     assert cli(capsys, "sweep", grid, "--out", run, "--quiet", "--force")[0] == 0  # lossscale's run, replaced
     assert sorted(own_files(run)) == [".lossscale-sweep.lock", "grid.toml", "points.jsonl", "results.csv", "sweep.png"]
