@@ -1,5 +1,10 @@
 """The compiled elementwise functions: each evaluated in binary64, moved strictly inside the bounds
-its exact value obeys, and rounded once to binary32; a case binary64 cannot settle is marked hard."""
+its exact value obeys, and rounded once to binary32; a case binary64 cannot settle is marked hard.
+
+One file past the project's 600 lines, for the reason ``sim/kernels.py`` is: numba's on-disk cache
+of a loop is invalidated only by an edit to the loop's own file, so every function family the loops
+inline lives here (the few helpers taken from ``sim.kernels`` are its rounding primitives: after an
+edit to those, clear the ``__pycache__`` of this package)."""
 
 from __future__ import annotations
 
@@ -112,9 +117,25 @@ def _erfinv(x):
 
 @inline
 def _unary(code, x, p0, p1, p2):
-    """(r, err, flags) of the one-operand functions."""
+    """(r, err, flags) of the one-operand functions, by family."""
     if math.isnan(x):
         return x, 0.0, 0
+    if code <= LOG10:
+        return _exponentials(code, x)
+    if code <= RSQRT:
+        return _specials(code, x)
+    if code <= ATANH:
+        return _circular(code, x)
+    if code <= I0:
+        return _gamma(code, x)
+    if code <= MISH:
+        return _gated(code, x)
+    return _softplus_family(code, x, p0, p1, p2)
+
+
+@inline
+def _exponentials(code, x):
+    """exp, expm1, exp2 and the logarithms (x not NaN)."""
     inf = math.isinf(x)
     if code == EXP:
         if x == 0:
@@ -155,6 +176,13 @@ def _unary(code, x, p0, p1, p2):
         if 0 <= k <= 22 and _POW10[k] == x:
             return float(k), 0.0, 0
         return _approx(math.log10(x))
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _specials(code, x):
+    """tanh, sigmoid, erf, erfc, erfinv and rsqrt (x not NaN)."""
+    inf = math.isinf(x)
     if code == TANH:
         if x == 0:
             return x, 0.0, 0
@@ -198,14 +226,19 @@ def _unary(code, x, p0, p1, p2):
         if inf:
             return 0.0, 0.0, 0
         return K.rsqrt_value(x, 23), 0.0, 0  # meets the contract for binary32 exactly
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _circular(code, x):
+    """The circular and hyperbolic functions and their inverses (x not NaN)."""
+    inf = math.isinf(x)
     if code == SIN or code == TAN or code == ASIN or code == ATAN or code == SINH or code == ASINH \
-            or code == ATANH or code == TANH or code == EXPM1 or code == LOG1P:
+            or code == ATANH:
         if x == 0:
             return x, 0.0, 0
-        if abs(x) < _TINY:  # x + c x**2 or x + c x**3: beside x, on the side of the correction's sign
+        if abs(x) < _TINY:  # x + c x**3: beside x, on the side of the correction's sign
             away = code == TAN or code == ASIN or code == SINH or code == ATANH
-            if code == EXPM1 or code == LOG1P:
-                return _beside(x, np.inf if code == EXPM1 else -np.inf)
             return _beside(x, math.copysign(np.inf, x) if away else 0.0)
     if code == SIN or code == COS or code == TAN:
         if inf:
@@ -241,6 +274,13 @@ def _unary(code, x, p0, p1, p2):
         if abs(x) == 1:
             return math.copysign(np.inf, x), 0.0, _DIVBYZERO
         return _approx(math.atanh(x))
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _gamma(code, x):
+    """lgamma and the Bessel function I0 (x not NaN)."""
+    inf = math.isinf(x)
     if code == LGAMMA:
         if inf:
             return np.inf, 0.0, 0
@@ -263,7 +303,13 @@ def _unary(code, x, p0, p1, p2):
             total += term
             k += 1.0
         return total, (a + 16) * 4 * _U * total, 0
-    # The activations: parameters p0, p1, p2 as their functions say (binary32 values).
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _gated(code, x):
+    """The gated activations: GELU (exact and tanh), SiLU and Mish (x not NaN)."""
+    inf = math.isinf(x)
     if code == GELU:  # x * Phi(x)
         if x == 0:
             return x, 0.0, 0
@@ -307,6 +353,14 @@ def _unary(code, x, p0, p1, p2):
         n = w * (w + 2.0)
         r = x * n / (n + 2.0)
         return r, (2 * LIBM + 8 * _U) * abs(r), 0
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _softplus_family(code, x, p0, p1, p2):
+    """softplus, logsigmoid and ELU, with their parameters p0, p1, p2 as their functions say
+    (binary32 values; x not NaN)."""
+    inf = math.isinf(x)
     if code == SOFTPLUS:  # beta p0, threshold p1: x where beta x > threshold
         z = p0 * x  # exact (binary32 times a binary32-or-narrower value)
         if z > p1:
@@ -341,6 +395,21 @@ def _unary(code, x, p0, p1, p2):
 def _binary(code, x, y, p0, p1, p2, p3):
     """(r, err, flags) of the two-operand functions (y: the second operand; for the backward
     functions x is the gradient and y the forward's input)."""
+    if code <= GLU or code == LOGADDEXP:  # ATAN2, POW, HYPOT, GLU and LOGADDEXP
+        return _pairs(code, x, y)
+    # The backward functions: grad x, input (or result) y.
+    if math.isnan(x) or math.isnan(y):
+        return np.nan, 0.0, 0
+    if code == SIGMOID_BW or code == TANH_BW or code == ELU_BW or code == SOFTPLUS_BW or code == LOGSIGMOID_BW:
+        return _backward(code, x, y, p0, p1, p2, p3)
+    if math.isinf(y):  # gelu', silu', mish' at +-inf: inf * 0 in torch's formulas
+        return np.nan, 0.0, _INVALID
+    return _gated_backward(code, x, y)
+
+
+@inline
+def _pairs(code, x, y):
+    """atan2, hypot, logaddexp, pow and GLU."""
     if code == ATAN2:  # atan2(x, y), IEEE's special cases
         if math.isnan(x) or math.isnan(y):
             return np.nan, 0.0, 0
@@ -373,9 +442,12 @@ def _binary(code, x, y, p0, p1, p2, p3):
         if math.isnan(r):
             return r, 0.0, _INVALID
         return r, (0.0 if math.isinf(y) else (LIBM + 4 * _U)) * abs(r), 0
-    # The backward functions: grad x, input (or result) y.
-    if math.isnan(x) or math.isnan(y):
-        return np.nan, 0.0, 0
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _backward(code, x, y, p0, p1, p2, p3):
+    """The backwards of sigmoid, tanh, ELU, softplus and logsigmoid (x, y not NaN)."""
     if code == SIGMOID_BW:  # grad * s (1 - s), y the result s
         d = y * (1.0 - y)
         r = x * d
@@ -401,8 +473,12 @@ def _binary(code, x, y, p0, p1, p2, p3):
         if math.isnan(r):
             return r, 0.0, _INVALID
         return r, (LIBM + 4 * _U) * abs(r), 0
-    if math.isinf(y):  # gelu', silu', mish' at +-inf: inf * 0 in torch's formulas
-        return np.nan, 0.0, _INVALID
+    return np.nan, 0.0, _INVALID
+
+
+@inline
+def _gated_backward(code, x, y):
+    """The backwards of the gated activations (x, y not NaN, y finite)."""
     if code == GELU_BW:  # grad * (Phi(y) + y phi(y))
         t = -y * _SQRT1_2
         cdf = 0.5 * math.erfc(t)
