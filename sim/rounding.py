@@ -15,7 +15,7 @@ import numpy as np
 from . import kernels
 from .formats import Format
 
-__all__ = ["config"]
+__all__ = ["config", "Choices"]
 
 
 class Flag(enum.IntFlag):

@@ -7,59 +7,7 @@ import math
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from .compiled import (
-    _BIG,
-    ACOS,
-    ACOSH,
-    ADDCDIV,
-    ADDCMUL,
-    ASIN,
-    ASINH,
-    ATAN,
-    ATAN2,
-    ATANH,
-    COS,
-    COSH,
-    ELU,
-    ELU_BW,
-    ERF,
-    ERFC,
-    ERFINV,
-    EXP,
-    EXP2,
-    EXPM1,
-    GELU,
-    GELU_BW,
-    GELU_TANH,
-    GELU_TANH_BW,
-    GLU,
-    HYPOT,
-    I0,
-    LERP,
-    LGAMMA,
-    LOG,
-    LOG1P,
-    LOG2,
-    LOG10,
-    LOGADDEXP,
-    LOGSIGMOID,
-    LOGSIGMOID_BW,
-    MISH,
-    MISH_BW,
-    POW,
-    RSQRT,
-    SIGMOID,
-    SIGMOID_BW,
-    SILU,
-    SILU_BW,
-    SIN,
-    SINH,
-    SOFTPLUS,
-    SOFTPLUS_BW,
-    TAN,
-    TANH,
-    TANH_BW,
-)
+from . import compiled as C
 
 if TYPE_CHECKING:
     from .functions import Function
@@ -87,49 +35,50 @@ def _exact_mp(mp, fn: Function, xs: tuple[float, ...], ps: tuple[float, ...]):
     x = [mp.mpf(v) for v in xs]
     p = [mp.mpf(v) for v in ps]
     c = fn.code
-    one = {EXP: mp.exp, LOG: mp.log, EXPM1: mp.expm1, LOG1P: mp.log1p, TANH: mp.tanh, ERF: mp.erf, ERFC: mp.erfc,
-           ERFINV: mp.erfinv, SIN: mp.sin, COS: mp.cos, TAN: mp.tan, ASIN: mp.asin, ACOS: mp.acos, ATAN: mp.atan,
-           SINH: mp.sinh, COSH: mp.cosh, ASINH: mp.asinh, ACOSH: mp.acosh, ATANH: mp.atanh}
+    one = {C.EXP: mp.exp, C.LOG: mp.log, C.EXPM1: mp.expm1, C.LOG1P: mp.log1p, C.TANH: mp.tanh, C.ERF: mp.erf,
+           C.ERFC: mp.erfc, C.ERFINV: mp.erfinv, C.SIN: mp.sin, C.COS: mp.cos, C.TAN: mp.tan, C.ASIN: mp.asin,
+           C.ACOS: mp.acos, C.ATAN: mp.atan, C.SINH: mp.sinh, C.COSH: mp.cosh, C.ASINH: mp.asinh, C.ACOSH: mp.acosh,
+           C.ATANH: mp.atanh}
     if c in one:
         return one[c](x[0])
-    if c == EXP2:
+    if c == C.EXP2:
         return mp.power(2, x[0])
-    if c == LOG2:
+    if c == C.LOG2:
         return mp.log(x[0], 2)
-    if c == LOG10:
+    if c == C.LOG10:
         return mp.log10(x[0])
-    if c == SIGMOID:
+    if c == C.SIGMOID:
         return 1 / (1 + mp.exp(-x[0]))
-    if c == RSQRT:
+    if c == C.RSQRT:
         return 1 / mp.sqrt(x[0])
-    if c == LGAMMA:
+    if c == C.LGAMMA:
         return mp.log(abs(mp.gamma(x[0])))
-    if c == I0:
+    if c == C.I0:
         return mp.besseli(0, x[0])
     phi, sig, k1 = _normal_cdf(mp), _logistic(mp), mp.mpf(44715) / 10**6
-    if c == GELU:
+    if c == C.GELU:
         return x[0] * phi(x[0])
-    if c == GELU_TANH:
+    if c == C.GELU_TANH:
         return x[0] * sig(2 * mp.sqrt(2 / mp.pi) * (x[0] + k1 * x[0] ** 3))
-    if c == SILU:
+    if c == C.SILU:
         return x[0] * sig(x[0])
-    if c == MISH:
+    if c == C.MISH:
         return x[0] * mp.tanh(mp.log1p(mp.exp(x[0])))
-    if c == SOFTPLUS:
+    if c == C.SOFTPLUS:
         return mp.log1p(mp.exp(p[0] * x[0])) / p[0]
-    if c == LOGSIGMOID:
+    if c == C.LOGSIGMOID:
         return -mp.log1p(mp.exp(-x[0]))
-    if c == ELU:
+    if c == C.ELU:
         return p[0] * p[1] * mp.expm1(p[2] * x[0])
-    if c == ATAN2:
+    if c == C.ATAN2:
         return mp.atan2(x[0], x[1])
-    if c == POW:
+    if c == C.POW:
         return mp.power(abs(x[0]), x[1]) * (-1 if x[0] < 0 and int(x[1]) % 2 else 1)
-    if c == HYPOT:
+    if c == C.HYPOT:
         return mp.sqrt(x[0] ** 2 + x[1] ** 2)
-    if c == LOGADDEXP:
+    if c == C.LOGADDEXP:
         return mp.log(mp.exp(x[0]) + mp.exp(x[1]))
-    if c == GLU:
+    if c == C.GLU:
         return x[0] * sig(x[1])
     return _exact_mp_gradient(mp, fn, x, p)
 
@@ -139,28 +88,28 @@ def _exact_mp_gradient(mp, fn: Function, x: list, p: list):
     c = fn.code
     phi, sig, k1 = _normal_cdf(mp), _logistic(mp), mp.mpf(44715) / 10**6
     g, y = x[0], x[1] if len(x) > 1 else None
-    if c == GELU_BW:
+    if c == C.GELU_BW:
         return g * (phi(y) + y * mp.exp(-y * y / 2) / mp.sqrt(2 * mp.pi))
-    if c == GELU_TANH_BW:
+    if c == C.GELU_TANH_BW:
         z2 = 2 * mp.sqrt(2 / mp.pi) * (y + k1 * y**3)
         s = sig(z2)
         return g * (s + y * 2 * mp.sqrt(2 / mp.pi) * (1 + 3 * k1 * y * y) * s * (1 - s))
-    if c == SILU_BW:
+    if c == C.SILU_BW:
         s = sig(y)
         return g * (s + y * s * (1 - s))
-    if c == MISH_BW:
+    if c == C.MISH_BW:
         sp = mp.log1p(mp.exp(y))
         t = mp.tanh(sp)
         return g * (t + y * sig(y) * (1 - t * t))
-    if c == SOFTPLUS_BW:
+    if c == C.SOFTPLUS_BW:
         return g * sig(p[0] * y)
-    if c == LOGSIGMOID_BW:
+    if c == C.LOGSIGMOID_BW:
         return g * sig(-y)
-    if c == SIGMOID_BW:
+    if c == C.SIGMOID_BW:
         return g * y * (1 - y)
-    if c == TANH_BW:
+    if c == C.TANH_BW:
         return g * (1 - y * y)
-    if c == ELU_BW:
+    if c == C.ELU_BW:
         if p[3]:
             return g * p[2] * (y + p[0] * p[1])
         return g * p[2] * p[0] * p[1] * mp.exp(p[2] * y)
@@ -170,14 +119,14 @@ def _exact_mp_gradient(mp, fn: Function, x: list, p: list):
 def _exact_rational(fn: Function, xs, ps) -> Fraction:
     x, a, b = (Fraction(v) for v in xs)
     v = Fraction(ps[0]) if ps else None
-    if fn.code == ADDCMUL:
+    if fn.code == C.ADDCMUL:
         return x + v * a * b
-    if fn.code == ADDCDIV:
+    if fn.code == C.ADDCDIV:
         return x + v * a / b
     return x + b * (a - x)  # LERP
 
 
-_DECIMAL = (EXP, LOG, EXP2, LOG2, LOG10)  # the functions with an exact value without mpmath
+_DECIMAL = (C.EXP, C.LOG, C.EXP2, C.LOG2, C.LOG10)  # the functions with an exact value without mpmath
 
 
 def _exact_decimal(fn: Function, x: float, bits: int) -> Fraction:
@@ -188,13 +137,13 @@ def _exact_decimal(fn: Function, x: float, bits: int) -> Fraction:
 
     ctx = decimal.Context(prec=int(bits * 0.30103) + 8, Emax=10**6, Emin=-10**6)
     d = decimal.Decimal(x)
-    if fn.code == EXP:
+    if fn.code == C.EXP:
         value = ctx.exp(d)
-    elif fn.code == EXP2:
+    elif fn.code == C.EXP2:
         value = ctx.exp(ctx.multiply(d, ctx.ln(decimal.Decimal(2))))
-    elif fn.code == LOG:
+    elif fn.code == C.LOG:
         value = ctx.ln(d)
-    elif fn.code == LOG2:
+    elif fn.code == C.LOG2:
         value = ctx.divide(ctx.ln(d), ctx.ln(decimal.Decimal(2)))
     else:
         value = ctx.log10(d)
@@ -232,7 +181,7 @@ def _odd53(q: Fraction) -> float:
     if k * Fraction(2) ** e != a:
         k |= 1
     if e > 1023 - 52:
-        return math.copysign(_BIG, q)
+        return math.copysign(C._BIG, q)
     return math.copysign(math.ldexp(float(k), e), q)
 
 
@@ -243,7 +192,7 @@ def _settle(approx: Fraction, rel: Fraction) -> tuple[bool, float]:
         return False, 0.0
     a = abs(approx)
     if a >= Fraction(2) ** 128:
-        return True, math.copysign(_BIG, approx)
+        return True, math.copysign(C._BIG, approx)
     lo, hi = a * (1 - rel), a * (1 + rel)
     cell, on = _cell(lo)
     if on or lo == 0:
@@ -259,16 +208,16 @@ def exact_value(fn: Function, xs: tuple[float, ...], ps: tuple[float, ...] = ())
     the exact value where it is a boundary (25 significant bits), else one strictly between the
     same two boundaries. For the elements the fast path leaves open: finite operands, a finite
     exact value."""
-    if fn.code in (ADDCMUL, ADDCDIV, LERP):
+    if fn.code in (C.ADDCMUL, C.ADDCDIV, C.LERP):
         q = _exact_rational(fn, xs, ps)
         cell, on = (_cell(abs(q)) if q else (0, True))
         if on or abs(q) >= Fraction(2) ** 128:
-            return math.copysign(_BIG, q) if abs(q) >= Fraction(2) ** 128 else float(q)
+            return math.copysign(C._BIG, q) if abs(q) >= Fraction(2) ** 128 else float(q)
         return _odd53(q)
-    if fn.code == POW and xs[1] == math.floor(xs[1]) and abs(xs[1]) <= 64:
+    if fn.code == C.POW and xs[1] == math.floor(xs[1]) and abs(xs[1]) <= 64:
         q = Fraction(xs[0]) ** int(xs[1])
         if abs(q) >= Fraction(2) ** 128:
-            return math.copysign(_BIG, q)
+            return math.copysign(C._BIG, q)
         _, on = _cell(abs(q))
         return float(q) if on else _odd53(q)
     mp = _mp()

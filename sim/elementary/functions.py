@@ -12,64 +12,7 @@ import numpy as np
 from .. import kernels as K
 from ..formats import BINARY32
 from ..rounding import config
-from .compiled import (
-    _HARD,
-    _INVALID,
-    _OVERFLOW,
-    ACOS,
-    ACOSH,
-    ADDCDIV,
-    ADDCMUL,
-    ASIN,
-    ASINH,
-    ATAN,
-    ATAN2,
-    ATANH,
-    COS,
-    COSH,
-    ELU,
-    ELU_BW,
-    ERF,
-    ERFC,
-    ERFINV,
-    EXP,
-    EXP2,
-    EXPM1,
-    GELU,
-    GELU_BW,
-    GELU_TANH,
-    GELU_TANH_BW,
-    GLU,
-    HYPOT,
-    I0,
-    LERP,
-    LGAMMA,
-    LOG,
-    LOG1P,
-    LOG2,
-    LOG10,
-    LOGADDEXP,
-    LOGSIGMOID,
-    LOGSIGMOID_BW,
-    MISH,
-    MISH_BW,
-    POW,
-    RSQRT,
-    SIGMOID,
-    SIGMOID_BW,
-    SILU,
-    SILU_BW,
-    SIN,
-    SINH,
-    SOFTPLUS,
-    SOFTPLUS_BW,
-    TAN,
-    TANH,
-    TANH_BW,
-    binary,
-    ternary,
-    unary,
-)
+from . import compiled as C
 from .exact import exact_value
 
 
@@ -90,41 +33,41 @@ def _f(name, code, arity, doc, params=()):
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
-    _f("exp", EXP, 1, "e**x"), _f("log", LOG, 1, "ln x"), _f("expm1", EXPM1, 1, "e**x - 1"),
-    _f("log1p", LOG1P, 1, "ln(1 + x)"), _f("exp2", EXP2, 1, "2**x"), _f("log2", LOG2, 1, "log2 x"),
-    _f("log10", LOG10, 1, "log10 x"), _f("tanh", TANH, 1, "tanh x"), _f("sigmoid", SIGMOID, 1, "1 / (1 + e**-x)"),
-    _f("erf", ERF, 1, "erf x"), _f("erfc", ERFC, 1, "1 - erf x"), _f("erfinv", ERFINV, 1, "erf**-1 x"),
-    _f("rsqrt", RSQRT, 1, "1 / sqrt x"), _f("sin", SIN, 1, "sin x"), _f("cos", COS, 1, "cos x"),
-    _f("tan", TAN, 1, "tan x"), _f("asin", ASIN, 1, "asin x"), _f("acos", ACOS, 1, "acos x"),
-    _f("atan", ATAN, 1, "atan x"), _f("sinh", SINH, 1, "sinh x"), _f("cosh", COSH, 1, "cosh x"),
-    _f("asinh", ASINH, 1, "asinh x"), _f("acosh", ACOSH, 1, "acosh x"), _f("atanh", ATANH, 1, "atanh x"),
-    _f("lgamma", LGAMMA, 1, "ln |Gamma(x)|"), _f("i0", I0, 1, "the modified Bessel function I0"),
-    _f("gelu", GELU, 1, "x Phi(x) (Phi: the standard normal CDF)"),
-    _f("gelu_tanh", GELU_TANH, 1, "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))"),
-    _f("silu", SILU, 1, "x sigmoid(x)"), _f("mish", MISH, 1, "x tanh(ln(1 + e**x))"),
-    _f("softplus", SOFTPLUS, 1, "ln(1 + e**(beta x)) / beta; x where beta x > threshold",
+    _f("exp", C.EXP, 1, "e**x"), _f("log", C.LOG, 1, "ln x"), _f("expm1", C.EXPM1, 1, "e**x - 1"),
+    _f("log1p", C.LOG1P, 1, "ln(1 + x)"), _f("exp2", C.EXP2, 1, "2**x"), _f("log2", C.LOG2, 1, "log2 x"),
+    _f("log10", C.LOG10, 1, "log10 x"), _f("tanh", C.TANH, 1, "tanh x"), _f("sigmoid", C.SIGMOID, 1, "1 / (1 + e**-x)"),
+    _f("erf", C.ERF, 1, "erf x"), _f("erfc", C.ERFC, 1, "1 - erf x"), _f("erfinv", C.ERFINV, 1, "erf**-1 x"),
+    _f("rsqrt", C.RSQRT, 1, "1 / sqrt x"), _f("sin", C.SIN, 1, "sin x"), _f("cos", C.COS, 1, "cos x"),
+    _f("tan", C.TAN, 1, "tan x"), _f("asin", C.ASIN, 1, "asin x"), _f("acos", C.ACOS, 1, "acos x"),
+    _f("atan", C.ATAN, 1, "atan x"), _f("sinh", C.SINH, 1, "sinh x"), _f("cosh", C.COSH, 1, "cosh x"),
+    _f("asinh", C.ASINH, 1, "asinh x"), _f("acosh", C.ACOSH, 1, "acosh x"), _f("atanh", C.ATANH, 1, "atanh x"),
+    _f("lgamma", C.LGAMMA, 1, "ln |Gamma(x)|"), _f("i0", C.I0, 1, "the modified Bessel function I0"),
+    _f("gelu", C.GELU, 1, "x Phi(x) (Phi: the standard normal CDF)"),
+    _f("gelu_tanh", C.GELU_TANH, 1, "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))"),
+    _f("silu", C.SILU, 1, "x sigmoid(x)"), _f("mish", C.MISH, 1, "x tanh(ln(1 + e**x))"),
+    _f("softplus", C.SOFTPLUS, 1, "ln(1 + e**(beta x)) / beta; x where beta x > threshold",
        ("beta", "threshold")),
-    _f("logsigmoid", LOGSIGMOID, 1, "-ln(1 + e**-x)"),
-    _f("elu", ELU, 1, "scale x above 0, else alpha scale (e**(input_scale x) - 1)",
+    _f("logsigmoid", C.LOGSIGMOID, 1, "-ln(1 + e**-x)"),
+    _f("elu", C.ELU, 1, "scale x above 0, else alpha scale (e**(input_scale x) - 1)",
        ("alpha", "scale", "input_scale")),
-    _f("atan2", ATAN2, 2, "atan2(x, y)"), _f("pow", POW, 2, "x ** y (IEEE pow's special cases)"),
-    _f("hypot", HYPOT, 2, "sqrt(x**2 + y**2)"), _f("logaddexp", LOGADDEXP, 2, "ln(e**x + e**y)"),
-    _f("glu", GLU, 2, "x sigmoid(y)"),
-    _f("sigmoid_backward", SIGMOID_BW, 2, "grad s (1 - s) from the result s"),
-    _f("tanh_backward", TANH_BW, 2, "grad (1 - t**2) from the result t"),
-    _f("gelu_backward", GELU_BW, 2, "grad (Phi(x) + x phi(x))"),
-    _f("gelu_tanh_backward", GELU_TANH_BW, 2, "grad times gelu_tanh'(x)"),
-    _f("silu_backward", SILU_BW, 2, "grad (s + x s (1 - s)), s = sigmoid(x)"),
-    _f("mish_backward", MISH_BW, 2, "grad times mish'(x)"),
-    _f("softplus_backward", SOFTPLUS_BW, 2, "grad sigmoid(beta x); grad where beta x > threshold",
+    _f("atan2", C.ATAN2, 2, "atan2(x, y)"), _f("pow", C.POW, 2, "x ** y (IEEE pow's special cases)"),
+    _f("hypot", C.HYPOT, 2, "sqrt(x**2 + y**2)"), _f("logaddexp", C.LOGADDEXP, 2, "ln(e**x + e**y)"),
+    _f("glu", C.GLU, 2, "x sigmoid(y)"),
+    _f("sigmoid_backward", C.SIGMOID_BW, 2, "grad s (1 - s) from the result s"),
+    _f("tanh_backward", C.TANH_BW, 2, "grad (1 - t**2) from the result t"),
+    _f("gelu_backward", C.GELU_BW, 2, "grad (Phi(x) + x phi(x))"),
+    _f("gelu_tanh_backward", C.GELU_TANH_BW, 2, "grad times gelu_tanh'(x)"),
+    _f("silu_backward", C.SILU_BW, 2, "grad (s + x s (1 - s)), s = sigmoid(x)"),
+    _f("mish_backward", C.MISH_BW, 2, "grad times mish'(x)"),
+    _f("softplus_backward", C.SOFTPLUS_BW, 2, "grad sigmoid(beta x); grad where beta x > threshold",
        ("beta", "threshold")),
-    _f("logsigmoid_backward", LOGSIGMOID_BW, 2, "grad sigmoid(-x)"),
-    _f("elu_backward", ELU_BW, 2, "grad scale above 0, else grad input_scale alpha scale e**(input_scale x); "
+    _f("logsigmoid_backward", C.LOGSIGMOID_BW, 2, "grad sigmoid(-x)"),
+    _f("elu_backward", C.ELU_BW, 2, "grad scale above 0, else grad input_scale alpha scale e**(input_scale x); "
        "from the result y (is_result 1): grad input_scale (y + alpha scale)",
        ("alpha", "scale", "input_scale", "is_result")),
-    _f("addcmul", ADDCMUL, 3, "x + value a b", ("value",)),
-    _f("addcdiv", ADDCDIV, 3, "x + value a / b", ("value",)),
-    _f("lerp", LERP, 3, "x + w (end - x): operands start, end, weight"),
+    _f("addcmul", C.ADDCMUL, 3, "x + value a b", ("value",)),
+    _f("addcdiv", C.ADDCDIV, 3, "x + value a / b", ("value",)),
+    _f("lerp", C.LERP, 3, "x + w (end - x): operands start, end, weight"),
 )}
 
 
@@ -195,21 +138,21 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     bits = np.empty(n, np.uint32)
     flags = np.empty(n, np.uint8)
     if fn.arity == 1:
-        hard = unary(fn.code, wide[0], bits, flags, p)
+        hard = C.unary(fn.code, wide[0], bits, flags, p)
     elif fn.arity == 2:
-        hard = binary(fn.code, wide[0], wide[1], bits, flags, p)
+        hard = C.binary(fn.code, wide[0], wide[1], bits, flags, p)
     else:
-        hard = ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p)
+        hard = C.ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p)
     if hard:
-        idx = np.flatnonzero(flags == _HARD)
+        idx = np.flatnonzero(flags == C._HARD)
         ps = tuple(float(v) for v in p[:len(fn.params)])
         r = np.array([exact_value(fn, tuple(float(w[i]) for w in wide), ps) for i in idx])
         b, f = np.empty(idx.size, np.uint32), np.empty(idx.size, np.uint8)
         K.round_values(r, b, f, _CFG32)
-        bits[idx], flags[idx] = b, f & _OVERFLOW
+        bits[idx], flags[idx] = b, f & C._OVERFLOW
     for a in arrays:
         s = signaling(a)
         if s is not None:
-            flags |= np.broadcast_to(s, shape).reshape(-1).astype(np.uint8) * np.uint8(_INVALID)
+            flags |= np.broadcast_to(s, shape).reshape(-1).astype(np.uint8) * np.uint8(C._INVALID)
     return bits.view(np.float32).reshape(shape), flags.reshape(shape)
 
