@@ -231,6 +231,10 @@ class _Copies:
         self.copies, self.group = 0, 0  # copies taken back; the last overflow line's lines in a row
         self.last_message: tuple[str, str | None] | None = None  # the last overflow line's message and rank
 
+    def counted(self) -> None:
+        """A step counter came: the next overflow line copies none before it."""
+        self.last_message = None
+
     def read(self, i: int, text: str) -> bool:
         """Whether ``handle`` read the line (a copy of the overflow before it is read, then taken back)."""
         b = self.b
@@ -296,7 +300,7 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
                                f"from {b.last}")
             else:
                 b.counter(n, i, "all")
-                ranks.last_message = None
+                ranks.counted()
             if tail.strip() and not read(i, tail) and words.search(tail):
                 b.unparsed.append((i, tail))
     if other_bars:
