@@ -24,7 +24,7 @@ anything was lost. The operations meet that contract as follows:
   0 < sigmoid x < 1, ...: see ``_unary_value``), so that where binary64 says
   exactly 0, +-1, 1/2 or ``x``, or lands just past such a bound, the rounding
   still sees the exact value's side. All 65,536 binary16 and bfloat16 inputs
-  agree with MPFR in all six modes (``tests/sim/test_transcendentals.py``).
+  agree with MPFR in all six modes (``tests/sim_tests/test_transcendentals.py``).
 - rsqrt: b, the (p+1)-bit number nearest to binary64's 1/sqrt(x), squared is
   exact (p <= 25), so the sign of fma(b*b, x, -1) says exactly whether the exact
   value is below, at or above b; r is b or its binary64 neighbour on that side.

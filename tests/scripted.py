@@ -1,6 +1,6 @@
 """A workload whose every number is chosen by the test: its gradients, its losses, and in which
 phase of which step a device operation overflows. The trajectory's columns can then be worked
-out by hand (tests/lossscale/training/test_simulate.py, tests/lossscale/training/test_who_sees.py)."""
+out by hand (``test_simulate.py`` and ``test_who_sees.py`` in tests/lossscale_tests/training_tests)."""
 
 from __future__ import annotations
 

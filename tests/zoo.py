@@ -5,7 +5,7 @@ Each entry of ``ZOO`` names its library (``pytest.importorskip`` it before build
 config; ``build(name)`` returns the model in float32 (seeded) and a batch of 2 (3x32x32 images
 or 16-token sequences, the second ending in padding for an entry with ``extra["padded"]``);
 ``loss(model, batch)`` is the cross-entropy of its logits in float32, the way a mixed-precision
-loop computes it. Shared by tests/sim/torch/test_zoo.py and bench/bench_zoo.py.
+loop computes it. Shared by tests/sim_tests/torch_tests/test_zoo.py and bench/bench_zoo.py.
 """
 
 from __future__ import annotations

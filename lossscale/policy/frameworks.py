@@ -15,7 +15,7 @@ TF2 ``keras/mixed_precision/loss_scale_optimizer.py`` (``DynamicLossScale``); Ke
 ``fairseq/optim/dynamic_loss_scaler.py`` (``DynamicLossScaler``); jmp ``jmp/_src/loss_scale.py``
 (``DynamicLossScale``); TF 1.x ``tensorflow/contrib/mixed_precision/python/
 loss_scale_manager.py``. The torch, Keras 3 and jmp ones are also compared bit for bit
-with the installed frameworks (``tests/lossscale/policy/test_against_frameworks.py``).
+with the installed frameworks (``tests/lossscale_tests/policy_tests/test_against_frameworks.py``).
 
 Arithmetic follows the originals: PyTorch multiplies its binary32 scale by a
 binary64 factor and rounds once; TensorFlow, Keras, Megatron, MindSpore and

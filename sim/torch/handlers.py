@@ -331,7 +331,7 @@ def _pow(op: _Op, x, exponent):
     - 3, -2 and -0.5: x * (x * x), 1 / (x * x) and 1 / sqrt(x), each operation rounded to binary32
       in the kernel's order (numpy binary32 arithmetic), then rounded once on the device (GPT-2's
       GELU takes x ** 3). For binary16 operands that is also the one rounding of the exact power
-      (tests/sim/torch/test_torch_routes.py checks every finite one); for bfloat16 the binary32 steps can
+      (tests/sim_tests/torch_tests/test_torch_routes.py checks every finite one); for bfloat16 the binary32 steps can
       differ from it where they leave binary32's normal range.
 
     The model takes the Pows kernel on every profile; on the Atlas training series (Ascend910)

@@ -106,7 +106,7 @@ def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
 # vectors in numpy, and the elementwise steps over the input fused into one pass each
 # (sim.binary32's normalisation loops: the same IEEE operations in the same order). Each result is
 # laid out as torch lays out the decomposition's (its strides found once per layout of the
-# operands, on meta tensors). tests/sim/torch/test_binary32_direct.py holds them to the decompositions
+# operands, on meta tensors). tests/sim_tests/torch_tests/test_binary32_direct.py holds them to the decompositions
 # evaluated in Binary32Mode: bits, strides, written arguments, flags.
 _STRIDES: dict[tuple, tuple[int, ...]] = {}
 _NONE = np.zeros(1, np.float32)  # a kernel's absent weight or bias

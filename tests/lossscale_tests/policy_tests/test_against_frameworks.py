@@ -19,8 +19,8 @@ torch tensors where that file is at hand (an installed torch_npu, or the path in
 LOSSSCALE_TORCH_NPU_GRAD_SCALER), and everywhere against ``torch.amp.GradScaler``, which it derives
 from, on the cases where the two compute alike.
 Megatron-LM (it needs CUDA) and TF 1.x contrib (no longer installs) are checked against
-hand-worked trajectories and independent models in tests/lossscale/policy/test_policies.py and
-tests/lossscale/policy/test_policy_models.py.
+hand-worked trajectories and independent models in tests/lossscale_tests/policy_tests/test_policies.py and
+tests/lossscale_tests/policy_tests/test_policy_models.py.
 """
 
 from __future__ import annotations
