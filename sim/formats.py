@@ -36,7 +36,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Encoding", "FORMATS", "EIGHT_BIT", "NAN_ENCODINGS", "decode"]
+__all__ = ["Encoding", "FORMATS", "EIGHT_BIT", "NAN_ENCODINGS", "decode", "pack_nibbles", "unpack_nibbles"]
 
 NAN_ENCODINGS = ("ieee", "all_ones", "none", "negative_zero")
 
@@ -268,11 +268,33 @@ class Format:
 
     @cached_property
     def values(self) -> np.ndarray:
-        """Every code's value as binary64 (the one-byte formats), indexed by code."""
+        """Every code's value as binary64 (the one-byte formats), indexed by code: its ml_dtypes
+        dtype's, or for a format ml_dtypes lacks (uint8 codes) :meth:`from_fields`'."""
         if self.tapered:
             return self.table()
         codes = np.arange(256, dtype=np.uint8) & np.uint8((1 << self.bits) - 1)
+        if self.dtype == np.uint8:
+            return self.from_fields(codes)
         return codes.view(self.dtype).astype(np.float64)
+
+    def from_fields(self, codes: np.ndarray) -> np.ndarray:
+        """The binary64 values of codes read from the fields alone: sign, biased exponent and
+        fraction, subnormals at exponent field 0 where the format has them, and its infinity and
+        NaN codes (not for a tapered format, whose value table defines it)."""
+        c = np.asarray(codes).astype(np.int64)
+        magnitude = c & ((1 << (self.exp_bits + self.man_bits)) - 1)
+        e, m = magnitude >> self.man_bits, magnitude & ((1 << self.man_bits) - 1)
+        fraction = m / 2.0**self.man_bits
+        subnormal = (e == 0) & self.has_subnormals
+        value = np.where(subnormal, fraction, 1 + fraction) * np.exp2(np.maximum(e, 1 if self.has_subnormals else 0)
+                                                                       - self._bias)
+        top = (1 << self.exp_bits) - 1
+        if self.nans == "ieee":
+            value = np.where(e == top, np.where(m == 0, np.inf, np.nan) if self.has_infs else np.nan, value)
+        elif self.nans == "all_ones":
+            value = np.where(magnitude == (1 << (self.exp_bits + self.man_bits)) - 1, np.nan, value)
+        negative = self.signed and (c >> (self.exp_bits + self.man_bits)) & 1
+        return np.where(negative, -value, value)
 
     @cached_property
     def pack(self) -> np.ndarray | None:
@@ -354,6 +376,13 @@ FORMATS = (
                             aliases=("e2m3",)),
     FLOAT4_E2M1FN := Format("float4_e2m1fn", 2, 1, np.dtype(ml_dtypes.float4_e2m1fn), has_infs=False, nans="none",
                             aliases=("e2m1",)),
+    # Ascend's 4-bit E1M2 (Ascend C fp4x2_e1m2_t on the Atlas 350; CANN opbase float4_e1m2.h): bias 1,
+    # max 1.75, subnormals 0.25, 0.5, 0.75, no Inf or NaN. ml_dtypes has no such type: uint8 codes.
+    FLOAT4_E1M2FN := Format("float4_e1m2fn", 1, 2, np.dtype(np.uint8), exponent_bias=1, has_infs=False, nans="none",
+                            aliases=("e1m2",)),
+    # HiFloat4's element (CANN opbase hifloat4.h; arXiv 2602.11287): E1M2's layout and values.
+    HIFLOAT4 := Format("hifloat4", 1, 2, np.dtype(np.uint8), exponent_bias=1, has_infs=False, nans="none",
+                       aliases=("hif4",)),
     # arXiv 2409.16626: rounded as a carrier with 6 exponent and 3 fraction bits, one fraction bit
     # fewer above exponent magnitudes 3, 7 and 15; -0's code is NaN.
     HIFLOAT8 := Format("hifloat8", 6, 3, np.dtype(np.uint8), nans="negative_zero", taper=(3, 7, 15),
@@ -362,7 +391,7 @@ FORMATS = (
 #: The narrow formats: a code of at most a byte.
 EIGHT_BIT = tuple(f for f in FORMATS if f.bits <= 8)
 
-_BY_DTYPE = {f.dtype: f for f in FORMATS if not f.tapered}
+_BY_DTYPE = {f.dtype: f for f in FORMATS if f.dtype != np.uint8}  # codes are named, not typed
 _BY_NAME = {name: f for f in FORMATS for name in (f.name, *f.aliases)}
 
 
@@ -390,3 +419,29 @@ def decode(codes, fmt: Format | str) -> np.ndarray:
     if codes.dtype != fmt.dtype and codes.dtype != np.uint8:
         raise TypeError(f"decode: {fmt.name} codes are uint8 (or {fmt.dtype}) arrays, got {codes.dtype}")
     return fmt.values[codes.view(np.uint8)]
+
+
+def pack_nibbles(codes) -> np.ndarray:
+    """4-bit codes (uint8, one per element) two to a byte along the last axis, the first in the low
+    nibble, as Ascend C's ``fp4x2_e2m1_t`` and ``fp4x2_e1m2_t`` hold them; an odd count is padded
+    with a zero code."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8 or (codes.size and int(codes.max()) > 0xF):
+        raise ValueError(f"pack_nibbles takes 4-bit codes as uint8 values 0..15, got {codes.dtype} "
+                         f"{'' if codes.dtype != np.uint8 else f'up to {int(codes.max())}'}".rstrip())
+    if codes.shape[-1:] and codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], axis=-1)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed, count: int | None = None) -> np.ndarray:
+    """The 4-bit codes of :func:`pack_nibbles`' bytes, low nibble first, the last axis cut to
+    ``count`` codes (default: two per byte)."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8:
+        raise ValueError(f"unpack_nibbles takes uint8 bytes, got {packed.dtype}")
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    if count is not None and not 0 <= count <= codes.shape[-1]:
+        raise ValueError(f"count must be from 0 to {codes.shape[-1]} (two codes per byte), got {count}")
+    return codes if count is None else codes[..., :count]
+

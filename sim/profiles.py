@@ -47,8 +47,8 @@ inference or training series (<https://www.hiascend.com/document/detail/zh/cannc
 ascendcopapi/atlas_ascendc_10_0019.html>); the runtime's ``aclDataType`` page says the same of
 ``ACL_HIFLOAT8`` .. ``ACL_FLOAT4_E1M2`` (values 34-41, the FP6 types among them): "Atlas 350
 加速卡，支持", every other product "不支持" (<https://www.hiascend.com/document/detail/zh/
-canncommercial/latest/API/runtimeapi/aclcppdevg_03_1346.html>). Formats the emulator does not
-model (``fp4x2_e1m2_t``) are left out.
+canncommercial/latest/API/runtimeapi/aclcppdevg_03_1346.html>); ``ACL_FLOAT4_E1M2`` among them is
+``float4_e1m2fn`` (``fp4x2_e1m2_t``). HiFloat4 (``hifloat4``) is in neither list, so no profile has it.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             True, _BOTH, OverflowMode.INF_NAN, True,
             cube_bfloat16=True, bias_table=True,
             eight_bit=("hifloat8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn", "float6_e2m3fn",
-                       "float4_e2m1fn"),
+                       "float4_e2m1fn", "float4_e1m2fn"),
             note="one runtime document says INF/NaN only; the NPULossScaleOptimizer page lists both modes and is "
                  "followed",
             socs=("Ascend950*",)),

@@ -52,8 +52,10 @@ class Limits(NamedTuple):
 #: IEEE 754-2019 table 3.5 (binary16, binary32, binary64); bfloat16: binary32's exponent with an
 #: 8-bit significand (Intel's BF16 specification, 2018); OCP OFP8 v1.0 table 1 (E4M3: bias 7, max
 #: S.1111.110 = 448, no Inf; E5M2: bias 15, max 57344); OCP MX v1.0 section 5.3 (FP6 E2M3 max 7.5,
-#: E3M2 max 28, FP4 E2M1 max 6; E8M0: 2**-127 .. 2**127, no zero); HiFloat8 (arXiv 2409.16626,
-#: table 2): normal binades 2**-15 .. 2**15 (the code of 1.5 * 2**15 is Inf), denormals down to 2**-22.
+#: E3M2 max 28, FP4 E2M1 max 6; E8M0: 2**-127 .. 2**127, no zero); E1M2 and HiFloat4's element (CANN
+#: opbase float4_e1m2.h, hifloat4.h): bias 1, max 1.75, smallest normal 1, subnormals 0.25 to 0.75;
+#: HiFloat8 (arXiv 2409.16626, table 2): normal binades 2**-15 .. 2**15 (the code of 1.5 * 2**15 is
+#: Inf), denormals down to 2**-22.
 LIMITS = {
     "binary16": Limits(11, -14, 15, 65504.0, -24, sign_bit=0x8000, inf_bits=0x7C00, quiet_bit=0x200,
                        default_nan=0x7E00),
@@ -68,6 +70,8 @@ LIMITS = {
     "float6_e2m3fn": Limits(4, 0, 2, 7.5, -3),
     "float6_e3m2fn": Limits(3, -2, 4, 28.0, -4),
     "float4_e2m1fn": Limits(2, 0, 2, 6.0, -1),
+    "float4_e1m2fn": Limits(3, 0, 0, 1.75, -2),
+    "hifloat4": Limits(3, 0, 0, 1.75, -2),
     "float8_e8m0fnu": Limits(1, -127, 127, 2.0**127, -127, has_zero=False),
     "hifloat8": Limits(4, -15, 15, 2.0**15, -22, tapered=True),
 }

@@ -1,5 +1,6 @@
 """Casts into the narrow formats: E4M3FN, E5M2, E3M2, E2M3, E2M1 and E8M0 against ml_dtypes (every
-binary16 input, NaNs included, 10**6 binary32 values) and against MPFR in every mode with flags; HiFloat8 against its
+binary16 input, NaNs included, 10**6 binary32 values) and against MPFR in every mode with flags; E1M2 and
+HiFloat4's element (no ml_dtypes type) against MPFR on every binary16 and bfloat16 input; HiFloat8 against its
 definition in TA, HR and every other mode; the three overflow behaviours; the device's register."""
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from hypothesis import strategies as st
 from sim import (
     BINARY16,
     BINARY32,
+    FLOAT4_E1M2FN,
     FLOAT4_E2M1FN,
     FLOAT6_E2M3FN,
     FLOAT6_E3M2FN,
     FLOAT8_E4M3FN,
     FLOAT8_E5M2,
     FLOAT8_E8M0FNU,
+    HIFLOAT4,
     HIFLOAT8,
     SIX_MODES,
     Device,
@@ -41,6 +44,19 @@ OCP = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN)
 ALL16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
 HIF8 = hifloat8_table()
 HIF8_CODE = {v: c for c, v in HIF8.items() if not math.isnan(v)} | {0.0: 0}
+#: The 4-bit formats ml_dtypes lacks (uint8 codes): like E2M1, no Inf or NaN.
+FOUR = (FLOAT4_E1M2FN, HIFLOAT4)
+MPFR_FORMATS = (*OCP, *FOUR, FLOAT8_E8M0FNU, HIFLOAT8)
+
+
+def _four_bit_code(fmt, r: float) -> int:
+    """The code of a value of a 4-bit format from the header's layout (bit 3 the sign, bit 2 the
+    exponent of bias 1, bits 1-0 the fraction), an overflow saturating to +-1.75 (no Inf)."""
+    magnitude = min(abs(r), 1.75)
+    e = int(magnitude >= 1)
+    m = int((magnitude - e) * 4)  # normal: 1 + m/4; subnormal: m/4
+    assert (e + m / 4 if e else m / 4) == magnitude, (fmt.name, r)
+    return int(math.copysign(1, r) < 0) << 3 | e << 2 | m
 
 
 def ml(x: np.ndarray, fmt) -> np.ndarray:
@@ -101,6 +117,8 @@ def _expected(x: np.ndarray, fmt, mode: Rounding) -> tuple[np.ndarray, np.ndarra
         flags[i] = f
         if fmt is HIFLOAT8:
             codes[i] = HIF8_CODE[r]
+        elif fmt in FOUR:
+            codes[i] = _four_bit_code(fmt, r)
         else:
             codes[i] = np.array([r]).astype(fmt.dtype).view(np.uint8)[0]
     return codes, flags
@@ -113,7 +131,7 @@ def _finite16(step: int) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", representatives(SIX_MODES, (Rounding.NEAREST_EVEN, Rounding.DOWNWARD).__contains__,
                                                   lambda m: m.name))  # the other four: -m slow
-@pytest.mark.parametrize("fmt", (*OCP, FLOAT8_E8M0FNU, HIFLOAT8), ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", MPFR_FORMATS, ids=lambda f: f.name)
 def test_every_mode_against_mpfr(fmt, mode: Rounding) -> None:
     x = _finite16(11)  # every 11th binary16 (a stride coprime to every binade); all of them: -m exhaustive
     codes, flags = Fpu(rounding=mode).convert(x, fmt.name, return_flags=True)
@@ -125,7 +143,7 @@ def test_every_mode_against_mpfr(fmt, mode: Rounding) -> None:
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("fmt", (*OCP, FLOAT8_E8M0FNU, HIFLOAT8), ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", MPFR_FORMATS, ids=lambda f: f.name)
 def test_every_binary16_in_every_mode_against_mpfr(fmt) -> None:
     x = _finite16(1)
     for mode in SIX_MODES:
@@ -138,7 +156,7 @@ def test_every_binary16_in_every_mode_against_mpfr(fmt) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(0, 2**32 - 1), mode=st.sampled_from(SIX_MODES),
-       fmt=st.sampled_from((*OCP, FLOAT8_E8M0FNU, HIFLOAT8)))
+       fmt=st.sampled_from(MPFR_FORMATS))
 def test_binary32_against_mpfr(bits: int, mode: Rounding, fmt) -> None:
     x = np.array([bits], np.uint32).view(np.float32)
     if not np.isfinite(x[0]) or x[0] == 0:
@@ -306,3 +324,31 @@ def test_bad_format_names_the_valid_ones() -> None:
         Fpu().convert(np.float16(1), "float8_e4m3")
     with pytest.raises(ValueError, match="satfinite"):
         Fpu().convert(np.float16(1), "hifloat8", overflow="clamp")
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("fmt", FOUR, ids=lambda f: f.name)
+def test_every_bfloat16_in_every_mode_against_mpfr(fmt) -> None:
+    """E1M2 and HiFloat4 have no ml_dtypes type to compare with: every finite non-zero bfloat16 in
+    each of the six modes against MPFR, values and flags."""
+    b = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    x = b[np.isfinite(b.astype(np.float32)) & (b.astype(np.float32) != 0)]
+    for mode in SIX_MODES:
+        codes, flags = Fpu(rounding=mode).convert(x, fmt.name, return_flags=True)
+        want, want_flags = _expected(x, fmt, mode)
+        bad = np.flatnonzero((codes != want) | (flags != want_flags))
+        assert bad.size == 0, f"{fmt.name} {mode.name}: {bad.size} mismatches; first {float(x[bad[0]])!r}"
+
+
+@pytest.mark.parametrize("fmt", FOUR, ids=lambda f: f.name)
+def test_four_bit_specials_in_both_overflow_modes(fmt) -> None:
+    """Worked by hand from the E2M1 rule the format shares (no Inf, no NaN): an infinity saturates to
+    +-1.75 and a NaN becomes the zero of the other sign, both INVALID (IEEE 754-2019 5.8: the
+    destination cannot hold them); saturation makes them +-1.75 and +0 without a flag."""
+    x = np.array([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1.75, -0.25], np.float32)
+    codes, flags = Fpu().convert(x, fmt.name, return_flags=True)
+    assert codes.dtype == np.uint8
+    assert codes.tolist() == [0x7, 0xF, 0x8, 0x0, 0x0, 0x8, 0x7, 0x9]
+    assert flags.tolist() == [Flag.INVALID] * 4 + [0] * 4
+    codes, flags = Fpu(OverflowMode.SATURATION).convert(x, fmt.name, return_flags=True)
+    assert codes.tolist() == [0x7, 0xF, 0x0, 0x0, 0x0, 0x8, 0x7, 0x9] and not flags.any()

@@ -16,7 +16,7 @@ from paths import ROOT  # tests/ is on the path (conftest.py)
 
 from sim import FLOAT6_E2M3FN, FLOAT6_E3M2FN, Device, Fpu, formats
 
-WITH_FINFO = [f for f in formats.FORMATS if not f.tapered]
+WITH_FINFO = [f for f in formats.FORMATS if f.dtype != np.uint8]  # the formats ml_dtypes has
 
 # (max, smallest normal, smallest subnormal) as published.
 PUBLISHED = {
@@ -27,6 +27,8 @@ PUBLISHED = {
     "float6_e2m3fn": (7.5, 1, 0.125),  # OCP MX v1.0, section 5.3.2
     "float8_e8m0fnu": (2.0**127, 2.0**-127, 2.0**-127),  # OCP MX v1.0, section 5.4.1: no subnormals
     "hifloat8": (32768, 2.0**-15, 2.0**-22),  # arXiv 2409.16626, section 3
+    "float4_e1m2fn": (1.75, 1, 0.25),  # CANN opbase include/nnopbase/opdev/float4_e1m2.h
+    "hifloat4": (1.75, 1, 0.25),  # CANN opbase include/nnopbase/opdev/hifloat4.h
 }
 
 
@@ -102,8 +104,43 @@ def test_every_list_of_formats_is_the_catalogue() -> None:
         assert all(formats.format_of(name) is f for name in (f.name, *f.aliases))
     assert formats.EIGHT_BIT == tuple(f for f in formats.FORMATS if f.dtype.itemsize == 1)
     assert [f.name for f in formats.EIGHT_BIT] == ["float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn",
-                                                   "float6_e2m3fn", "float4_e2m1fn", "hifloat8"]
+                                                   "float6_e2m3fn", "float4_e2m1fn", "float4_e1m2fn", "hifloat4",
+                                                   "hifloat8"]
     aliases = [a for f in formats.FORMATS for a in (f.name, *f.aliases)]
     assert len(aliases) == len(set(aliases)), "a name of two formats"
     for p in profiles.PROFILES.values():  # a product's formats are catalogue names
         assert all(formats.format_of(name).name == name for name in p.eight_bit), p.name
+
+
+@pytest.mark.parametrize("fmt", [f for f in formats.EIGHT_BIT if f.dtype != np.uint8 and not f.tapered],
+                         ids=lambda f: f.name)
+def test_values_from_the_fields_are_ml_dtypes_values(fmt) -> None:
+    """The decoding the formats ml_dtypes lacks use (E1M2, HiFloat4), checked on those it has."""
+    codes = np.arange(1 << fmt.bits, dtype=np.uint8)
+    want = codes.view(fmt.dtype).astype(np.float64)
+    got = fmt.from_fields(codes)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_four_bit_e1m2_and_hifloat4_elements() -> None:
+    """Every code of E1M2 and of HiFloat4's element, as CANN's headers list them: bit 3 the sign, bit 2
+    the exponent (bias 1), bits 1-0 the fraction; 0x7 is 1.75, 0x4 is 1.0, 0x1 is 0.25; no Inf, no NaN."""
+    positive = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+    for fmt in (formats.format_of("e1m2"), formats.format_of("hif4")):
+        assert fmt.bits == 4 and not fmt.has_inf and not fmt.has_nan and fmt.has_negative_zero
+        decoded = formats.decode(np.arange(16, dtype=np.uint8), fmt)
+        assert decoded.tolist() == positive + [-v for v in positive] and np.signbit(decoded[8])
+    with pytest.raises(ValueError, match="unknown floating-point format"):
+        formats.format_of(np.uint8)  # uint8 codes name their format
+
+
+def test_nibbles_pack_low_first() -> None:
+    codes = np.array([[0x1, 0x7, 0xF], [0x8, 0x0, 0x4]], np.uint8)
+    packed = formats.pack_nibbles(codes)
+    assert packed.tolist() == [[0x71, 0x0F], [0x08, 0x04]]
+    assert np.array_equal(formats.unpack_nibbles(packed, 3), codes)
+    assert formats.unpack_nibbles(np.array([0xA5], np.uint8)).tolist() == [0x5, 0xA]
+    with pytest.raises(ValueError, match="4-bit codes as uint8 values 0..15, got uint8 up to 16"):
+        formats.pack_nibbles(np.array([16], np.uint8))
+    with pytest.raises(ValueError, match="count must be from 0 to 2"):
+        formats.unpack_nibbles(np.array([0xA5], np.uint8), 3)
