@@ -1,14 +1,26 @@
 """OCP Microscaling (MX) block quantisation: blocks of 32 values along an axis share one E8M0
-scale, a power of two; the elements are E4M3FN, E5M2 or E2M1 (MXFP8, MXFP4).
+scale, a power of two; the elements are E4M3FN, E5M2, E3M2, E2M3 or E2M1 (MXFP8, MXFP6, MXFP4).
 
-The shared exponent follows the OCP Microscaling Formats (MX) v1.0 specification, section 6.3:
-``X = 2**(floor(log2(amax)) - emax_elem)``, with emax_elem the exponent of the element
-format's largest binade (8 for E4M3FN, 15 for E5M2, 2 for E2M1); elements that then exceed
-the element format's MAX are clamped to it (the OCP cast is saturating). ``rule="ceil"`` is the
-round-up rule NVIDIA Transformer Engine uses (RCEIL): ``X = 2**ceil(log2(amax / MAX))``, the
-smallest power of two that fits the block's amax without clamping. A block whose amax is 0
-takes the smallest scale, 2**-127; a block holding an Inf or NaN takes the scale NaN (0xFF),
-as the specification prescribes for a NaN scale.
+The shared exponent X = 2**x follows one of four rules (``rule=``), for a block's largest
+magnitude amax and the element format's largest binade emax (8 for E4M3FN, 15 for E5M2, 4 for
+E3M2, 2 for E2M3 and E2M1):
+
+- ``"floor"``: x = floor(log2 amax) - emax, the OCP Microscaling Formats (MX) v1.0
+  specification, section 6.3; elements that then exceed the element format's MAX are clamped to
+  it (the OCP cast is saturating);
+- ``"rceil"``: x = ceil(log2(amax / MAX)), the smallest power of two that fits amax without
+  clamping: cuBLAS's block scaling and Transformer Engine's (``cvt.rp.satfinite.ue8m0``);
+- ``"ceil"``: x = ceil(log2 amax) - emax, torchao's ``ScaleCalculationMode.CEIL``;
+- ``"even"``: x = floor(log2 amax') - emax with amax rounded half up to the element's fraction
+  bits first, torchao's ``ScaleCalculationMode.EVEN``.
+
+Every rule is computed exactly (from the binary64 amax). A block whose amax is 0 takes the
+smallest scale, 2**-127; a block holding an Inf or NaN takes the scale NaN (0xFF), as the
+specification prescribes for a NaN scale. torchao's emulation (0.18, ``to_mx``) differs in
+three places: its RCEIL takes ceil(log2) of the binary32 quotient amax / MAX through a binary32
+log2, which gives 2**k for an amax just above MAX * 2**k where |k| >= 2 (the exact rule, and the
+hardware's, give 2**(k+1)); it divides the elements of a block whose scale is 2**-127 by
+2**-126; and it gives a block holding an infinity (no NaN) a finite scale.
 """
 
 from __future__ import annotations
@@ -18,14 +30,24 @@ from typing import NamedTuple
 import numpy as np
 
 from .checks import integer
-from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E8M0FNU, Format, decode, format_of
+from .formats import (
+    FLOAT4_E2M1FN,
+    FLOAT6_E2M3FN,
+    FLOAT6_E3M2FN,
+    FLOAT8_E4M3FN,
+    FLOAT8_E5M2,
+    FLOAT8_E8M0FNU,
+    Format,
+    decode,
+    format_of,
+)
 from .fpu import Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["MX", "ELEMENTS", "RULES", "quantize", "dequantize", "shared_exponents"]
 
-ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT4_E2M1FN)
-RULES = ("floor", "ceil")
+ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN)
+RULES = ("floor", "rceil", "ceil", "even")
 
 
 class MX(NamedTuple):
@@ -47,12 +69,16 @@ def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.n
         raise ValueError(f"unknown MX scale rule {rule!r}; valid: {', '.join(RULES)}")
     amax = np.asarray(amax, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        if rule == "floor":
-            _, e = np.frexp(amax)  # amax = m * 2**e, 0.5 <= m < 1: floor(log2 amax) = e - 1
-            x = e.astype(np.int64) - 1 - fmt.emax
-        else:
-            m, e = np.frexp(amax / fmt.max)  # exact: ceil(log2 r) is e - 1 for a power of two, else e
-            x = e.astype(np.int64) - (m == 0.5)
+        m, e = np.frexp(amax if rule != "rceil" else amax / fmt.max)  # m * 2**e, 0.5 <= m < 1
+        e = e.astype(np.int64)
+        if rule == "floor":  # floor(log2 amax) = e - 1
+            x = e - 1 - fmt.emax
+        elif rule == "rceil":  # ceil(log2 r) = e - 1 for a power of two, else e (the quotient: exact enough)
+            x = e - (m == 0.5)
+        elif rule == "ceil":
+            x = e - (m == 0.5) - fmt.emax
+        else:  # even: the significand 2m rounded half up to man_bits fraction bits reaches 2
+            x = e - 1 + (2 * m >= 2 - 2.0 ** -(fmt.man_bits + 1)) - fmt.emax
     codes = np.clip(x + 127, 0, 254).astype(np.uint8)
     codes[amax == 0] = 0
     codes[~np.isfinite(amax)] = 0xFF

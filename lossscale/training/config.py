@@ -228,7 +228,7 @@ class RunConfig:
         "tensor's scale",
         choices=lambda: list(RECIPES), named=True, check=_check_fp8)
     fp8_args: dict[str, Any] | None = setting(
-        None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=ceil",
+        None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=rceil",
         option="--fp8-arg", table=True, words=True)
     micro_batches: int = setting(
         1, "forward and backward passes per optimizer step on each rank (gradient accumulation: each rank's "

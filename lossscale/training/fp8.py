@@ -17,7 +17,8 @@ the update in ``common/recipe/delayed_scaling.cu`` and ``recipe_common.cuh``):
   from this step's amax, ``fp8_max / max(amax, amax_epsilon)``; an amax that is Inf, NaN or
   0 gives scale 1.
 - :class:`MXScaling`: OCP MX blocks of 32 with E8M0 scales (``rule="floor"``, OCP's, or
-  ``"ceil"``, TE's round-up), no per-tensor state.
+  ``"rceil"``, TE's and cuBLAS's round-up, or torchao's ``"ceil"`` and ``"even"``: ``sim.mx.RULES``), no
+  per-tensor state.
 
 Across data-parallel ranks (``AmaxGroup``), delayed scaling reduces each tensor's amax with MAX
 over the group before the scale update, as TE's ``FP8GlobalStateManager.reduce_and_update_fp8_tensors``
@@ -193,7 +194,7 @@ class CurrentScaling(Recipe):
 @dataclass(frozen=True)
 class MXScaling(Recipe):
     """OCP MX block scaling: E8M0 scales per block of ``block`` values along the contraction
-    axis (``rule``: "floor", OCP's, or "ceil", the round-up rule); ``scale`` reports the
+    axis (``rule``: one of ``sim.mx.RULES``: "floor", OCP's, "rceil", the round-up rule); ``scale`` reports the
     tensor's largest block scale's reciprocal, for the trajectories."""
 
     per_tensor: ClassVar[bool] = False

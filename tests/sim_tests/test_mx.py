@@ -7,21 +7,26 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sim import Device, Flag, mx
+from sim import Device, Flag, formats, mx
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
 def test_shared_exponents_hand_worked() -> None:
-    amax = np.array([448.0, 1.0, 449.0, 0.0, np.inf, np.nan, 2.0**-140, 3.0])
-    # floor: 2**(floor(log2 amax) - 8); ceil: 2**ceil(log2(amax / 448))
-    assert list(mx.shared_exponents(amax, mx.ELEMENTS[0], "floor")) == [127, 119, 127, 0, 255, 255, 0, 120]
-    assert list(mx.shared_exponents(amax, mx.ELEMENTS[0], "ceil")) == [127, 119, 128, 0, 255, 255, 0, 120]
-    # E2M1 (emax 2, max 6): amax 6 -> 2**(2-2) floor, 2**0 ceil; amax 7 -> 2**0 floor, 2**1 ceil
-    assert list(mx.shared_exponents(np.array([6.0, 7.0]), mx.ELEMENTS[2], "floor")) == [127, 127]
-    assert list(mx.shared_exponents(np.array([6.0, 7.0]), mx.ELEMENTS[2], "ceil")) == [127, 128]
-    with pytest.raises(ValueError, match="floor, ceil"):
-        mx.shared_exponents(amax, mx.ELEMENTS[0], "nearest")
+    amax = np.array([448.0, 1.0, 449.0, 0.0, np.inf, np.nan, 2.0**-140, 3.0, 495.0, 496.0])
+    e4m3 = formats.FLOAT8_E4M3FN  # emax 8, MAX 448 = 1.75 * 2**8, 3 fraction bits
+    # floor: floor(log2 amax) - 8; rceil: ceil(log2(amax / 448)); ceil: ceil(log2 amax) - 8; even: floor
+    # after rounding amax half up to 3 fraction bits (496 = 1.9375 * 2**8 rounds to 2**9, 495 does not)
+    assert list(mx.shared_exponents(amax, e4m3, "floor")) == [127, 119, 127, 0, 255, 255, 0, 120, 127, 127]
+    assert list(mx.shared_exponents(amax, e4m3, "rceil")) == [127, 119, 128, 0, 255, 255, 0, 120, 128, 128]
+    assert list(mx.shared_exponents(amax, e4m3, "ceil")) == [128, 119, 128, 0, 255, 255, 0, 121, 128, 128]
+    assert list(mx.shared_exponents(amax, e4m3, "even")) == [127, 119, 127, 0, 255, 255, 0, 120, 127, 128]
+    # E2M1 (emax 2, max 6): amax 6 -> 2**(2-2) floor, 2**0 rceil; amax 7 -> 2**0 floor, 2**1 rceil
+    e2m1 = formats.FLOAT4_E2M1FN
+    assert list(mx.shared_exponents(np.array([6.0, 7.0]), e2m1, "floor")) == [127, 127]
+    assert list(mx.shared_exponents(np.array([6.0, 7.0]), e2m1, "rceil")) == [127, 128]
+    with pytest.raises(ValueError, match="floor, rceil, ceil, even"):
+        mx.shared_exponents(amax, e4m3, "nearest")
 
 
 @pytest.mark.parametrize("rule", mx.RULES)
@@ -35,7 +40,7 @@ def test_quantize_is_the_saturating_cast_of_x_over_its_block_scale(fmt, rule: st
     ratio = np.clip(x / scale, -fmt.max, fmt.max)  # exact: the scale is a power of two
     assert np.array_equal(q.elements.view(np.uint8), ratio.astype(fmt.dtype).view(np.uint8))
     assert np.array_equal(mx.dequantize(q), ratio.astype(fmt.dtype).astype(np.float64) * scale)
-    if rule == "ceil":  # the round-up rule never clamps
+    if rule in ("rceil", "ceil"):  # the round-up rules never clamp
         assert np.all(np.abs(x / scale) <= fmt.max)
 
 
