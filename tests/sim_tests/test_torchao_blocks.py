@@ -1,6 +1,7 @@
 """sim.mx's four scale rules and its elements against torchao's MX emulation (``to_mx``, torchao
 0.18 on the CPU), and the places where torchao's emulation departs from the exact rules, each
-shown. Skipped without torchao (the frameworks extra installs it)."""
+shown; sim.nvfp4 against torchao's NVFP4 quantiser bit for bit. Skipped without torchao (the
+frameworks extra installs it)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from sim import formats, mx
+from sim import formats, mx, nvfp4
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    from torchao.prototype.mx_formats import nvfp4_tensor
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
 
@@ -86,3 +88,31 @@ def test_rceil_is_exact_where_torchaos_binary32_log2_is_not(fmt) -> None:
     same = np.setdiff1d(np.arange(x.shape[0]), differ)
     normal = np.repeat(q.scales[same] > 0, 32, axis=1)
     assert np.array_equal(q.elements.view(np.uint8)[same][normal], want[same][normal])
+
+
+def nvfp4_blocks() -> np.ndarray:
+    """Rows of 64 over a wide range (block scales below E4M3's 2**-6 clamp and at its 448), rows
+    whose block amax sits on E4M3 scale steps times 6 and their float32 neighbours, element ties,
+    and a zero block."""
+    rng = np.random.default_rng(7)
+    rows = list(rng.standard_normal((120, 64)) * 2.0 ** rng.integers(-30, 12, (120, 1)))
+    for scale in (0.015625, 0.5, 1.0, 1.125, 240.0, 448.0):
+        for amax in (np.float32(6 * scale), np.nextafter(np.float32(6 * scale), np.float32(0)),
+                     np.nextafter(np.float32(6 * scale), np.float32(np.inf))):
+            r = rng.uniform(-1, 1, 64).astype(np.float32) * amax
+            r[::16] = amax
+            rows.append(r)
+    ties = np.tile(np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], np.float32), 8)  # E2M1 ties at scale 1
+    rows += [ties, -ties, np.zeros(64, np.float32)]
+    return np.array(rows, np.float32)
+
+
+@pytest.mark.parametrize("two_level", [True, False])
+def test_nvfp4_is_torchaos_bit_for_bit(two_level: bool) -> None:
+    x = nvfp4_blocks()
+    tensor = nvfp4_tensor.per_tensor_amax_to_scale(torch.from_numpy(x).abs().max()) if two_level else None
+    scales, packed = nvfp4_tensor.nvfp4_quantize(torch.from_numpy(x), 16, tensor)
+    q = nvfp4.quantize(x, two_level=two_level)
+    assert np.array_equal(q.scales, scales.view(torch.uint8).numpy())
+    assert np.array_equal(q.elements, formats.unpack_nibbles(packed.numpy()))
+    assert q.tensor_scale == (np.float32(tensor) if two_level else 1)
