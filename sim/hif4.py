@@ -27,8 +27,8 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
+from .blocks import float_input, split
 from .formats import Format
-from .mx import _blocks
 
 __all__ = ["HiF4", "quantize", "dequantize", "E6M2", "BLOCK"]
 
@@ -78,13 +78,9 @@ def _e6m2_codes(scale: np.ndarray) -> np.ndarray:
 def quantize(x, *, axis: int = -1) -> HiF4:
     """HiF4 quantisation of a binary32 (or binary16, bfloat16: widened exactly) array along ``axis``,
     bit for bit as the reference quantiser computes it (see the module's docstring)."""
-    x = np.asarray(x)
-    if x.ndim == 0:
-        raise ValueError("quantize takes an array with at least one axis")
-    if x.dtype not in (np.float32, np.float16, np.dtype(ml_dtypes.bfloat16)):
-        raise TypeError(f"HiF4 quantize takes binary32, binary16 or bfloat16 arrays, got {x.dtype}")
+    x, _ = float_input(x, "HiF4", BLOCK, 1)
     axis = int(axis) % x.ndim
-    flat, pad = _blocks(x.astype(_F32), axis, BLOCK)
+    flat, pad = split(x.astype(_F32), axis, BLOCK)
     g = flat.reshape(*flat.shape[:-1], *_SHAPE)
     a = np.abs(g)
     bad = ~np.isfinite(a).all(axis=(-3, -2, -1))
@@ -115,7 +111,7 @@ def dequantize(q: HiF4) -> np.ndarray:
     scale is NaN."""
     elements = np.moveaxis(q.elements, q.axis, -1)
     n = elements.shape[-1]
-    blocks, _ = _blocks(elements, -1, BLOCK)
+    blocks, _ = split(elements, -1, BLOCK)
     g = blocks.reshape(*blocks.shape[:-1], *_SHAPE)
     magnitude = (g & 7).astype(_F32) / _F32(4)
     signed = np.where(g & 8, -magnitude, magnitude)

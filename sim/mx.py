@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .blocks import split
 from .checks import integer
 from .formats import (
     FLOAT4_E2M1FN,
@@ -85,15 +86,6 @@ def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.n
     return codes
 
 
-def _blocks(x: np.ndarray, axis: int, block: int) -> tuple[np.ndarray, int]:
-    """x with ``axis`` last and split into (..., blocks, block), zero-padded; and the padding."""
-    moved = np.moveaxis(x, axis, -1)
-    pad = -moved.shape[-1] % block
-    if pad:
-        moved = np.concatenate([moved, np.zeros(moved.shape[:-1] + (pad,), moved.dtype)], axis=-1)
-    return moved.reshape(*moved.shape[:-1], -1, block), pad
-
-
 def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int = 32, rule: str = "floor",
              rounding: Rounding | str | None = None, fpu: Fpu | None = None) -> MX:
     """MX quantisation of a binary16, bfloat16 or binary32 array along ``axis``.
@@ -112,7 +104,7 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
     if x.ndim == 0:
         raise ValueError("quantize takes an array with at least one axis")
     axis = int(axis) % x.ndim
-    blocks, pad = _blocks(x.astype(np.float64), axis, block)
+    blocks, pad = split(x.astype(np.float64), axis, block)
     with np.errstate(invalid="ignore"):
         amax = np.max(np.abs(blocks), axis=-1)
     scales = shared_exponents(amax, fmt, rule)
@@ -131,7 +123,7 @@ def dequantize(q: MX) -> np.ndarray:
     """The binary64 values an MX array stands for (exact: elements times powers of two)."""
     elements = np.moveaxis(q.elements, q.axis, -1)
     n = elements.shape[-1]
-    blocks, _ = _blocks(elements.astype(np.float64), -1, q.block)
+    blocks, _ = split(elements.astype(np.float64), -1, q.block)
     scales = decode(np.moveaxis(q.scales, q.axis, -1), FLOAT8_E8M0FNU)
     values = (blocks * scales[..., None]).reshape(*blocks.shape[:-2], -1)[..., :n]
     return np.moveaxis(values, -1, q.axis)

@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checks import integer
+from .blocks import amax as block_amax
+from .blocks import float_input, join, split
 from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, decode
 from .fpu import Fpu
-from .mx import _blocks
 from .rounding import OverflowMode, Rounding
 
 __all__ = ["NVFP4", "quantize", "dequantize", "BLOCK", "tensor_scale"]
@@ -60,22 +60,11 @@ def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1
     ``axis``. ``two_level``: True takes the tensor scale from the array's amax, a number is a
     calibrated tensor scale, False scales by blocks only. ``tile``: 1 (1 x 16 blocks) or 16 (16 x 16
     tiles of a 2-D array). ``rounding``/``fpu`` as :func:`sim.mx.quantize` has them."""
-    x = np.asarray(x)
-    if x.ndim == 0:
-        raise ValueError("quantize takes an array with at least one axis")
-    if x.dtype.kind != "f" or x.dtype.itemsize > 4:
-        raise TypeError(f"NVFP4 quantize takes binary32, binary16 or bfloat16 arrays, got {x.dtype}")
-    if integer("tile", tile, 1) not in (1, 16) or (tile == 16 and x.ndim != 2):
-        raise ValueError(f"tile must be 1 (1 x 16 blocks) or 16 (16 x 16 tiles of a 2-D array), got {tile} "
-                         f"for a {x.ndim}-D array")
+    x, tile = float_input(x, "NVFP4", BLOCK, tile)
     axis = int(axis) % x.ndim
-    blocks, pad = _blocks(x.astype(_F32), axis, BLOCK)
+    blocks, pad = split(x.astype(_F32), axis, BLOCK)
+    amax = block_amax(blocks, tile)
     with np.errstate(invalid="ignore"):
-        amax = np.abs(blocks).max(axis=-1)
-        if tile == 16:  # the rows of each 16 x 16 tile share its amax
-            rows = amax.shape[0]
-            tiles, _ = _blocks(amax, 0, BLOCK)  # (columns of blocks, row tiles, 16)
-            amax = np.repeat(tiles.max(axis=-1), BLOCK, axis=-1)[..., :rows].T
         if two_level is True:  # a tensor of zeros (or none) takes 1
             s = tensor_scale(np.nanmax(np.abs(x.astype(_F32)))) if x.size else _F32(0)
             s = s if s > 0 else _F32(1)
@@ -92,10 +81,8 @@ def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1
         y = blocks * reciprocal[..., None]
     clamped = int(np.count_nonzero(np.abs(y) >= 7))  # E2M1 would overflow: 7 rounds to 8
     codes = unit.convert(np.clip(y, -_E2M1_MAX, _E2M1_MAX), FLOAT4_E2M1FN, rounding=rounding)
-    elements = codes.view(np.uint8).reshape(*codes.shape[:-2], -1)
-    if pad:
-        elements = elements[..., :-pad]
-    return NVFP4(np.moveaxis(elements, -1, axis), scale_codes.view(np.uint8), s, axis, clamped)
+    elements = join(codes.view(np.uint8), pad, axis)
+    return NVFP4(elements, scale_codes.view(np.uint8), s, axis, clamped)
 
 
 def dequantize(q: NVFP4) -> np.ndarray:
@@ -103,7 +90,7 @@ def dequantize(q: NVFP4) -> np.ndarray:
     first product exact, the second rounded once)."""
     elements = np.moveaxis(q.elements, q.axis, -1)
     n = elements.shape[-1]
-    blocks, _ = _blocks(elements, -1, BLOCK)
+    blocks, _ = split(elements, -1, BLOCK)
     e2m1 = decode(blocks, FLOAT4_E2M1FN).astype(_F32)
     scale = decode(q.scales, FLOAT8_E4M3FN).astype(_F32)
     values = (e2m1 * scale[..., None]) * q.tensor_scale
