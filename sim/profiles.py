@@ -49,6 +49,16 @@ ascendcopapi/atlas_ascendc_10_0019.html>); the runtime's ``aclDataType`` page sa
 加速卡，支持", every other product "不支持" (<https://www.hiascend.com/document/detail/zh/
 canncommercial/latest/API/runtimeapi/aclcppdevg_03_1346.html>); ``ACL_FLOAT4_E1M2`` among them is
 ``float4_e1m2fn`` (``fp4x2_e1m2_t``). HiFloat4 (``hifloat4``) is in neither list, so no profile has it.
+
+The Atlas 350's saturation is set per instruction by its CTRL register (Ascend C ``SetCtrlSpr``,
+``asc_set_ctrl``): bit 60 enables the control; bit 48 = 0 then saturates (Inf -> +-MAX, NaN -> 0)
+half-precision compute and the conversions to hif8, e8m0, e5m2, e4m3fn, half and bf16, and bit 50 =
+1 keeps NaN in those saturating conversions (:func:`ctrl_settings` reads a register value). Binary32
+compute is not among what bit 48 covers, so the 350 keeps binary32 in INF/NaN mode when it
+saturates (``Choices.saturate_float32`` False), and FP6 and FP4 conversions, which have no Inf or NaN
+to map, are not either. The runtime's ``aclrtFloatOverflowMode`` page says the 350 supports INF/NaN
+mode only, while the TF adapter's NPULossScaleOptimizer page lists both modes: the profile follows
+the latter, so that both can be explored.
 """
 
 from __future__ import annotations
@@ -60,9 +70,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import integer
 from .rounding import Choices, OverflowMode
 
-__all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from_env"]
+__all__ = ["Profile", "get", "names", "PROFILES", "for_soc", "overflow_mode_from_env", "ctrl_settings",
+           "CTRL_SATURATED"]
 
 _BOTH = (OverflowMode.INF_NAN, OverflowMode.SATURATION)
 _SAT = (OverflowMode.SATURATION,)
@@ -101,7 +113,7 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("atlas-350", "Atlas 350 加速卡", "Atlas 350 accelerator card",
             True, _BOTH, OverflowMode.INF_NAN, True,
-            cube_bfloat16=True, bias_table=True,
+            choices=Choices(saturate_float32=False), cube_bfloat16=True, bias_table=True,
             eight_bit=("hifloat8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float6_e3m2fn", "float6_e2m3fn",
                        "float4_e2m1fn", "float4_e1m2fn"),
             note="one runtime document says INF/NaN only; the NPULossScaleOptimizer page lists both modes and is "
@@ -237,3 +249,22 @@ def overflow_mode_from_env(profile: str | Profile, environ: Mapping[str, str] | 
         raise ValueError(f"{p.name}: torch_npu's variables select {picked['torch_npu'].name} but "
                          f"{_MINDSPORE} selects {picked['mindspore'].name}")
     return modes.pop() if modes else p.default_overflow_mode
+
+
+#: What the Atlas 350's CTRL bit 48 saturates: half-precision compute and the conversions into
+#: these formats.
+CTRL_SATURATED = ("binary16", "bfloat16", "hifloat8", "float8_e8m0fnu", "float8_e5m2", "float8_e4m3fn")
+_CTRL_ENABLE, _CTRL_NO_SATURATION, _CTRL_KEEP_NAN = 60, 48, 50
+
+
+def ctrl_settings(ctrl: int) -> dict[str, object]:
+    """The ``Device("atlas-350", ...)`` keywords an Atlas 350 CTRL register value stands for: none
+    where bit 60 is clear (the device's overflow mode applies), else ``overflow`` SATURATION where
+    bit 48 is 0 and INF_NAN where it is 1, and ``nan_to_zero`` False where bit 50 is 1."""
+    ctrl = integer("ctrl", ctrl, 0, 2**64 - 1)
+    if not ctrl >> _CTRL_ENABLE & 1:
+        return {}
+    saturate = not ctrl >> _CTRL_NO_SATURATION & 1
+    return {"overflow": OverflowMode.SATURATION if saturate else OverflowMode.INF_NAN,
+            "nan_to_zero": not ctrl >> _CTRL_KEEP_NAN & 1}
+

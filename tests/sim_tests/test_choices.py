@@ -18,9 +18,9 @@ TINY_A, TINY_B = np.array([0x3BFE], np.uint16).view(H), np.array([0x0401], np.ui
 
 
 def test_every_product_makes_the_documented_choices() -> None:
-    for p in profiles.PROFILES.values():
+    for p in profiles.PROFILES.values():  # the 350's CTRL bit 48 does not cover binary32 compute
         assert p.choices == Choices(default_nan=0x7E00, tininess=Tininess.AFTER, nan_to_zero=True,
-                                    saturate_float32=True)
+                                    saturate_float32=p.name != "atlas-350")
         assert Device(p.name, p.default_overflow_mode).choices == p.choices
 
 
@@ -72,3 +72,24 @@ def test_bad_choices_say_what_is_valid() -> None:
     with pytest.raises(TypeError, match="choices must be a sim.rounding.Choices"):
         Fpu(choices={"tininess": "before"})
     assert Choices().replace(tininess=None) == Choices()  # None leaves a choice as it is
+
+
+def test_the_atlas_350_ctrl_bits() -> None:
+    """CTRL bit 60 enables the control, bit 48 = 0 saturates, bit 50 = 1 keeps NaN (Ascend C
+    SetCtrlSpr); binary32 compute is not what bit 48 covers, so the 350 keeps it in INF/NaN mode."""
+    from sim import Device, OverflowMode, profiles
+
+    assert profiles.ctrl_settings(0) == {} and profiles.ctrl_settings(1 << 48) == {}
+    assert profiles.ctrl_settings(1 << 60) == {"overflow": OverflowMode.SATURATION, "nan_to_zero": True}
+    assert profiles.ctrl_settings(1 << 60 | 1 << 48) == {"overflow": OverflowMode.INF_NAN, "nan_to_zero": True}
+    assert profiles.ctrl_settings(1 << 60 | 1 << 50) == {"overflow": OverflowMode.SATURATION, "nan_to_zero": False}
+    with pytest.raises(ValueError, match="ctrl"):
+        profiles.ctrl_settings(-1)
+    dev = Device("atlas-350", **profiles.ctrl_settings(1 << 60 | 1 << 50))
+    x = np.array([np.inf, np.nan, 70000.0], np.float32)
+    assert dev.cast(x, np.float16).tolist()[0] == 65504 and np.isnan(dev.cast(x, np.float16)[1])
+    big = np.array([3e38], np.float32)
+    assert np.isinf(dev.add(big, big)[0])  # binary32 stays in INF/NaN mode on the 350
+    assert Device("atlas-a2", "saturation").add(big, big)[0] == np.finfo(np.float32).max
+    assert not profiles.get("atlas-350").choices.saturate_float32
+    assert set(profiles.CTRL_SATURATED) <= {*profiles.get("atlas-350").eight_bit, "binary16", "bfloat16"}
