@@ -9,7 +9,7 @@ import numpy as np
 
 from .checks import integer
 
-__all__ = ["split", "join", "amax", "float_input"]
+__all__ = ["split", "join", "amax", "float_input", "check_tile"]
 
 _INPUTS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -51,7 +51,12 @@ def float_input(x, what: str, block: int, tile: int) -> tuple[np.ndarray, int]:
         raise ValueError("quantize takes an array with at least one axis")
     if x.dtype not in _INPUTS:
         raise TypeError(f"{what} quantize takes binary32, binary16 or bfloat16 arrays, got {x.dtype}")
-    if integer("tile", tile, 1) not in (1, block) or (tile == block and x.ndim != 2):
+    return x, check_tile(tile, block, x.ndim)
+
+
+def check_tile(tile: int, block: int, ndim: int) -> int:
+    """``tile``: 1 (blocks along the axis) or ``block`` (square tiles, of a 2-D array only)."""
+    if integer("tile", tile, 1) not in (1, block) or (tile == block and ndim != 2):
         raise ValueError(f"tile must be 1 (1 x {block} blocks) or {block} ({block} x {block} tiles of a 2-D array), "
-                         f"got {tile} for a {x.ndim}-D array")
-    return x, tile
+                         f"got {tile} for a {ndim}-D array")
+    return int(tile)

@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .blocks import split
+from .blocks import amax as block_amax
+from .blocks import check_tile, split
 from .checks import integer
 from .formats import (
     FLOAT4_E2M1FN,
@@ -87,14 +88,16 @@ def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.n
 
 
 def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int = 32, rule: str = "floor",
-             rounding: Rounding | str | None = None, fpu: Fpu | None = None) -> MX:
+             rounding: Rounding | str | None = None, fpu: Fpu | None = None, tile: int = 1) -> MX:
     """MX quantisation of a binary16, bfloat16 or binary32 array along ``axis``.
 
     Each element is x / X (exact: X is a power of two) cast once into ``fmt`` with the
     saturating OCP cast, in ``rounding`` (default: ``fpu``'s, else to nearest even); ``fpu``
     (a device's unit, for example) keeps the cast's flags in its status and, for stochastic
     rounding, draws the random bits from its seed. A last block shorter than ``block`` is
-    padded with zeros.
+    padded with zeros. ``tile=block`` shares one scale over each ``block`` x ``block`` tile of a
+    2-D array (CANN's ``aclnnDynamicBlockMxQuant``: 32 x 32), repeated in ``scales`` for each of
+    the tile's rows.
     """
     fmt = format_of(fmt)
     if fmt not in ELEMENTS:
@@ -103,11 +106,9 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
     x = np.asarray(x)
     if x.ndim == 0:
         raise ValueError("quantize takes an array with at least one axis")
-    axis = int(axis) % x.ndim
+    axis, tile = int(axis) % x.ndim, check_tile(tile, block, x.ndim)
     blocks, pad = split(x.astype(np.float64), axis, block)
-    with np.errstate(invalid="ignore"):
-        amax = np.max(np.abs(blocks), axis=-1)
-    scales = shared_exponents(amax, fmt, rule)
+    scales = shared_exponents(block_amax(blocks, tile), fmt, rule)
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = blocks / decode(scales, FLOAT8_E8M0FNU)[..., None]
     unit = fpu or Fpu(OverflowMode.SATURATION)

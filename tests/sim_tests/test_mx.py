@@ -99,3 +99,19 @@ def test_matmul_mx_is_the_block_scaled_sum() -> None:
     assert np.array_equal(got, mx.dequantize(qa) @ mx.dequantize(qb))  # small exact values: no rounding
     with pytest.raises(ValueError, match="blocked along"):
         Device("atlas-350").matmul_mx(qb, qa)
+
+
+def test_two_dimensional_tiles_share_a_scale() -> None:
+    """aclnnDynamicBlockMxQuant's 32 x 32 blocks: one scale per tile, repeated for its rows, from the
+    tile's amax; each element is still x / X cast."""
+    x = np.random.default_rng(6).standard_normal((64, 96)).astype(np.float32)
+    x[40, 70] = 300.0
+    q = mx.quantize(x, "float8_e4m3fn", tile=32)
+    assert q.scales.shape == (64, 3)
+    assert np.all(q.scales[32:, 2] == q.scales[40, 2]) and q.scales[40, 2] > q.scales[0, 2]
+    rows = mx.quantize(x, "float8_e4m3fn")  # 1 x 32: only row 40's block has the large scale
+    assert rows.scales[40, 2] == q.scales[40, 2] and np.any(rows.scales[32:, 2] != q.scales[40, 2])
+    scale = np.repeat(q.scales.view(ml_dtypes.float8_e8m0fnu).astype(np.float64), 32, axis=1)
+    assert np.array_equal(mx.dequantize(q), np.clip(x / scale, -448, 448).astype(E4M3).astype(np.float64) * scale)
+    with pytest.raises(ValueError, match="tile must be 1 .* or 32 .*, got 32 for a 1-D array"):
+        mx.quantize(x[0], tile=32)
