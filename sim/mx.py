@@ -1,9 +1,10 @@
 """OCP Microscaling (MX) block quantisation: blocks of 32 values along an axis share one E8M0
-scale, a power of two; the elements are E4M3FN, E5M2, E3M2, E2M3 or E2M1 (MXFP8, MXFP6, MXFP4).
+scale, a power of two; the elements are E4M3FN, E5M2, E3M2, E2M3 or E2M1 (MXFP8, MXFP6, MXFP4), or
+Ascend's E1M2 (``aclnnDynamicMxQuant`` takes it, with emax 0).
 
 The shared exponent X = 2**x follows one of four rules (``rule=``), for a block's largest
 magnitude amax and the element format's largest binade emax (8 for E4M3FN, 15 for E5M2, 4 for
-E3M2, 2 for E2M3 and E2M1):
+E3M2, 2 for E2M3 and E2M1, 0 for E1M2):
 
 - ``"floor"``: x = floor(log2 amax) - emax, the OCP Microscaling Formats (MX) v1.0
   specification, section 6.3; elements that then exceed the element format's MAX are clamped to
@@ -33,6 +34,7 @@ from .blocks import amax as block_amax
 from .blocks import check_tile, split
 from .checks import integer
 from .formats import (
+    FLOAT4_E1M2FN,
     FLOAT4_E2M1FN,
     FLOAT6_E2M3FN,
     FLOAT6_E3M2FN,
@@ -48,7 +50,7 @@ from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["MX", "ELEMENTS", "RULES", "quantize", "dequantize", "shared_exponents"]
 
-ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN)
+ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, FLOAT4_E1M2FN)
 RULES = ("floor", "rceil", "ceil", "even")
 
 
@@ -124,7 +126,8 @@ def dequantize(q: MX) -> np.ndarray:
     """The binary64 values an MX array stands for (exact: elements times powers of two)."""
     elements = np.moveaxis(q.elements, q.axis, -1)
     n = elements.shape[-1]
-    blocks, _ = split(elements.astype(np.float64), -1, q.block)
+    values = decode(elements, q.format) if elements.dtype == np.uint8 else elements.astype(np.float64)
+    blocks, _ = split(values, -1, q.block)
     scales = decode(np.moveaxis(q.scales, q.axis, -1), FLOAT8_E8M0FNU)
     values = (blocks * scales[..., None]).reshape(*blocks.shape[:-2], -1)[..., :n]
     return np.moveaxis(values, -1, q.axis)

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sim import Device, Flag, formats, mx
+from sim import Device, Flag, Fpu, formats, mx
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
@@ -38,8 +38,12 @@ def test_quantize_is_the_saturating_cast_of_x_over_its_block_scale(fmt, rule: st
     assert q.elements.shape == x.shape and q.scales.shape == (5, 3)  # 70 = 32 + 32 + 6 (padded)
     scale = np.repeat(q.scales.view(ml_dtypes.float8_e8m0fnu).astype(np.float64), 32, axis=1)[:, :70]
     ratio = np.clip(x / scale, -fmt.max, fmt.max)  # exact: the scale is a power of two
-    assert np.array_equal(q.elements.view(np.uint8), ratio.astype(fmt.dtype).view(np.uint8))
-    assert np.array_equal(mx.dequantize(q), ratio.astype(fmt.dtype).astype(np.float64) * scale)
+    if fmt.dtype == np.uint8:  # E1M2: no ml_dtypes type; its cast is held to MPFR in test_eight_bit.py
+        want = Fpu().convert(ratio.astype(np.float32), fmt)
+    else:
+        want = ratio.astype(fmt.dtype).view(np.uint8)
+    assert np.array_equal(q.elements.view(np.uint8), want)
+    assert np.array_equal(mx.dequantize(q), formats.decode(want, fmt) * scale)
     if rule in ("rceil", "ceil"):  # the round-up rules never clamp
         assert np.all(np.abs(x / scale) <= fmt.max)
 

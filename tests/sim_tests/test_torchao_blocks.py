@@ -21,6 +21,7 @@ with warnings.catch_warnings():
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
 
+#: The element formats torchao's MX emulation has (not Ascend's E1M2).
 TORCH = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "float6_e2m3fn": DTYPE_FP6_E2M3,
          "float6_e3m2fn": DTYPE_FP6_E3M2, "float4_e2m1fn": torch.float4_e2m1fn_x2}
 
@@ -51,7 +52,7 @@ def blocks() -> np.ndarray:
 
 
 @pytest.mark.parametrize("rule", ("floor", "ceil", "even"))
-@pytest.mark.parametrize("fmt", mx.ELEMENTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [f for f in mx.ELEMENTS if f.name in TORCH], ids=lambda f: f.name)
 def test_scales_and_elements_are_torchaos(fmt, rule: str) -> None:
     x = blocks()
     want_scales, want = torchao(x, fmt, rule)
@@ -61,7 +62,7 @@ def test_scales_and_elements_are_torchaos(fmt, rule: str) -> None:
     assert np.array_equal(q.elements.view(np.uint8)[normal], want[normal])
 
 
-@pytest.mark.parametrize("fmt", mx.ELEMENTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [f for f in mx.ELEMENTS if f.name in TORCH], ids=lambda f: f.name)
 def test_rceil_is_exact_where_torchaos_binary32_log2_is_not(fmt) -> None:
     """RCEIL: ours is ceil(log2(amax / MAX)) exactly (what cvt.rp of the binary32 quotient gives:
     the quotient of a float32 amax just above MAX * 2**k still rounds above 2**k); torchao takes a
