@@ -17,11 +17,11 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_seven() -> None:
+def test_there_are_eight() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01-overflow-modes.ipynb", "02-scale-policies.ipynb",
                                            "03-training-on-atlas.ipynb", "04-your-own-model.ipynb",
                                            "05-who-sees-the-overflow.ipynb", "06-fp8-on-atlas-350.ipynb",
-                                           "07-your-run.ipynb"]
+                                           "07-your-run.ipynb", "08-four-bits.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
