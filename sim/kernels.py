@@ -37,7 +37,10 @@ This module stays one file, past the project's 600 lines for a module: numba's o
 is invalidated only when a cached function's own source file changes, not when a function it
 calls in another file does (numba's "Notes on Caching", cache limitations: "changes in symbols
 defined in another file are not detected"), so the one rounding routine and the loops that
-inline it live together, where an edit to it recompiles every loop.
+inline it live together, where an edit to it recompiles every loop. Two other files compile loops
+that call into this one, ``sim/binary32.py`` and ``sim/elementary/compiled.py`` (the latter one file
+past 600 lines for the same reason): after an edit here, delete their cached code
+(``find sim -name '*.nb[ci]' -delete``), which numba cannot know to recompile.
 
 Format and settings travel as a small int64 array (:func:`config`), so one
 compiled loop serves every format (the 8-bit ones too: where their overflow starts,
