@@ -75,9 +75,5 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, tile: int 
 
 def dequantize(q: BlockFP8) -> np.ndarray:
     """The binary32 values: element * (1 / scale), rounded once."""
-    elements = np.moveaxis(q.elements, q.axis, -1)
-    n = elements.shape[-1]
-    blocks, _ = split(elements.view(np.uint8), -1, 128)
-    values = decode(blocks, q.format).astype(_F32) * q.scale_inv[..., None]
-    values = values.reshape(*values.shape[:-2], -1)[..., :n]
-    return np.moveaxis(values, -1, q.axis)
+    blocks, pad = split(q.elements.view(np.uint8), q.axis, 128)
+    return join(decode(blocks, q.format).astype(_F32) * q.scale_inv[..., None], pad, q.axis)

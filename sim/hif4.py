@@ -27,7 +27,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from .blocks import float_input, split
+from .blocks import float_input, join, split
 from .formats import Format
 
 __all__ = ["HiF4", "quantize", "dequantize", "E6M2", "BLOCK"]
@@ -69,12 +69,6 @@ def _e6m2(scale: np.ndarray) -> np.ndarray:
     return (np.round(scale / step) * step).astype(_F32)
 
 
-def _e6m2_codes(scale: np.ndarray) -> np.ndarray:
-    m, e = np.frexp(scale.astype(np.float64))  # scale = m * 2**e, m in [0.5, 1): 2**(e-1) * (2m)
-    fraction = np.round((2 * m - 1) * 4).astype(np.int64)
-    return (((e - 1 + 48) << 2) | fraction).astype(np.uint8)
-
-
 def quantize(x, *, axis: int = -1) -> HiF4:
     """HiF4 quantisation of a binary32 (or binary16, bfloat16: widened exactly) array along ``axis``,
     bit for bit as the reference quantiser computes it (see the module's docstring)."""
@@ -96,12 +90,9 @@ def quantize(x, *, axis: int = -1) -> HiF4:
     mant = a / l2[..., None, None] / l3[..., None] * reciprocal[..., None, None, None]
     m = np.minimum(np.floor(mant * _F32(4) + _F32(0.5)), _F32(7)).astype(np.uint8)
     codes = m | (np.signbit(g) & (g != 0)).astype(np.uint8) << 3
-    scales = np.where(bad, np.uint8(0xFF), _e6m2_codes(scale))
-    elements = codes.reshape(*flat.shape)
-    elements = elements.reshape(*elements.shape[:-2], -1)
-    if pad:
-        elements = elements[..., :-pad]
-    return HiF4(np.moveaxis(elements, -1, axis), scales, (l2 == 2).astype(np.uint8),
+    # the scales lie on E6M2's grid: each one's code is its place among the format's finite values
+    scales = np.where(bad, np.uint8(0xFF), np.searchsorted(E6M2.values[:0xFF], scale).astype(np.uint8))
+    return HiF4(join(codes.reshape(flat.shape), pad, axis), scales, (l2 == 2).astype(np.uint8),
                 (l3 == 2).astype(np.uint8).reshape(*l3.shape[:-2], 16), axis)
 
 
@@ -109,9 +100,7 @@ def dequantize(q: HiF4) -> np.ndarray:
     """The binary32 values a HiF4 array stands for, computed as the reference does:
     ((sign * m/4) * level2 * level3) * scale, each product rounded in binary32; NaN in a block whose
     scale is NaN."""
-    elements = np.moveaxis(q.elements, q.axis, -1)
-    n = elements.shape[-1]
-    blocks, _ = split(elements, -1, BLOCK)
+    blocks, pad = split(q.elements, q.axis, BLOCK)
     g = blocks.reshape(*blocks.shape[:-1], *_SHAPE)
     magnitude = (g & 7).astype(_F32) / _F32(4)
     signed = np.where(g & 8, -magnitude, magnitude)
@@ -120,7 +109,5 @@ def dequantize(q: HiF4) -> np.ndarray:
     scale = E6M2.values[q.scales].astype(_F32)  # 0xFF: NaN
     with np.errstate(invalid="ignore"):
         values = signed * l2[..., None, None] * l3[..., None] * scale[..., None, None, None]
-    values = values.reshape(*blocks.shape)
-    values = values.reshape(*values.shape[:-2], -1)[..., :n]
-    return np.moveaxis(values, -1, q.axis)
+    return join(values.reshape(blocks.shape), pad, q.axis)
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .blocks import amax as block_amax
-from .blocks import check_tile, split
+from .blocks import check_tile, join, split
 from .checks import integer
 from .formats import (
     FLOAT4_E1M2FN,
@@ -116,18 +116,12 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
     unit = fpu or Fpu(OverflowMode.SATURATION)
     elements, flags = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite", return_flags=True)
     clamped = int(np.count_nonzero(flags & Flag.OVERFLOW))
-    elements = elements.reshape(*elements.shape[:-2], -1)
-    if pad:
-        elements = elements[..., :-pad]
-    return MX(np.moveaxis(elements, -1, axis), np.moveaxis(scales, -1, axis), fmt, axis, block, clamped)
+    return MX(join(elements, pad, axis), np.moveaxis(scales, -1, axis), fmt, axis, block, clamped)
 
 
 def dequantize(q: MX) -> np.ndarray:
     """The binary64 values an MX array stands for (exact: elements times powers of two)."""
-    elements = np.moveaxis(q.elements, q.axis, -1)
-    n = elements.shape[-1]
-    values = decode(elements, q.format) if elements.dtype == np.uint8 else elements.astype(np.float64)
-    blocks, _ = split(values, -1, q.block)
+    values = decode(q.elements, q.format) if q.elements.dtype == np.uint8 else q.elements.astype(np.float64)
+    blocks, pad = split(values, q.axis, q.block)
     scales = decode(np.moveaxis(q.scales, q.axis, -1), FLOAT8_E8M0FNU)
-    values = (blocks * scales[..., None]).reshape(*blocks.shape[:-2], -1)[..., :n]
-    return np.moveaxis(values, -1, q.axis)
+    return join(blocks * scales[..., None], pad, q.axis)

@@ -88,11 +88,7 @@ def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1
 def dequantize(q: NVFP4) -> np.ndarray:
     """The binary32 values an NVFP4 array stands for: (e2m1 * e4m3 scale) * tensor scale (the
     first product exact, the second rounded once)."""
-    elements = np.moveaxis(q.elements, q.axis, -1)
-    n = elements.shape[-1]
-    blocks, _ = split(elements, -1, BLOCK)
+    blocks, pad = split(q.elements, q.axis, BLOCK)
     e2m1 = decode(blocks, FLOAT4_E2M1FN).astype(_F32)
     scale = decode(q.scales, FLOAT8_E4M3FN).astype(_F32)
-    values = (e2m1 * scale[..., None]) * q.tensor_scale
-    values = values.reshape(*values.shape[:-2], -1)[..., :n]
-    return np.moveaxis(values, -1, q.axis)
+    return join((e2m1 * scale[..., None]) * q.tensor_scale, pad, q.axis)
