@@ -21,7 +21,7 @@ from .blocks import amax as block_amax
 from .blocks import float_input, join, split
 from .formats import FLOAT8_E4M3FN, FLOAT8_E5M2, Format, decode, format_of
 from .fpu import Fpu
-from .rounding import OverflowMode, Rounding
+from .rounding import Flag, OverflowMode, Rounding
 
 __all__ = ["BlockFP8", "quantize", "dequantize", "scales"]
 
@@ -39,6 +39,8 @@ class BlockFP8(NamedTuple):
     format: Format
     axis: int
     tile: int
+    saturated: int = 0  #: elements clamped to MAX (an Inf, or a cast that overflowed)
+    saturated_blocks: int = 0  #: blocks holding such an element
 
 
 def scales(amax, fp8_max: float, *, pow2: bool = True, eps: float = 0.0) -> np.ndarray:
@@ -68,9 +70,10 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, tile: int 
     with np.errstate(over="ignore", invalid="ignore"):
         y = blocks * scale[..., None]
     unit = fpu or Fpu(OverflowMode.SATURATION)
-    codes = unit.convert(y, fmt, rounding=rounding, overflow="satfinite")
-    elements = join(codes, pad, axis)
-    return BlockFP8(elements, (_F32(1) / scale).astype(_F32), fmt, axis, tile)
+    codes, flags = unit.convert(y, fmt, rounding=rounding, overflow="satfinite", return_flags=True)
+    over = ((flags & Flag.OVERFLOW) != 0) | np.isinf(y)  # satfinite clamps an Inf without a flag
+    return BlockFP8(join(codes, pad, axis), (_F32(1) / scale).astype(_F32), fmt, axis, tile,
+                    int(np.count_nonzero(over)), int(np.count_nonzero(over.any(axis=-1))))
 
 
 def dequantize(q: BlockFP8) -> np.ndarray:

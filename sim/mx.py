@@ -65,6 +65,7 @@ class MX(NamedTuple):
     axis: int
     block: int
     saturated: int = 0
+    saturated_blocks: int = 0  #: blocks holding such an element
 
 
 def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.ndarray:
@@ -115,8 +116,9 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
         scaled = blocks / decode(scales, FLOAT8_E8M0FNU)[..., None]
     unit = fpu or Fpu(OverflowMode.SATURATION)
     elements, flags = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite", return_flags=True)
-    clamped = int(np.count_nonzero(flags & Flag.OVERFLOW))
-    return MX(join(elements, pad, axis), np.moveaxis(scales, -1, axis), fmt, axis, block, clamped)
+    over = (flags & Flag.OVERFLOW) != 0
+    return MX(join(elements, pad, axis), np.moveaxis(scales, -1, axis), fmt, axis, block, int(np.count_nonzero(over)),
+              int(np.count_nonzero(over.any(axis=-1))))
 
 
 def dequantize(q: MX) -> np.ndarray:

@@ -26,7 +26,7 @@ from .formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, decode
 from .fpu import Fpu
 from .rounding import OverflowMode, Rounding
 
-__all__ = ["NVFP4", "quantize", "dequantize", "BLOCK", "tensor_scale"]
+__all__ = ["NVFP4", "quantize", "dequantize", "BLOCK", "tensor_scale", "tensor_scale_of"]
 
 BLOCK = 16
 _F32 = np.float32
@@ -46,12 +46,22 @@ class NVFP4(NamedTuple):
     tensor_scale: np.float32
     axis: int
     clamped: int = 0
+    clamped_blocks: int = 0  #: blocks holding such an element
 
 
 def tensor_scale(amax: float) -> np.float32:
     """The per-tensor decode scale of a tensor whose largest magnitude is ``amax``: amax / (448 * 6)
     in binary32."""
     return _F32(amax) / _F32(448.0 * 6.0)
+
+
+def tensor_scale_of(x) -> np.float32:
+    """The tensor scale two-level quantisation takes for x: :func:`tensor_scale` of its amax (NaN
+    passed over), 1 where that is not positive (a tensor of zeros, of NaN, or empty)."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore"):
+        s = tensor_scale(np.nanmax(np.abs(x.astype(_F32)))) if x.size and not np.isnan(x).all() else _F32(0)
+    return s if s > 0 else _F32(1)
 
 
 def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1,
@@ -65,9 +75,8 @@ def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1
     blocks, pad = split(x.astype(_F32), axis, BLOCK)
     amax = block_amax(blocks, tile)
     with np.errstate(invalid="ignore"):
-        if two_level is True:  # a tensor of zeros (or none) takes 1
-            s = tensor_scale(np.nanmax(np.abs(x.astype(_F32)))) if x.size else _F32(0)
-            s = s if s > 0 else _F32(1)
+        if two_level is True:
+            s = tensor_scale_of(x)
         else:
             s = _F32(1) if two_level is False else _F32(two_level)
         block = amax / _E2M1_MAX
@@ -79,10 +88,11 @@ def quantize(x, *, axis: int = -1, two_level: bool | float = True, tile: int = 1
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         reciprocal = _F32(1) / scale if two_level is False else (_F32(1) / s) / scale
         y = blocks * reciprocal[..., None]
-    clamped = int(np.count_nonzero(np.abs(y) >= 7))  # E2M1 would overflow: 7 rounds to 8
+    over = np.abs(y) >= 7  # E2M1 would overflow: 7 rounds to 8
     codes = unit.convert(np.clip(y, -_E2M1_MAX, _E2M1_MAX), FLOAT4_E2M1FN, rounding=rounding)
     elements = join(codes.view(np.uint8), pad, axis)
-    return NVFP4(elements, scale_codes.view(np.uint8), s, axis, clamped)
+    return NVFP4(elements, scale_codes.view(np.uint8), s, axis, int(np.count_nonzero(over)),
+                 int(np.count_nonzero(over.any(axis=-1))))
 
 
 def dequantize(q: NVFP4) -> np.ndarray:
@@ -91,4 +101,5 @@ def dequantize(q: NVFP4) -> np.ndarray:
     blocks, pad = split(q.elements, q.axis, BLOCK)
     e2m1 = decode(blocks, FLOAT4_E2M1FN).astype(_F32)
     scale = decode(q.scales, FLOAT8_E4M3FN).astype(_F32)
-    return join((e2m1 * scale[..., None]) * q.tensor_scale, pad, q.axis)
+    with np.errstate(invalid="ignore"):  # an Inf tensor scale (an Inf in the input): zeros become NaN
+        return join((e2m1 * scale[..., None]) * q.tensor_scale, pad, q.axis)

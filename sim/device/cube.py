@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import conv, formats, mx, profiles
+from .. import blockfp8, conv, formats, mx, nvfp4, profiles
 from .. import kernels as K
 from ..checks import integer
 from ..formats import BFLOAT16, Format, format_of
@@ -21,6 +21,9 @@ from .elementwise import _F16
 def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="sim-matmul")
 
+
+#: The block formats :meth:`_Cube.quantize_blocks` makes, by name.
+_SCHEMES = {"mx": mx, "nvfp4": nvfp4, "blockfp8": blockfp8}
 
 #: Multiply-adds below which a matmul stays on one thread (threads cost more than they save).
 THREADED_MATMUL = 1 << 18
@@ -42,7 +45,8 @@ class _Cube:
     """The cube unit's products: matmul (binary16, bfloat16, FP8, MX operands) and convolutions."""
 
     # -- reductions and matmul ----------------------------------------------------
-    def matmul(self, a, b, accumulate=None, out_dtype=None, bias=None, fuse_bias: bool | None = None) -> np.ndarray:
+    def matmul(self, a, b, accumulate=None, out_dtype=None, bias=None, fuse_bias: bool | None = None,
+               substitute: bool = True) -> np.ndarray:
         """``a @ b`` for binary16 (or bfloat16, on a profile whose cube unit takes it) matrices
         (M, K) and (K, N), or stacks of them (..., M, K) and (..., K, N) whose leading
         dimensions broadcast (one device operation for the stack).
@@ -61,13 +65,14 @@ class _Cube:
 
         Where a substitute is set (:meth:`substitute`, as a training simulator does to run a
         model's matmuls in FP8), the call goes to ``fn(device, a, b, accumulate, out_dtype)`` instead
-        (with a bias, the substitute's product and the bias are then added on the device).
+        (with a bias, the substitute's product and the bias are then added on the device);
+        ``substitute=False`` passes it by (a substitute's own binary16 matmuls).
         """
         a, b = np.asarray(plain(a)), np.asarray(plain(b))
         if out_dtype is None:
             out_dtype = a.dtype if a.dtype == BFLOAT16.dtype else np.float16
         fused = self._fused(bias, fuse_bias)
-        fn = self._substitutes.get("matmul")
+        fn = self._substitutes.get("matmul") if substitute else None
         if fn is not None:
             out = fn(self, a, b, accumulate, out_dtype)
             return out if bias is None else self.add(out, self._bias_operand(bias, out.dtype))
@@ -111,37 +116,70 @@ class _Cube:
         return out if np.dtype(out_dtype) == np.float32 else self.cast(out, out_dtype)
 
     def matmul_mx(self, a: mx.MX, b: mx.MX, out_dtype=np.float32) -> np.ndarray:
-        """``a @ b`` for MX operands (M, K) blocked along K and (K, N) blocked along K: per block
-        the cube unit's exact products and in-order binary32 sum, scaled by the two blocks'
-        powers of two (exact unless binary32 overflows or underflows), the blocks' partial sums
-        added in order in binary32."""
-        if a.axis != 1 or b.axis != 0 or a.block != b.block or a.elements.shape[1] != b.elements.shape[0]:
+        """``a @ b`` for MX operands (M, K) blocked along K and (K, N) blocked along K
+        (:meth:`matmul_blocks` with the blocks' E8M0 scales, which are powers of two: exact unless
+        binary32 overflows or underflows)."""
+        if a.axis != 1 or b.axis != 0 or a.block != b.block:
             raise ValueError("matmul_mx takes a (M, K) operand blocked along axis 1 and a (K, N) operand "
                              f"blocked along axis 0 with the same block size; got axes {a.axis}, {b.axis}, "
-                             f"blocks {a.block}, {b.block}, shapes {a.elements.shape}, {b.elements.shape}")
-        a16, b16 = self._widen8(a.elements, a.format, "a"), self._widen8(b.elements, b.format, "b")
-        fa = formats.decode(a.scales, "float8_e8m0fnu").astype(np.float32)
-        fb = formats.decode(b.scales, "float8_e8m0fnu").astype(np.float32)
+                             f"blocks {a.block}, {b.block}")
+        fa, fb = (formats.decode(q.scales, "float8_e8m0fnu").astype(np.float32) for q in (a, b))
+        return self.matmul_blocks(a.elements, b.elements, fa, fb, a.block, a.format, b.format, out_dtype=out_dtype)
+
+    def matmul_blocks(self, a, b, a_scales, b_scales, block: int, a_format: Format | str | None = None,
+                      b_format: Format | str | None = None, scale_inv: float = 1.0,
+                      out_dtype=np.float32) -> np.ndarray:
+        """``a @ b`` for block-scaled 8-, 6- or 4-bit operands (M, K) and (K, N) (as
+        :meth:`matmul_fp8` takes them), with a binary32 decode scale per ``block`` values along K:
+        ``a_scales`` (M, K / block) and ``b_scales`` (K / block, N), rounded up.
+
+        As a block-scaled GEMM computes: per block of K, the exact products added in order in
+        binary32, that sum multiplied by a's block scale, then by b's (each a binary32 rounding;
+        exact for powers of two), the blocks' partial sums added in order in binary32; then
+        ``scale_inv`` (the operands' per-tensor decode factors, NVFP4's) as :meth:`matmul_fp8`.
+        """
+        a16, b16 = self._widen8(a, a_format, "a"), self._widen8(b, b_format, "b")
+        block = integer("block", block, 1)
+        fa, fb = np.asarray(a_scales, np.float32), np.asarray(b_scales, np.float32)
+        nk = -(-a16.shape[1] // block) if a16.ndim == 2 else 0
+        if (a16.ndim != 2 or b16.ndim != 2 or a16.shape[1] != b16.shape[0]
+                or fa.shape != (a16.shape[0], nk) or fb.shape != (nk, b16.shape[1])):
+            raise ValueError(f"matmul_blocks takes (M, K) and (K, N) operands with (M, K/{block}) and (K/{block}, N) "
+                             f"scales; got {a16.shape}, {b16.shape}, scales {fa.shape}, {fb.shape}")
         total = None
-        for k in range(a.scales.shape[1]):
-            lo, hi = k * a.block, min((k + 1) * a.block, a16.shape[1])
-            part = self._product("matmul_mx", np.ascontiguousarray(a16[:, lo:hi]), np.ascontiguousarray(b16[lo:hi]),
+        for k in range(nk):
+            lo, hi = k * block, min((k + 1) * block, a16.shape[1])
+            part = self._product("matmul_blocks", np.ascontiguousarray(a16[:, lo:hi]), np.ascontiguousarray(b16[lo:hi]),
                                  np.float32, np.float32)
             part = self.mul(self.mul(part, fa[:, k:k + 1]), fb[k:k + 1, :])
             total = part if total is None else self.add(total, part)
+        if total is None:
+            total = np.zeros((a16.shape[0], b16.shape[1]), np.float32)
+        if scale_inv != 1.0:
+            total = self.mul(total, np.float32(scale_inv))
         return total if np.dtype(out_dtype) == np.float32 else self.cast(total, out_dtype)
 
     def quantize_mx(self, x, fmt: Format | str = "float8_e4m3fn", axis: int = -1, block: int = 32,
                     rule: str = "floor", rounding: Rounding | str | None = None) -> mx.MX:
         """MX block quantisation on the device (:func:`sim.mx.quantize`), in the device's rounding
         unless ``rounding`` is given; the element casts' flags reach the register."""
+        return self.quantize_blocks("mx", x, fmt, axis=axis, block=block, rule=rule, rounding=rounding)
+
+    def quantize_blocks(self, scheme: str, x, *args, **kwargs):
+        """Block quantisation on the device: ``scheme`` "mx" (:func:`sim.mx.quantize`), "nvfp4"
+        (:func:`sim.nvfp4.quantize`) or "blockfp8" (:func:`sim.blockfp8.quantize`) with its
+        arguments, the casts in the device's rounding unless ``rounding`` is given, by the device's
+        block unit (saturating, its own random bits for stochastic rounding); the casts' flags reach
+        the register."""
+        if scheme not in _SCHEMES:
+            raise ValueError(f"unknown block scheme {scheme!r}; valid: {', '.join(_SCHEMES)}")
         if self._mx_unit is None:
             self._mx_unit = Fpu(OverflowMode.SATURATION, self.fpu.rounding, self.fpu.tininess, seed=4 * self.seed + 3)
         unit = self._mx_unit
         unit.clear_status()
         x = plain(x)
-        q = mx.quantize(x, fmt, axis=axis, block=block, rule=rule, rounding=rounding, fpu=unit)
-        self._record(int(unit.status), "quantize_mx", np.asarray(x).size)
+        q = _SCHEMES[scheme].quantize(x, *args, fpu=unit, **kwargs)
+        self._record(int(unit.status), f"quantize_{scheme}", np.asarray(x).size)
         return q
 
     @staticmethod

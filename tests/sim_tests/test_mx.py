@@ -119,3 +119,34 @@ def test_two_dimensional_tiles_share_a_scale() -> None:
     assert np.array_equal(mx.dequantize(q), np.clip(x / scale, -448, 448).astype(E4M3).astype(np.float64) * scale)
     with pytest.raises(ValueError, match="tile must be 1 .* or 32 .*, got 32 for a 1-D array"):
         mx.quantize(x[0], tile=32)
+
+
+def test_block_quantisation_on_the_device_reaches_the_register() -> None:
+    """MX under the floor rule clamps 470 in a block of amax 470 (its scale is 2**0, and 470 is past
+    464, half-way from 448 to the next step: the cast overflows) and nothing in the other block;
+    block FP8 takes scale 1 for a block holding Inf and clamps the Inf;
+    both count the blocks that clamped, and their casts' flags reach the register."""
+    dev = Device("atlas-350")
+    x = np.ones((1, 64), np.float32)
+    x[0, 3] = 470.0
+    q = dev.quantize_blocks("mx", x, "float8_e4m3fn", rule="floor")
+    again = dev.quantize_mx(x, rule="floor")
+    assert (q.saturated, q.saturated_blocks) == (1, 1) and np.array_equal(q.scales, again.scales)
+    assert Flag(int(dev.status)) & Flag.OVERFLOW
+    dev.clear_float_status()
+    y = np.ones((2, 256), np.float32)
+    y[1, 200] = np.inf
+    b = dev.quantize_blocks("blockfp8", y)
+    assert (b.saturated, b.saturated_blocks) == (1, 1) and b.scale_inv[1, 1] == 1
+    assert Flag(int(dev.status)) & Flag.OVERFLOW
+    with pytest.raises(ValueError, match="unknown block scheme 'hif4'; valid: mx, nvfp4, blockfp8"):
+        dev.quantize_blocks("hif4", y)
+
+
+def test_matmul_blocks_refuses_scales_that_do_not_fit() -> None:
+    a8 = np.zeros((2, 40), ml_dtypes.float8_e4m3fn)
+    b8 = np.zeros((40, 3), ml_dtypes.float8_e4m3fn)
+    dev = Device("atlas-350")
+    assert dev.matmul_blocks(a8, b8, np.ones((2, 2)), np.ones((2, 3)), 32).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"\(M, K/32\) and \(K/32, N\) scales"):
+        dev.matmul_blocks(a8, b8, np.ones((2, 1)), np.ones((2, 3)), 32)
