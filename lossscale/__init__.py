@@ -9,8 +9,10 @@ checks, and that nothing imports in a circle):
   frameworks' scalers (``policy.frameworks``);
 - ``training``: ``simulate`` (the step loop), ``workloads`` (built in, torch, JAX, and the
   ``Workload`` protocol for your own), ``detectors`` (each framework's overflow check: where
-  in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 scaling
-  recipes and the substitute that runs a device's matmuls in FP8), ``phases`` (``PHASES`` and
+  in the step it clears and reads the register), ``optimizers``, ``fp8`` (the FP8 and block
+  scaling recipes and the substitute that runs a device's matmuls in them), ``operands`` (each
+  matmul's GEMM, and the figures of a quantised operand), ``shadow`` (alternatives computed on the
+  run's operands), ``phases`` (``PHASES`` and
   ``begin_phase``: the step's phases as the device's context tags);
 - ``app``: ``cli``, ``files``, ``plots``, ``sweep``, ``results`` (``load_run``: an output
   folder back as typed values, exported here and imported on first use).

@@ -252,7 +252,13 @@ def _describe(run: Run) -> str:
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in f["arguments"].items())
         notes.append(f"fp8 matmuls: {f['recipe']} ({shown}), {f['formats']['forward']} forward, "
                      f"{f['formats']['backward']} backward; {f['tensors']} tensors, {f['saturated_elements']} "
-                     f"elements overflowed, {f['nonfinite_elements']} became NaN or Inf")
+                     f"elements overflowed, {f['nonfinite_elements']} became NaN or Inf, "
+                     f"{f.get('underflowed_elements', 0)} underflowed to zero")
+    for name, a in (s.get("shadow") or {}).items():
+        notes.append(f"shadow {name} ({a['recipe']}, {a['formats']['forward']} forward, {a['formats']['backward']} "
+                     f"backward{', ' + a['overflow_mode'].lower() if a['overflow_mode'] else ''}): "
+                     f"{a['saturated_elements']} elements would have overflowed, {a['nonfinite_elements']} become NaN "
+                     f"or Inf, {a['underflowed_elements']} underflowed to zero")
     return "\n".join([head, *notes])
 
 

@@ -1,6 +1,7 @@
 """Run files: ``trajectory.csv``, ``summary.json``, ``events.csv`` (the devices' event log,
-when kept), ``fp8.csv`` (every tensor's FP8 scale per step, with an FP8 recipe), ``scale.png``,
-``events.png`` and ``fp8.png``, written whole; a replay's ``replay.csv``.
+when kept), ``fp8.csv`` (every tensor's FP8 scale per step, with an FP8 recipe), ``shadow.csv``
+(what each alternative would have given, with shadows), ``scale.png``, ``events.png``, ``fp8.png``
+and ``shadow.png``, written whole; a replay's ``replay.csv``.
 
 Every file is written to a temporary name in the same folder and renamed into
 place, so an interrupted run never leaves a half-written file that looks
@@ -20,12 +21,22 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from ..replay import Decision, Log
-from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, SCHEMA, EventRow, Fp8Row, Run
+from ..training.records import (
+    COLUMNS,
+    EVENT_COLUMNS,
+    FP8_COLUMNS,
+    SCHEMA,
+    SHADOW_COLUMNS,
+    EventRow,
+    Fp8Row,
+    Run,
+    ShadowRow,
+)
 
 __all__ = ["write_atomic", "write_run", "read_run", "check_out", "check_path", "check_folder", "write_plots",
            "KeepWritten", "MANIFEST", "write_manifest", "add_to_manifest", "own_files", "foreign_files",
@@ -310,15 +321,18 @@ def write_run(run: Run, out: Path, plot: bool = True, fmt: str = "png") -> list[
     if run.summary.get("fp8"):
         paths.append(out / "fp8.csv")
         write_atomic(paths[-1], _csv(FP8_COLUMNS, run.fp8))
+    if run.summary.get("shadow"):
+        paths.append(out / "shadow.csv")
+        write_atomic(paths[-1], _csv(SHADOW_COLUMNS, run.shadow))
     if plot:
         paths += write_plots(run, out, fmt)
     return paths
 
 
 def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
-    """``scale.png``, ``events.png`` when the run has events, ``fp8.png`` when it ran FP8 matmuls
-    (or .svg, .pdf); their paths."""
-    from .plots import plot_events, plot_fp8, plot_run
+    """``scale.png``, ``events.png`` when the run has events, ``fp8.png`` when it ran FP8 matmuls,
+    ``shadow.png`` when it had shadows (or .svg, .pdf); their paths."""
+    from .plots import plot_events, plot_fp8, plot_run, plot_shadow
     paths = [Path(out) / f"scale.{fmt}"]
     write_atomic(paths[0], plot_run(run, fmt=fmt))
     if run.events:
@@ -327,6 +341,9 @@ def write_plots(run: Run, out: Path, fmt: str = "png") -> list[Path]:
     if run.fp8:
         paths.append(Path(out) / f"fp8.{fmt}")
         write_atomic(paths[-1], plot_fp8(run, fmt=fmt))
+    if run.shadow:
+        paths.append(Path(out) / f"shadow.{fmt}")
+        write_atomic(paths[-1], plot_shadow(run, fmt=fmt))
     return paths
 
 
@@ -356,10 +373,12 @@ def read_run(folder: Path) -> Run:
         raise ValueError(f"{str(folder / 'summary.json')!r} is not valid JSON ({err})") from None
     records = _rows(folder / "trajectory.csv", text, SCHEMA)
     logs = {}
-    for name, record in (("events", EventRow), ("fp8", Fp8Row)):
+    for name, record in (("events", EventRow), ("fp8", Fp8Row), ("shadow", ShadowRow)):
         path = folder / f"{name}.csv"
-        logs[name] = _rows(path, path.read_text(), {f.name: f.type for f in fields(record)}) if path.exists() else []
-    return Run(records, summary, summary.get("arguments", {}), logs["events"], logs["fp8"])
+        logs[name] = _rows(path, path.read_text(), {f.name: f.type for f in fields(record)},
+                           {f.name: f.default for f in fields(record) if f.default is not MISSING}) \
+            if path.exists() else []
+    return Run(records, summary, summary.get("arguments", {}), logs["events"], logs["fp8"], logs["shadow"])
 
 
 def cell(kind: Any, text: str) -> Any:
@@ -385,19 +404,22 @@ def cell(kind: Any, text: str) -> Any:
 _BOOLS = {"1": True, "0": False, "True": True, "False": False}
 
 
-def _rows(path: Path, text: str, kinds: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(path: Path, text: str, kinds: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """A CSV file's rows, each cell by :func:`cell` of its column's type in ``kinds`` (whose keys
-    are the columns, in order); ValueError naming the file and line."""
+    are the columns, in order); ValueError naming the file and line. A file written before the
+    columns that have ``defaults`` were added (the first columns only) reads with those."""
     columns = tuple(kinds)
     reader = csv.DictReader(io.StringIO(text))
-    if tuple(reader.fieldnames or ()) != columns:
+    have = tuple(reader.fieldnames or ())
+    missing = columns[len(have):]
+    if have != columns[:len(have)] or not set(missing) <= set(defaults or {}):
         raise ValueError(f"{str(path)!r} does not have the columns {', '.join(columns)}")
     rows = []
     for line, row in enumerate(reader, start=2):
         try:
             if None in row or None in row.values():
                 raise ValueError("wrong number of cells")
-            rows.append({k: cell(kinds[k], v) for k, v in row.items()})
+            rows.append({**{k: cell(kinds[k], v) for k, v in row.items()}, **{k: defaults[k] for k in missing}})
         except (TypeError, ValueError) as err:
             raise ValueError(f"{str(path)!r} line {line} is malformed ({err}); the file may be truncated") from None
     return rows

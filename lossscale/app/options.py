@@ -116,6 +116,8 @@ def _setting(p: argparse.ArgumentParser, f: Field, **override: Any) -> None:
     if meta["table"]:
         metavar = "[MANAGER:]KEY=VALUE" if f.name == "manager_args" else "KEY=VALUE"
         kwargs.update(action="append", metavar=metavar, default=[])
+    elif meta["many"]:
+        kwargs.update(nargs="+", metavar="NAME")
     elif meta["low"] is not None:
         kwargs.update(type=_integer(meta["low"], meta["high"]))
     elif isinstance(f.default, bool):

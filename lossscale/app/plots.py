@@ -20,7 +20,8 @@ from ..training.records import Run
 from . import IMAGE_FORMATS
 
 __all__ = ["plot_run", "figure_run", "plot_compare", "figure_compare", "heatmaps", "figure_heatmaps", "plot_events",
-           "figure_events", "figure_fp8", "plot_fp8", "figure_replay", "plot_replay", "InlineFigure", "IMAGE_FORMATS",
+           "figure_events", "figure_fp8", "plot_fp8", "figure_shadow", "plot_shadow", "figure_replay", "plot_replay",
+           "InlineFigure", "IMAGE_FORMATS",
            "MARKS"]
 
 
@@ -360,6 +361,66 @@ def figure_fp8(run: Run, rank: int = 0) -> Figure:
     axes[0].set_title(f"FP8 matmuls: {f.get('recipe', '?')} ({shown})\n{_title(run)}\n"
                       f"one panel per tensor group (label.phase): each tensor's scale solid, its amax dotted",
                       fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_shadow(run: Run, fmt: str = "png") -> bytes:
+    """The shadow log as image bytes: see :func:`figure_shadow`."""
+    return _png(figure_shadow(run), fmt)
+
+
+#: What a shadow panel draws per step: (column, share of the elements, label, style).
+_SHADOW_LINES = (("saturated", True, "saturated (share of elements)", dict(color="tab:orange", marker="s")),
+                 ("nonfinite", True, "NaN or Inf (share)", dict(color="tab:red", marker=".")),
+                 ("underflowed", True, "underflowed to zero (share)", dict(color="tab:blue", marker="v")),
+                 ("rel_error", False, "relative error (median over tensors)", dict(color="black", marker="")))
+
+
+def _shadow_series(rows: list[dict], steps: list[int]) -> dict[str, np.ndarray]:
+    """Per step, the shares of the elements over all tensors and the median relative error."""
+    out = {}
+    for column, share, _, _ in _SHADOW_LINES:
+        values = []
+        for t in steps:
+            mine = [r for r in rows if r["step"] == t]
+            if share:
+                total = sum(r["elements"] for r in mine)
+                values.append(sum(r[column] for r in mine) / total if total else np.nan)
+            else:
+                values.append(float(np.median([r[column] for r in mine])) if mine else np.nan)
+        with np.errstate(invalid="ignore"):
+            series = np.array(values, float)
+            out[column] = np.where(series > 0, series, np.nan)  # a log axis: zero is not drawn
+    return out
+
+
+def figure_shadow(run: Run, rank: int = 0) -> Figure:
+    """The shadow log of ``rank``: one panel per alternative, with per step the share of all its
+    operands' elements that would have saturated, become NaN or Inf, and underflowed to zero,
+    and the median over tensors of the relative error against the binary32 operands, on a log
+    axis (zero not drawn); the run's own recipe (fp8.csv) dashed beside each, where it has one."""
+    rows = [r for r in run.shadow if r["rank"] == rank]
+    names = list(dict.fromkeys(r["shadow"] for r in rows))
+    steps = sorted({r["step"] for r in rows})
+    own = _shadow_series([r for r in run.fp8 if r["rank"] == rank], steps) if run.fp8 else None
+    fig = InlineFigure(figsize=(9, 2.1 * max(len(names), 1) + 1.2))
+    axes = fig.subplots(max(len(names), 1), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, name in zip(axes, names, strict=False):
+        series = _shadow_series([r for r in rows if r["shadow"] == name], steps)
+        for column, _, text, style in _SHADOW_LINES:
+            ax.plot(steps, series[column], ms=3, lw=1.1, label=text, **style)
+            if own is not None:
+                ax.plot(steps, own[column], ls="--", lw=0.9, color=style["color"], alpha=0.6)
+        ax.set_yscale("log")
+        a = (run.summary.get("shadow") or {}).get(name, {})
+        ax.set_ylabel(f"{name}\n({a.get('recipe', '?')})", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=6)
+    axes[-1].set_xlabel("step")
+    f = run.summary.get("fp8") or {}
+    axes[0].set_title(f"shadows on the run's operands (the run: {f.get('recipe', 'binary16 matmuls')}"
+                      f"{', dashed' if own is not None else ''})\n{_title(run)}", fontsize=8)
     fig.tight_layout()
     return fig
 

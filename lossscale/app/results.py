@@ -13,7 +13,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..training.records import COLUMNS, EVENT_COLUMNS, FP8_COLUMNS, EventRow, Fp8Row, Row, Run, Summary
+from ..training.records import (
+    COLUMNS,
+    EVENT_COLUMNS,
+    FP8_COLUMNS,
+    SHADOW_COLUMNS,
+    EventRow,
+    Fp8Row,
+    Row,
+    Run,
+    ShadowRow,
+    Summary,
+)
 from .files import check_folder, read_run
 from .sweep import load_grid, read_results
 
@@ -58,7 +69,7 @@ def summary_of(data: dict[str, Any]) -> Summary:
 @dataclass(frozen=True)
 class RunResult:
     """A run folder: the trajectory (a :class:`Row` per step), the :class:`Summary`, the event
-    log and the FP8 log (empty when the run kept none), and :attr:`run`, the same as plain dicts
+    log, the FP8 log and the shadow log (empty when the run kept none), and :attr:`run`, the same as plain dicts
     for the ``figure_*`` functions of :mod:`lossscale.app.plots`."""
 
     folder: Path
@@ -67,12 +78,13 @@ class RunResult:
     events: tuple[EventRow, ...]
     fp8: tuple[Fp8Row, ...]
     run: Run = field(repr=False)
+    shadow: tuple[ShadowRow, ...] = ()
 
     def to_pandas(self, table: str = "trajectory") -> pandas.DataFrame:
-        """``table`` (``trajectory``, ``events`` or ``fp8``) as a DataFrame, a column per field
-        (``register`` holds its 8 numbers as a tuple)."""
+        """``table`` (``trajectory``, ``events``, ``fp8`` or ``shadow``) as a DataFrame, a column per
+        field (``register`` holds its 8 numbers as a tuple)."""
         tables = {"trajectory": (self.rows, COLUMNS), "events": (self.events, EVENT_COLUMNS),
-                  "fp8": (self.fp8, FP8_COLUMNS)}
+                  "fp8": (self.fp8, FP8_COLUMNS), "shadow": (self.shadow, SHADOW_COLUMNS)}
         if table not in tables:
             raise ValueError(f"unknown table {table!r}; valid: {', '.join(tables)}")
         rows, columns = tables[table]
@@ -117,7 +129,8 @@ class SweepResult:
 def _run(folder: Path) -> RunResult:
     run = read_run(folder)
     return RunResult(folder, tuple(Row(**r) for r in run.records), summary_of(run.summary),
-                     tuple(EventRow(**e) for e in run.events), tuple(Fp8Row(**r) for r in run.fp8), run)
+                     tuple(EventRow(**e) for e in run.events), tuple(Fp8Row(**r) for r in run.fp8), run,
+                     tuple(ShadowRow(**r) for r in run.shadow))
 
 
 def compare_members(folder: Path) -> list[Path]:

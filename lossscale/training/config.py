@@ -23,6 +23,7 @@ from ..policy.core import MANAGERS, REQUIRED, Manager
 from .detectors import ALIASES, DETECTORS, Detector, make_detector
 from .fp8 import RECIPES, Recipe, make_recipe
 from .pipeline import check_stages
+from .shadow import alternatives
 from .workloads import WORKLOADS, Workload, check_split, is_import_path, make_workload
 
 __all__ = ["setting", "settings", "recorded", "check_arguments", "integer_problems", "DEFAULTS", "manager_arguments",
@@ -72,7 +73,7 @@ def fp8_recipe(fp8: Any, args: Any) -> Recipe | None:
     the recipe or its arguments are wrong."""
     if fp8 is None:
         if args:
-            raise ValueError("fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')")
+            raise ValueError(f"fp8_args go with an fp8 recipe (fp8= one of {', '.join(RECIPES)})")
         return None
     return make_recipe(fp8, **(args if isinstance(args, dict) else {}))
 
@@ -85,7 +86,7 @@ def check_fp8_profile(recipe: Recipe | None, profile: str | profiles.Profile, al
     if recipe is None:
         return None
     prof = profiles.get(profile)
-    wanted = list(dict.fromkeys(f.name for f in recipe.formats()))
+    wanted = list(dict.fromkeys(f.name for f in recipe.needs()))
     lacking = [f for f in wanted if f not in prof.eight_bit]
     if not lacking:
         return None
@@ -98,6 +99,18 @@ def check_fp8_profile(recipe: Recipe | None, profile: str | profiles.Profile, al
         raise ValueError(f"{refusal}; choose one of those profiles, or emulate them anyway (allow_unsupported=True, "
                          f"--allow-unsupported)")
     return f"{refusal}; emulated anyway (allow_unsupported)"
+
+
+def _check_shadow(get: Callable[[str], Any]) -> None:
+    if not get("shadow"):
+        return
+    try:
+        recipe = fp8_recipe(get("fp8"), get("fp8_args"))
+    except ValueError:
+        return  # the fp8 setting's own check says what is wrong
+    for alt in alternatives(get("shadow"), recipe):
+        if get("profile") in profiles.names():
+            check_fp8_profile(alt.recipe, get("profile"), bool(get("allow_unsupported")))
 
 
 def _check_fp8(get: Callable[[str], Any]) -> None:
@@ -151,7 +164,7 @@ MAX_STEPS, MAX_RANKS = 10_000_000, 4096
 
 def setting(default: Any, help: str, *, option: str | None = "", choices: Callable[[], list[str]] | None = None,
             low: int | None = None, high: int | None = None, table: bool = False, words: bool = False,
-            named: bool = False,
+            named: bool = False, many: bool = False,
             recorded: bool = True, listed_after: str | None = None, check: Check | None = None,
             importable: bool = False) -> Any:
     """A :class:`RunConfig` field and what the layers need to know of it.
@@ -159,7 +172,8 @@ def setting(default: Any, help: str, *, option: str | None = "", choices: Callab
     ``option``: the command-line option ("": ``--`` and the name with dashes; None: none);
     ``choices``: the valid names (command-line choices; with ``check`` unset, also checked);
     ``low``, ``high``: an integer of at least, at most, this; ``table``: arguments as a table (``KEY=VALUE`` on the
-    command line, ``words`` keeping text values); ``named``: a name or an object, the summary
+    command line, ``words`` keeping text values); ``many``: a list of names (one option, several
+    values); ``named``: a name or an object, the summary
     records the name only; ``recorded``: part of what the run is (``summary.json``'s
     arguments, a sweep axis) rather than of how it runs; ``listed_after``: its place among the
     recorded settings when not its field order (where files have always had it); ``check``:
@@ -167,7 +181,7 @@ def setting(default: Any, help: str, *, option: str | None = "", choices: Callab
     path ``package.module:attribute`` names a value of the user's.
     """
     meta = {"help": help, "option": option, "choices": choices, "low": low, "high": high, "table": table,
-            "words": words,
+            "words": words, "many": many,
             "named": named, "recorded": recorded, "listed_after": listed_after, "check": check,
             "importable": importable}
     return field(default=default, metadata=meta)
@@ -228,8 +242,12 @@ class RunConfig:
         "tensor's scale",
         choices=lambda: list(RECIPES), named=True, check=_check_fp8)
     fp8_args: dict[str, Any] | None = setting(
-        None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=rceil",
-        option="--fp8-arg", table=True, words=True)
+        None, "the recipe's arguments, such as fp8_format=HIF8, margin=1, amax_history_len=16, rule=rceil, "
+        "gemms=fprop,dgrad, keep=lm_head", option="--fp8-arg", table=True, words=True)
+    shadow: tuple[str | Recipe, ...] | None = setting(
+        None, "alternatives computed on the same operands at every step, changing nothing (shadow.csv): a recipe "
+        "NAME[:KEY=VALUE...] (nvfp4, mx:rule=floor), an element format (the run's recipe in it: hifloat8), or an "
+        "overflow mode (the run's recipe under it: saturation)", many=True, check=_check_shadow)
     micro_batches: int = setting(
         1, "forward and backward passes per optimizer step on each rank (gradient accumulation: each rank's "
         "part of the batch split into this many micro-batches, their binary16 gradients summed; 1: none)", low=1,
@@ -275,6 +293,9 @@ class RunConfig:
             value = getattr(self, f.name)
             if f.metadata["table"]:
                 value = dict(value or {})
+            elif f.metadata["many"] and value is not None:
+                value = [v if isinstance(v, str) else type(v).__name__ for v in ([value] if isinstance(value, str)
+                                                                                  else value)]
             elif f.metadata["named"] and not isinstance(value, str):
                 value = None
             out[f.name] = names.get(f.name, value)

@@ -18,7 +18,20 @@ the update in ``common/recipe/delayed_scaling.cu`` and ``recipe_common.cuh``):
   0 gives scale 1.
 - :class:`MXScaling`: OCP MX blocks of 32 with E8M0 scales (``rule="floor"``, OCP's, or
   ``"rceil"``, TE's and cuBLAS's round-up, or torchao's ``"ceil"`` and ``"even"``: ``sim.mx.RULES``), no
-  per-tensor state.
+  per-tensor state; :class:`MXFP8Scaling` is TE's ``MXFP8BlockScaling``: E4M3 both ways, RCEIL.
+- :class:`BlockScaling` (TE ``Float8BlockScaling``, DeepSeek-V3): a binary32 scale per 1 x 128
+  block of activations and gradients and per 128 x 128 tile of weights, power-of-two scales by
+  default (``sim.blockfp8``), E4M3 both ways.
+- :class:`NVFP4Scaling` (TE ``NVFP4BlockScaling``, arXiv 2509.25149): E2M1 elements, an E4M3 scale
+  per 16 values and a binary32 scale per tensor (``sim.nvfp4``), 16 x 16 tiles for weights,
+  stochastic rounding for gradients. Not modelled: the random Hadamard transform TE applies to the
+  wgrad GEMM's inputs.
+
+Every recipe names the GEMMs it quantises (``gemms``: of fprop, dgrad, wgrad; see
+:mod:`lossscale.training.operands` for how a matmul's GEMM is found) and the layers it leaves in
+binary16 (``keep``: fnmatch patterns of labels, such as ``lm_head`` or ``*.h.1[01].*``: NVFP4's
+recipe keeps the last blocks in high precision). Blocks run along each GEMM's contraction axis, as
+TE quantises an operand row-wise or column-wise for the GEMM that takes it.
 
 Across data-parallel ranks (``AmaxGroup``), delayed scaling reduces each tensor's amax with MAX
 over the group before the scale update, as TE's ``FP8GlobalStateManager.reduce_and_update_fp8_tensors``
@@ -28,45 +41,71 @@ the amax_reduction_group ... If set to False ... every GPU maintains local amaxe
 factors"). Without the reduction the ranks' scales may part; the first step they do so warns.
 
 ``fp8_format``: ``"HYBRID"`` (TE's default: E4M3 in the forward pass, max 448, E5M2 in the
-backward pass, max 57344), ``"E4M3"``, or ``"HIF8"`` (HiFloat8 both ways, max 32768: the
-Atlas 350's own format, rounded ties-away as its cube unit's ``CAST_ROUND``).
+backward pass, max 57344), ``"E4M3"``, ``"HIF8"`` (HiFloat8 both ways, max 32768: the
+Atlas 350's own format, rounded ties-away as its cube unit's ``CAST_ROUND``), or any signed 8-,
+6- or 4-bit element format of the catalogue by name, both ways.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from sim import Device, Flag, mx
+from sim import Device, Flag, blockfp8, mx, nvfp4
 from sim.checks import integer
 from sim.device.cube import matrix_stacks
-from sim.formats import FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode
+from sim.formats import EIGHT_BIT, FLOAT4_E2M1FN, FLOAT8_E4M3FN, FLOAT8_E5M2, HIFLOAT8, Format, decode, format_of
 
 from ..policy.core import F32_MAX
 from . import records
+from .operands import GEMMS, Operand, Roles, amax_of, figures
 from .phases import current_phase, current_step
 
-__all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "TensorScaler", "Fp8Matmuls", "RECIPES",
-           "FP8_FORMATS", "make_recipe", "amax_of", "AmaxGroup"]
+__all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "MXFP8Scaling", "BlockScaling", "NVFP4Scaling",
+           "TensorScaler", "Quantiser", "Fp8Matmuls", "RECIPES", "FP8_FORMATS", "ELEMENT_FORMATS", "make_recipe",
+           "amax_of", "AmaxGroup"]
 
 #: Formats by recipe format and pass: (forward, backward).
 FP8_FORMATS: dict[str, tuple[Format, Format]] = {
     "HYBRID": (FLOAT8_E4M3FN, FLOAT8_E5M2), "E4M3": (FLOAT8_E4M3FN, FLOAT8_E4M3FN), "HIF8": (HIFLOAT8, HIFLOAT8),
 }
+#: The element formats a recipe may name for both passes: the catalogue's signed 8-, 6- and 4-bit ones.
+ELEMENT_FORMATS: tuple[Format, ...] = tuple(f for f in EIGHT_BIT if f.signed)
 F32 = np.float32
 
 
 def _format_name(value: str) -> str:
     key = str(value).upper()
-    if key not in FP8_FORMATS:
-        raise ValueError(f"unknown fp8_format {value!r}; valid: {', '.join(FP8_FORMATS)}")
-    return key
+    if key in FP8_FORMATS:
+        return key
+    names = {f.name: f for f in ELEMENT_FORMATS}
+    try:
+        fmt = format_of(value) if isinstance(value, str) else None
+    except ValueError:
+        fmt = None
+    if fmt is None or fmt.name not in names:
+        raise ValueError(f"unknown fp8_format {value!r}; valid: {', '.join(FP8_FORMATS)}, or an element format "
+                         f"({', '.join(names)})")
+    return fmt.name
+
+
+def _names(what: str, value: Any, valid: Sequence[str] | None = None) -> tuple[str, ...]:
+    """A recipe's list argument: a sequence of names, or one text of comma-separated names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise ValueError(f"{what} must be names (a list, or text separated by commas), got {value!r}")
+    names = tuple(v.strip() for v in items if v.strip())
+    wrong = [n for n in names if valid is not None and n not in valid]
+    if wrong:
+        raise ValueError(f"{what}: unknown {', '.join(map(repr, wrong))}; valid: {', '.join(valid)}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -74,16 +113,34 @@ class Recipe:
     """Base of the FP8 recipes: ``initial()``, ``scale(state, amax, fp8_max)`` (the scale this
     step quantises with), ``next(state, amax, fp8_max)`` (the state after the step)."""
 
-    #: Whether the recipe scales whole tensors (MX scales blocks).
+    #: Whether the recipe scales whole tensors (the block recipes scale blocks).
     per_tensor: ClassVar[bool] = True
     fp8_format: str = "HYBRID"
+    #: The GEMMs it quantises; the others run in binary16.
+    gemms: tuple[str, ...] = GEMMS
+    #: Labels (fnmatch patterns) whose matmuls run in binary16.
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _format_name(self.fp8_format))
+        object.__setattr__(self, "gemms", _names("gemms", self.gemms, GEMMS))
+        object.__setattr__(self, "keep", _names("keep", self.keep))
 
     def formats(self) -> tuple[Format, Format]:
         """The (forward, backward) element formats."""
-        return FP8_FORMATS[self.fp8_format]
+        if self.fp8_format in FP8_FORMATS:
+            return FP8_FORMATS[self.fp8_format]
+        return (format_of(self.fp8_format),) * 2
+
+    def needs(self) -> tuple[Format, ...]:
+        """The narrow formats the recipe computes in (elements and block scales)."""
+        return tuple(dict.fromkeys(self.formats()))
+
+    def applies(self, label: str, gemm: str) -> bool:
+        """Whether a matmul of ``label`` in ``gemm`` is quantised (a backward matmul not matched
+        to its layer: where both backward GEMMs are)."""
+        wanted = gemm in self.gemms if gemm != "backward" else {"dgrad", "wgrad"} <= set(self.gemms)
+        return wanted and not any(fnmatch.fnmatchcase(label, k) for k in self.keep)
 
     def initial(self) -> Any:
         raise NotImplementedError
@@ -146,12 +203,6 @@ class DelayedScaling(Recipe):
         return DelayedState(scale, rolled)
 
 
-def amax_of(x: np.ndarray) -> float:
-    """A tensor's amax as Transformer Engine's kernels reduce it: fmaxf over |x| from 0, which
-    passes over NaN (an all-NaN tensor has amax 0) and keeps Inf."""
-    return float(np.fmax.reduce(np.abs(np.asarray(x, np.float32)).reshape(-1), initial=0.0))
-
-
 class CurrentState(NamedTuple):
     scale: np.float32
 
@@ -192,23 +243,11 @@ class CurrentScaling(Recipe):
 
 
 @dataclass(frozen=True)
-class MXScaling(Recipe):
-    """OCP MX block scaling: E8M0 scales per block of ``block`` values along the contraction
-    axis (``rule``: one of ``sim.mx.RULES``: "floor", OCP's, "rceil", the round-up rule); ``scale`` reports the
-    tensor's largest block scale's reciprocal, for the trajectories."""
+class BlockRecipe(Recipe):
+    """Base of the block recipes: no per-tensor state; :meth:`operand` quantises one matrix of a
+    GEMM along its contraction axis."""
 
     per_tensor: ClassVar[bool] = False
-    fp8_format: str = "E4M3"
-    rule: str = "floor"
-    block: int = 32
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.fp8_format == "HIF8":
-            raise ValueError("MX blocks hold E4M3 or E5M2 elements (fp8_format E4M3 or HYBRID), not HiFloat8")
-        if self.rule not in mx.RULES:
-            raise ValueError(f"unknown MX rule {self.rule!r}; valid: {', '.join(mx.RULES)}")
-        integer("block", self.block, 1)
 
     def initial(self) -> tuple:
         return ()
@@ -218,6 +257,119 @@ class MXScaling(Recipe):
 
     def next(self, state: tuple, amax: float, fp8_max: float) -> tuple:
         return ()
+
+    def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:
+        """Matrix ``x`` of a GEMM quantised on ``dev`` along ``axis`` (1: the left operand, 0: the
+        right), as ``role`` (activation, weight, gradient); ``whole``: the operand it is a matrix of."""
+        raise NotImplementedError
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _blocked(scales: np.ndarray, axis: int) -> np.ndarray:
+    """Per-block scales with the quantised axis last, laid out as matmul_blocks takes them."""
+    return np.asarray(scales, F32) if axis == 1 else np.ascontiguousarray(np.asarray(scales, F32).T)
+
+
+@dataclass(frozen=True)
+class MXScaling(BlockRecipe):
+    """OCP MX block scaling: E8M0 scales per block of ``block`` values along the contraction
+    axis (``rule``: one of ``sim.mx.RULES``: "floor", OCP's, "rceil", the round-up rule); its
+    ``scale`` is the tensor's largest block scale's reciprocal."""
+
+    fp8_format: str = "E4M3"
+    rule: str = "floor"
+    block: int = 32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        wrong = [f.name for f in self.needs() if f not in mx.ELEMENTS]
+        if wrong:
+            raise ValueError(f"MX blocks hold {', '.join(f.name for f in mx.ELEMENTS)} elements, not "
+                             f"{', '.join(wrong)}")
+        if self.rule not in mx.RULES:
+            raise ValueError(f"unknown MX rule {self.rule!r}; valid: {', '.join(mx.RULES)}")
+        integer("block", self.block, 1)
+
+    def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:
+        q = dev.quantize_blocks("mx", x, fmt, axis=axis, block=self.block, rule=self.rule)
+        scales = decode(q.scales, "float8_e8m0fnu").astype(F32)
+        return Operand(q.elements, fmt, scales, self.block, F32(1), mx.dequantize(q), 1 / scales.astype(np.float64),
+                       q.saturated, q.saturated_blocks)
+
+
+@dataclass(frozen=True)
+class MXFP8Scaling(MXScaling):
+    """Transformer Engine's ``MXFP8BlockScaling``: MX blocks of 32, E4M3 in both passes, scales by
+    the round-up rule (RCEIL, as TE's and cuBLAS's quantisers take them)."""
+
+    rule: str = "rceil"
+
+
+@dataclass(frozen=True)
+class BlockScaling(BlockRecipe):
+    """Transformer Engine's ``Float8BlockScaling`` (DeepSeek-V3's recipe): a binary32 scale per
+    1 x 128 block of activations and gradients and per 128 x 128 tile of weights, powers of two
+    unless ``pow2`` is false; ``amax_epsilon`` the least amax a scale is taken from
+    (:mod:`sim.blockfp8`)."""
+
+    fp8_format: str = "E4M3"
+    pow2: bool = True
+    amax_epsilon: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        wrong = [f.name for f in self.needs() if f not in (FLOAT8_E4M3FN, FLOAT8_E5M2)]
+        if wrong:
+            raise ValueError(f"block-scaled FP8 holds float8_e4m3fn or float8_e5m2 elements (fp8_format E4M3 or "
+                             f"HYBRID), not {', '.join(wrong)}")
+        _flag("pow2", self.pow2)
+        if not (isinstance(self.amax_epsilon, (int, float)) and math.isfinite(self.amax_epsilon)
+                and self.amax_epsilon >= 0):
+            raise ValueError(f"amax_epsilon must be a finite number >= 0, got {self.amax_epsilon!r}")
+
+    def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:
+        q = dev.quantize_blocks("blockfp8", x, fmt, axis=axis, tile=128 if role == "weight" else 1, pow2=self.pow2,
+                                eps=self.amax_epsilon)
+        scales = _blocked(q.scale_inv, axis)
+        return Operand(q.elements, fmt, scales, 128, F32(1), blockfp8.dequantize(q), 1 / scales.astype(np.float64),
+                       q.saturated, q.saturated_blocks)
+
+
+@dataclass(frozen=True)
+class NVFP4Scaling(BlockRecipe):
+    """Transformer Engine's ``NVFP4BlockScaling``: E2M1 elements with an E4M3 scale per 16 values
+    and, with ``two_level``, a binary32 scale per tensor (:mod:`sim.nvfp4`); 16 x 16 tiles for
+    weights (``weight_tiles``), stochastic rounding for gradients (``stochastic_gradients``).
+    Its random Hadamard transform of wgrad's inputs is not modelled."""
+
+    fp8_format: str = "float4_e2m1fn"
+    two_level: bool = True
+    weight_tiles: bool = True
+    stochastic_gradients: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fp8_format != FLOAT4_E2M1FN.name:
+            raise ValueError(f"NVFP4's elements are float4_e2m1fn, not {self.fp8_format}")
+        for name in ("two_level", "weight_tiles", "stochastic_gradients"):
+            _flag(name, getattr(self, name))
+
+    def needs(self) -> tuple[Format, ...]:
+        return FLOAT4_E2M1FN, FLOAT8_E4M3FN
+
+    def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:
+        q = dev.quantize_blocks("nvfp4", x, axis=axis, two_level=nvfp4.tensor_scale_of(whole) if self.two_level
+                                else False, tile=16 if role == "weight" and self.weight_tiles else 1,
+                                rounding="stochastic" if role == "gradient" and self.stochastic_gradients else None)
+        scales = _blocked(decode(q.scales, FLOAT8_E4M3FN).astype(F32), axis)
+        with np.errstate(divide="ignore", invalid="ignore"):  # an Inf tensor scale: NaN, as the values
+            encode = 1 / (scales.astype(np.float64) * float(q.tensor_scale))
+        return Operand(q.elements, fmt, scales, nvfp4.BLOCK, q.tensor_scale, nvfp4.dequantize(q), encode, q.clamped,
+                       q.clamped_blocks)
 
 
 class TensorScaler:
@@ -243,11 +395,12 @@ class TensorScaler:
         self.state = self.recipe.initial()
 
 
-RECIPES: dict[str, type[Recipe]] = {"delayed": DelayedScaling, "current": CurrentScaling, "mx": MXScaling}
+RECIPES: dict[str, type[Recipe]] = {"delayed": DelayedScaling, "current": CurrentScaling, "mx": MXScaling,
+                                    "mxfp8": MXFP8Scaling, "block": BlockScaling, "nvfp4": NVFP4Scaling}
 
 
 def make_recipe(name: str | Recipe, **kwargs: Any) -> Recipe:
-    """A recipe by name ("delayed", "current", "mx") and its arguments, or a Recipe as it is."""
+    """A recipe by name (:data:`RECIPES`) and its arguments, or a Recipe as it is."""
     if isinstance(name, Recipe):
         if kwargs:
             raise ValueError("recipe arguments go with a recipe name")
@@ -312,17 +465,15 @@ class AmaxGroup:
         return float(np.fmax.reduce(np.array(list(self.amaxes[(step, tensor)].values()), np.float32)))
 
 
-class Fp8Matmuls:
-    """A device's substitute for ``matmul`` (``dev.substitute("matmul", Fp8Matmuls(recipe))``):
-    every matmul's two binary16 operands are scaled per tensor by the recipe, cast into the
-    pass's 8-bit format on the device (the register sees the casts' overflows; the device's
-    overflow mode saturates them or not), multiplied by :meth:`sim.Device.matmul_fp8` (or
-    ``matmul_mx``), and the result cast to the requested dtype. A tensor is named by the
-    device's label, the phase, the matmul's ordinal among those of that label and phase in the
-    step, and the operand (a or b)."""
+class Quantiser:
+    """One recipe's quantisation of a device's matmul operands: each tensor's scaler, the rows it
+    logs (:data:`FP8_COLUMNS`), and the product of what it quantised. :class:`Fp8Matmuls` runs
+    one for the run's recipe, and one per shadow. A tensor is named by the device's label, the
+    phase, the matmul's ordinal among those of that label and phase in the step, and the operand
+    (a or b)."""
 
-    def __init__(self, recipe: Recipe, rank: int = 0,
-                 record: Callable[[dict[str, Any]], None] | None = None, group: AmaxGroup | None = None) -> None:
+    def __init__(self, recipe: Recipe, rank: int = 0, record: Callable[[dict[str, Any]], None] | None = None,
+                 group: AmaxGroup | None = None) -> None:
         self.recipe, self.rank, self.group = recipe, rank, group
         reduces = group is not None and getattr(recipe, "reduce_amax", False)
         #: Delayed scaling with a group that reduces: updates wait for every rank's amax.
@@ -333,29 +484,44 @@ class Fp8Matmuls:
         self.scalers: dict[str, TensorScaler] = {}
         self.rows: list[dict[str, Any]] = []
         self._record = record or self.rows.append
-        self._seen: dict[tuple, int] = {}
         self._step: int | None = None
 
-    def __call__(self, dev: Device, a, b, accumulate, out_dtype) -> np.ndarray:
-        step = current_step(dev)
-        if step != self._step:
-            for tensor in self._pending:  # every rank has finished the step before: reduce, then update
-                self.scalers[tensor].update(self.group.reduced(self._step, tensor))
-            self._step, self._seen, self._pending = step, {}, []
-        label, phase = dev.current_label or "matmul", current_phase(dev) or "forward"
-        n = self._seen.get((label, phase), 0)
-        self._seen[(label, phase)] = n + 1
+    def begin_step(self, step: int | None) -> None:
+        """A new step: delayed scaling's deferred updates (every rank has finished the step before)."""
+        for tensor in self._pending:
+            self.scalers[tensor].update(self.group.reduced(self._step, tensor))
+        self._step, self._pending = step, []
+
+    def pair(self, dev: Device, name: str, phase: str, gemm: str, roles: tuple[str, str],
+             a: np.ndarray, b: np.ndarray) -> Callable[[], np.ndarray]:
+        """Quantise the operands of ``a @ b`` on ``dev`` and log them; the function returned
+        computes their product (binary32)."""
         fwd, bwd = self.recipe.formats()
         fmt = bwd if phase == "backward" else fwd
-        name = f"{label}.{phase}.{n}"
-        if isinstance(self.recipe, MXScaling):
-            return self._mx(dev, name, fmt, np.asarray(a), np.asarray(b), out_dtype)
-        (a8, sa), (b8, sb) = (self._quantise(dev, f"{name}.{o}", fmt, np.asarray(x)) for o, x in (("a", a), ("b", b)))
-        # TE keeps each tensor's scale_inv = 1/scale in binary32; the GEMM scales by their product.
-        out = dev.matmul_fp8(a8, b8, fmt, fmt, scale_inv=float(F32(F32(1.0) / F32(sa)) * F32(F32(1.0) / F32(sb))))
-        return dev.cast(out, out_dtype)
+        if self.recipe.per_tensor:
+            (a8, sa), (b8, sb) = (self._tensor(dev, f"{name}.{o}", gemm, fmt, x) for o, x in (("a", a), ("b", b)))
+            # TE keeps each tensor's scale_inv = 1/scale in binary32; the GEMM scales by their product.
+            inverse = float(F32(F32(1.0) / F32(sa)) * F32(F32(1.0) / F32(sb)))
+            return lambda: dev.matmul_fp8(a8, b8, fmt, fmt, scale_inv=inverse)
+        # Blocks: a stack of matmuls (leading dimensions that broadcast) runs matrix by matrix, logged as one tensor.
+        lead, stack_a, stack_b = matrix_stacks(a, b)
+        parts = {}
+        for o, stack, axis, role in (("a", stack_a, 1, roles[0]), ("b", stack_b, 0, roles[1])):
+            parts[o] = [self.recipe.operand(dev, np.ascontiguousarray(m), fmt, axis, role, stack) for m in stack]
+            self._log(f"{name}.{o}", gemm, fmt, figures(stack, parts[o]))
 
-    def _quantise(self, dev: Device, tensor: str, fmt: Format, x: np.ndarray) -> tuple[np.ndarray, float]:
+        def product() -> np.ndarray:
+            out = [dev.matmul_blocks(p.elements, q.elements, p.scales, q.scales, p.block, p.format, q.format,
+                                     scale_inv=float(F32(p.tensor_scale) * F32(q.tensor_scale)))
+                   for p, q in zip(parts["a"], parts["b"], strict=True)]
+            return np.stack(out).reshape(*lead, a.shape[-2], b.shape[-1])
+        return product
+
+    def _log(self, tensor: str, gemm: str, fmt: Format, figures: dict[str, Any]) -> None:
+        self._record({"step": self._step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "gemm": gemm,
+                      **figures})
+
+    def _tensor(self, dev: Device, tensor: str, gemm: str, fmt: Format, x: np.ndarray) -> tuple[np.ndarray, float]:
         scaler = self.scalers.get(tensor)
         if scaler is None:
             scaler = self.scalers[tensor] = TensorScaler(self.recipe, fmt.max)
@@ -364,10 +530,10 @@ class Fp8Matmuls:
         scaled = dev.mul(dev.cast(x, np.float32), F32(scale))
         rounding = "rna" if fmt is HIFLOAT8 else None
         x8, flags = dev.cast(scaled, fmt, rounding=rounding, return_flags=True)
-        values = decode(x8, fmt)
-        self._record({"step": self._step, "rank": self.rank, "tensor": tensor, "format": fmt.name, "scale": scale,
-                      "amax": amax, "saturated": int(np.count_nonzero(flags & Flag.OVERFLOW)),
-                      "nonfinite": int(np.count_nonzero(~np.isfinite(values)))})
+        saturated = int(np.count_nonzero(flags & Flag.OVERFLOW))
+        values = decode(x8, fmt) * float(F32(1.0) / F32(scale))  # binary64: exact
+        whole = Operand(x8, fmt, np.empty(0, F32), 0, F32(1), values, np.array([scale]), saturated, int(saturated > 0))
+        self._log(tensor, gemm, fmt, figures(x, [whole]))
         if self.group is not None:
             self.group.record(self._step, self.rank, tensor, amax, scale, self.recipe)
         if self._deferred:
@@ -376,26 +542,52 @@ class Fp8Matmuls:
             scaler.update(amax)
         return x8, scale
 
-    def _mx(self, dev: Device, name: str, fmt: Format, a: np.ndarray, b: np.ndarray, out_dtype) -> np.ndarray:
-        """MX operands blocked along the contraction axis; a stack of matmuls (leading dimensions
-        that broadcast) is quantised and multiplied matrix by matrix, and logged as one tensor."""
-        rule, block = self.recipe.rule, self.recipe.block
-        lead, stack_a, stack_b = matrix_stacks(a, b)
-        quantised: dict[str, list[mx.MX]] = {"a": [], "b": []}
-        products = []
-        for x, y in zip(stack_a, stack_b, strict=True):
-            qa = dev.quantize_mx(np.ascontiguousarray(x), fmt, axis=1, block=block, rule=rule)
-            qb = dev.quantize_mx(np.ascontiguousarray(y), fmt, axis=0, block=block, rule=rule)
-            quantised["a"].append(qa)
-            quantised["b"].append(qb)
-            products.append(dev.matmul_mx(qa, qb))
-        for operand, x in (("a", a), ("b", b)):
-            qs = quantised[operand]
-            codes = np.concatenate([q.scales.reshape(-1) for q in qs])
-            top = int(codes.max()) if codes.size else 127
-            scale = 2.0 ** (127 - top) if top != 0xFF else float("nan")  # the largest block scale's reciprocal
-            self._record({"step": self._step, "rank": self.rank, "tensor": f"{name}.{operand}", "format": fmt.name,
-                          "scale": scale, "amax": amax_of(x), "saturated": sum(q.saturated for q in qs),
-                          "nonfinite": sum(int(np.count_nonzero(~np.isfinite(mx.dequantize(q)))) for q in qs)})
-        out = np.stack(products).reshape(*lead, a.shape[-2], b.shape[-1])
-        return dev.cast(out, out_dtype)
+
+class Fp8Matmuls:
+    """A device's substitute for ``matmul`` (``dev.substitute("matmul", Fp8Matmuls(recipe))``):
+    every matmul's two binary16 operands are quantised by the recipe (per tensor: scaled and cast
+    into the pass's 8-bit format on the device; blocks: per block along the contraction axis), the
+    register sees the casts' overflows (the device's overflow mode saturates them or not), they are
+    multiplied by :meth:`sim.Device.matmul_fp8` (or ``matmul_blocks``), and the result cast to
+    the requested dtype. A matmul the recipe leaves out (its GEMM, its label: ``Recipe.applies``),
+    or every matmul where ``recipe`` is None, runs as the device's binary16 matmul.
+
+    ``shadows`` (:class:`lossscale.training.shadow.Shadow`): alternatives quantise the same
+    operands beside it, each on a device of its own (its register is not the run's), and log what
+    they would have given; they change nothing the run computes. ``rows``: the recipe's log,
+    where no ``record`` is given."""
+
+    def __init__(self, recipe: Recipe | None, rank: int = 0,
+                 record: Callable[[dict[str, Any]], None] | None = None, group: AmaxGroup | None = None,
+                 shadows: Sequence[Any] = ()) -> None:
+        self.recipe = recipe
+        self.quantiser = None if recipe is None else Quantiser(recipe, rank, record, group)
+        self.rows = [] if self.quantiser is None else self.quantiser.rows
+        self.shadows = list(shadows)
+        self.roles = Roles()
+        self._seen: dict[tuple, int] = {}
+        self._step: int | None = None
+
+    def __call__(self, dev: Device, a, b, accumulate, out_dtype) -> np.ndarray:
+        step = current_step(dev)
+        if step != self._step:
+            for q in self._quantisers():
+                q.begin_step(step)
+            self._step, self._seen = step, {}
+            self.roles.clear()
+        a, b = np.asarray(a), np.asarray(b)
+        label, phase = dev.current_label or "matmul", current_phase(dev) or "forward"
+        n = self._seen.get((label, phase), 0)
+        self._seen[(label, phase)] = n + 1
+        name = f"{label}.{phase}.{n}"
+        gemm, *roles = self.roles.of(label, phase, a, b)
+        for shadow in self.shadows:
+            if shadow.quantiser.recipe.applies(label, gemm):
+                shadow.quantiser.pair(shadow.device, name, phase, gemm, roles, a, b)
+        q = self.quantiser
+        if q is None or not q.recipe.applies(label, gemm):
+            return dev.matmul(a, b, accumulate=accumulate, out_dtype=out_dtype, substitute=False)
+        return dev.cast(q.pair(dev, name, phase, gemm, roles, a, b)(), out_dtype)
+
+    def _quantisers(self) -> list[Quantiser]:
+        return ([self.quantiser] if self.quantiser is not None else []) + [s.quantiser for s in self.shadows]

@@ -2,13 +2,13 @@
 typed values whose fields are the files' schema (``trajectory.csv``'s columns, ``summary.json``'s
 keys), and :class:`Run`, which holds them as plain dicts for the writers and plots."""
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Row", "Summary", "Run", "EventRow", "Fp8Row", "SCHEMA", "COLUMNS", "COUNTS", "counts", "EVENT_COLUMNS",
-           "FP8_COLUMNS"]
+__all__ = ["Row", "Summary", "Run", "EventRow", "Fp8Row", "ShadowRow", "SCHEMA", "COLUMNS", "COUNTS", "counts",
+           "EVENT_COLUMNS", "FP8_COLUMNS", "SHADOW_COLUMNS"]
 
 
 def _column(help: str, counts: dict[str, Any] | None = None) -> Any:
@@ -86,22 +86,40 @@ class EventRow:
 
 @dataclass(frozen=True, slots=True)
 class Fp8Row:
-    """One matmul operand's FP8 cast in one step, as ``fp8.csv`` has it."""
+    """One matmul operand's quantisation in one step, as ``fp8.csv`` has it (``shadow.csv`` adds
+    the alternative's name). Columns after ``nonfinite`` were added with the block recipes: a
+    file written before them reads with their defaults."""
 
     step: int
     rank: int
     tensor: str  #: label, phase, the matmul's ordinal and operand ``a`` or ``b``
-    format: str  #: the 8-bit format
-    scale: float  #: the scale it was quantised with (MX: the largest block scale's reciprocal)
+    format: str  #: the element format
+    scale: float  #: the (encode) scale it was quantised with (blocks: the smallest block's)
     amax: float  #: its largest magnitude
     saturated: int  #: elements whose cast overflowed (saturated to MAX, or NaN/Inf without saturation)
     nonfinite: int  #: elements that became NaN or Inf
+    gemm: str = ""  #: fprop, dgrad, wgrad, or backward (a backward matmul not matched to its layer)
+    elements: int = 0  #: its elements
+    underflowed: int = 0  #: nonzero finite elements quantised to zero
+    blocks: int = 1  #: its scaling blocks (1: a per-tensor scale)
+    blocks_saturated: int = 0  #: blocks with a saturated element
+    scale_min: float = float("nan")  #: the smallest block scale (NaN: no block has one)
+    scale_max: float = float("nan")  #: the largest block scale
+    rel_error: float = float("nan")  #: ||quantised - binary32 operand|| / ||binary32 operand|| (2-norms)
 
 
 #: The event log's columns (``events.csv``), read from :class:`EventRow`.
 EVENT_COLUMNS = tuple(f.name for f in fields(EventRow))
 #: The FP8 log's columns (``fp8.csv``), read from :class:`Fp8Row`.
 FP8_COLUMNS = tuple(f.name for f in fields(Fp8Row))
+#: One alternative's quantisation of one operand in one step, as ``shadow.csv`` has it: the
+#: alternative's name, then :class:`Fp8Row`'s fields.
+ShadowRow = make_dataclass(
+    "ShadowRow", [("shadow", str), *((f.name, f.type) if f.default is MISSING else (f.name, f.type, f.default)
+                                     for f in fields(Fp8Row))], frozen=True, slots=True)
+ShadowRow.__module__ = __name__
+#: The shadow log's columns (``shadow.csv``), read from :data:`ShadowRow`.
+SHADOW_COLUMNS = tuple(f.name for f in fields(ShadowRow))
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,8 @@ class Summary:
     first_overflow: dict[str, Any] | None
     top_labels: dict[str, int]
     fp8: dict[str, Any] | None
+    #: With shadows: per alternative, its recipe and totals over its rows (``shadow.csv``).
+    shadow: dict[str, Any] | None = None
     #: What the end-of-run evaluations (``final``, ``baseline_float32``) could not give, and why,
     #: as "which: reason": an evaluation that raised (its figures are then NaN: the steps are kept
     #: whatever it does), or a figure it reports as not available (a warning it gave).
@@ -160,6 +180,8 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: With an FP8 recipe: one row per tensor per step (:data:`lossscale.training.records.FP8_COLUMNS`).
     fp8: list[dict[str, Any]] = field(default_factory=list)
+    #: With shadows: one row per alternative, tensor and step (:data:`SHADOW_COLUMNS`).
+    shadow: list[dict[str, Any]] = field(default_factory=list)
     #: Rank 0's parameters after the last step (the arrays the workload trained, in its order) and
     #: the binary32 baseline's: the trained model is not thrown away (``TorchWorkload.trained_model``
     #: makes a torch module of them). None for a run read from a folder (a folder keeps no weights).

@@ -57,6 +57,7 @@ from .optimizers import LossScaleOptimizer, clip_by_global_norm
 from .phases import PHASES, PhaseEvents, begin_phase
 from .pipeline import Pipeline
 from .records import Row, Run, Summary, counts, versions
+from .shadow import Alternative, alternatives
 from .workloads import check_split, check_workload, make_workload
 
 __all__ = ["Interrupted", "StepFailed"]  # simulate: lossscale.simulate
@@ -105,7 +106,16 @@ def _fp8_summary(recipe: Recipe | None, rows: list[dict[str, Any]]) -> dict[str,
             "formats": {"forward": recipe.formats()[0].name, "backward": recipe.formats()[1].name},
             "tensors": len({r["tensor"] for r in rows}),
             "saturated_elements": sum(r["saturated"] for r in rows),
-            "nonfinite_elements": sum(r["nonfinite"] for r in rows)}
+            "nonfinite_elements": sum(r["nonfinite"] for r in rows),
+            "underflowed_elements": sum(r["underflowed"] for r in rows)}
+
+
+def _shadow_summary(alts: list[Alternative], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per alternative: what the FP8 summary says of a recipe, over its shadow rows."""
+    if not alts:
+        return None
+    return {a.name: {**_fp8_summary(a.recipe, [r for r in rows if r["shadow"] == a.name]),
+                     "overflow_mode": a.overflow.name if a.overflow else None} for a in alts}
 
 
 def _checks(manager: Any) -> bool:
@@ -151,6 +161,8 @@ class _Training:
     det: Detector
     caught: list[warnings.WarningMessage]
     fp8_rows: list[dict[str, Any]]
+    alternatives: list[Alternative]
+    shadow_rows: list[dict[str, Any]]
     marks: bool
     checks: list[bool]
     params: list[Any]
@@ -212,18 +224,21 @@ def _set_up(config: RunConfig) -> _Training:
         devices = [Device(prof, overflow_mode, name=f"rank{r}", record_events=record_events, observers=[c])
                    for r, c in enumerate(counts)]
         det = _detector(c, prof, devices)
-        emulated = check_fp8_profile(recipe, prof, c.allow_unsupported)
-        if emulated:
-            warnings.warn(emulated, UserWarning, stacklevel=2)
+        alts = alternatives(c.shadow, recipe)
+        for emulated in dict.fromkeys(check_fp8_profile(r, prof, c.allow_unsupported)
+                                      for r in [recipe, *(a.recipe for a in alts)]):
+            if emulated:
+                warnings.warn(emulated, UserWarning, stacklevel=2)
+        fp8_rows: list[dict[str, Any]] = []
+        shadow_rows: list[dict[str, Any]] = []
+        group = AmaxGroup(ranks) if ranks > 1 and recipe is not None else None
+        if recipe is not None or alts:
+            for r, dev in enumerate(devices):
+                dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append, group=group,
+                                                    shadows=[a.attach(dev, r, shadow_rows.append) for a in alts]))
     pipe = None if c.pipeline_stages == 1 else Pipeline(
         devices, c.pipeline_stages, lambda r, s: Device(prof, overflow_mode, name=f"rank{r}.stage{s}"))
     det.attach(devices if pipe is None else pipe.devices)
-    fp8_rows: list[dict[str, Any]] = []
-    group = None
-    if recipe is not None:
-        group = AmaxGroup(ranks) if ranks > 1 else None
-        for r, dev in enumerate(devices):
-            dev.substitute("matmul", Fp8Matmuls(recipe, rank=r, record=fp8_rows.append, group=group))
     if ranks > 1:
         Group(devices)
     marks = bool(getattr(wl, "marks_phases", False))
@@ -233,7 +248,8 @@ def _set_up(config: RunConfig) -> _Training:
     base_params, base_opt = wl.init_params(), wl.optimizer()
     batches = wl.batches(c.steps)
     check_split(wl, batches[0], ranks, c.micro_batches)
-    return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, marks,
+    return _Training(c, wl, args, recipe, prof, managers, manager_name, devices, counts, det, caught, fp8_rows, alts,
+                     shadow_rows, marks,
                      checks, params, opts, base_params, base_opt, batches, pipe,
                      group if isinstance(recipe, CurrentScaling) and recipe.reduce_amax else None)
 
@@ -460,11 +476,13 @@ def _finish(run: _Training, rows: list[Row], stopped: str | None, interrupted: b
         events_recorded=len(events) if c.record_events else None,
         **(_event_summary(events) if c.record_events else {"first_overflow": None, "top_labels": {}}),
         fp8=_fp8_summary(run.recipe, run.fp8_rows),
+        shadow=_shadow_summary(run.alternatives, run.shadow_rows),
         evaluation_notes=errors,
     )
-    fp8_rows = run.fp8_rows if run.side_by_side is None else sorted(run.fp8_rows, key=lambda r: (r["step"], r["rank"]))
-    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows, params=run.params[0],
-               baseline_params=run.base_params)
+    fp8_rows, shadow_rows = ((log if run.side_by_side is None else sorted(log, key=lambda r: (r["step"], r["rank"])))
+                             for log in (run.fp8_rows, run.shadow_rows))
+    return Run([r.to_dict() for r in rows], summary.to_dict(), run.args, events, fp8_rows, shadow_rows,
+               params=run.params[0], baseline_params=run.base_params)
 
 
 def _evaluate(wl: Any, params: Any, which: str, notes: list[str]) -> dict[str, float]:

@@ -117,7 +117,7 @@ def test_importing_and_drawing_leaves_the_backend_alone() -> None:
 
 @pytest.fixture(scope="module")
 def fp8_run():
-    return simulate(profile="atlas-350", fp8="delayed", steps=25)
+    return simulate(profile="atlas-350", fp8="delayed", steps=25, shadow=["nvfp4", "mx:rule=floor"])
 
 
 def test_fp8_plot_has_a_panel_per_tensor_group_marking_inf_amax_and_overflows(fp8_run) -> None:
@@ -146,6 +146,20 @@ def test_fp8_plot_has_a_panel_per_tensor_group_marking_inf_amax_and_overflows(fp
     assert fig.axes[-1].get_yscale() == "symlog"  # a few overflowed elements show beside thousands of NaNs
 
 
+def test_the_shadow_plot_has_a_panel_per_alternative_with_its_shares(fp8_run) -> None:
+    from lossscale.app.plots import figure_shadow
+
+    fig = figure_shadow(fp8_run)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["nvfp4\n(NVFP4Scaling)", "mx:rule=floor\n(MXScaling)"]
+    log = [r for r in fp8_run.shadow if r["shadow"] == "nvfp4"]
+    steps = sorted({r["step"] for r in log})
+    want = [sum(r["underflowed"] for r in log if r["step"] == t) / sum(r["elements"] for r in log if r["step"] == t)
+            for t in steps]
+    drawn = lines(fig.axes[0])["underflowed to zero (share)"].get_ydata()
+    assert any(w > 0 for w in want)
+    assert [d for d in drawn if d == d] == [w for w in want if w > 0]  # a zero share is not drawn on the log axis
+
+
 def test_an_underflow_panel_with_nothing_to_show_says_so(naive) -> None:
     import dataclasses
 
@@ -169,6 +183,7 @@ def test_every_figure_function_returns_a_figure_and_events_have_a_y_title(fp8_ru
             "figure_heatmaps": figure_heatmaps([{"manager": "a", "status": "ok", "skipped_steps": 1,
                                                  "final_loss": 1}], "manager", None),
             "figure_fp8": figure_fp8(fp8_run), "figure_events": figure_events(fp8_run),
+            "figure_shadow": plots.figure_shadow(fp8_run),
             "figure_replay": plots.figure_replay(
                 [{"step": i, "line": i + 1, "overflow": i == 1, "scale": 2.0 ** (16 - (i > 1)), "m_decision": d,
                   "m_scale_low": 2.0 ** 10, "m_scale_high": 2.0 ** 10} for i, d in enumerate(["clean", "unknown"])],

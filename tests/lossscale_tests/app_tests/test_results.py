@@ -17,14 +17,14 @@ import lossscale
 from lossscale.app.cli import main
 from lossscale.app.results import CompareResult, RunResult, SweepResult
 from lossscale.app.sweep import RESULT_COLUMNS, run_sweep
-from lossscale.training.records import COLUMNS, EventRow, Fp8Row, Row, Summary
+from lossscale.training.records import COLUMNS, EventRow, Fp8Row, Row, ShadowRow, Summary
 
 
 @pytest.fixture(scope="module")
 def fp8_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "fp8"
     assert main(["run", "--profile", "atlas-350", "--fp8", "delayed", "--steps", "12", "--quiet", "--out",
-                 str(out)]) == 0
+                 str(out), "--shadow", "nvfp4", "hifloat8"]) == 0
     return out
 
 
@@ -58,6 +58,11 @@ def test_a_run_folder_reads_back_as_typed_records(fp8_run: Path) -> None:
     assert len(got.fp8) == len(fp8) > 0 and all(isinstance(r, Fp8Row) for r in got.fp8)
     assert [(r.tensor, r.scale, r.saturated) for r in got.fp8] == [
         (r["tensor"], float(r["scale"]), int(r["saturated"])) for r in fp8]
+    shadow = text_rows(fp8_run / "shadow.csv")
+    assert len(got.shadow) == len(shadow) == 2 * len(fp8) and all(isinstance(r, ShadowRow) for r in got.shadow)
+    assert [(r.shadow, r.tensor, repr(r.rel_error), r.underflowed) for r in got.shadow] == [
+        (r["shadow"], r["tensor"], r["rel_error"], int(r["underflowed"])) for r in shadow]
+    assert got.summary.arguments["shadow"] == ["nvfp4", "hifloat8"] and (fp8_run / "shadow.png").exists()
 
 
 def test_the_register_is_written_as_eight_numbers_and_read_from_older_files(fp8_run: Path, tmp_path: Path) -> None:
@@ -164,6 +169,7 @@ def test_to_pandas_gives_the_same_values(fp8_run: Path, sweep: Path, tmp_path: P
     assert [repr(v) for v in frame["loss"]] == [repr(r.loss) for r in run.rows]
     assert frame["register"].tolist() == [r.register for r in run.rows]
     assert run.to_pandas("fp8")["saturated"].sum() == sum(r.saturated for r in run.fp8)
+    assert run.to_pandas("shadow")["underflowed"].sum() == sum(r.underflowed for r in run.shadow)
     assert len(run.to_pandas("events")) == len(run.events)
     with pytest.raises(ValueError, match="unknown table 'bogus'; valid: trajectory, events, fp8"):
         run.to_pandas("bogus")

@@ -53,7 +53,7 @@ def test_checks_come_from_the_declared_bounds_and_choices() -> None:
         "steps must be an integer from 1 to 10,000,000, got 0",
         "fp8_args must be a table of arguments, got 3",
         "unknown manager_defaults 'x'; valid: demo, framework",
-        "fp8_args go with an fp8 recipe (fp8='delayed', 'current' or 'mx')"]
+        "fp8_args go with an fp8 recipe (fp8= one of delayed, current, mx, mxfp8, block, nvfp4)"]
     assert check_arguments({"workload": "trace", "steps": 3}) == []
 
 

@@ -134,7 +134,7 @@ def test_bad_recipe_arguments_are_named() -> None:
         DelayedScaling(amax_history_len=0)
     with pytest.raises(ValueError, match="valid: delayed, current, mx"):
         make_recipe("tensorwise")
-    with pytest.raises(ValueError, match="HiFloat8"):
+    with pytest.raises(ValueError, match="not hifloat8$"):
         MXScaling(fp8_format="HIF8")
 
 
@@ -244,12 +244,17 @@ def test_mx_runs_stacked_matmuls_matrix_by_matrix() -> None:
     assert [r["tensor"] for r in hook.rows] == ["matmul.forward.0.a", "matmul.forward.0.b"]
 
 
-@pytest.mark.parametrize("recipe", representatives(["delayed", "mx"], lambda r: r == "delayed"))
+@pytest.mark.parametrize("recipe", representatives(["delayed", "mx", "nvfp4", "block"],
+                                                   lambda r: r in ("delayed", "nvfp4")))
 def test_a_torch_models_matmuls_run_in_fp8(recipe: str) -> None:
+    """Every backward matmul (linear layers and attention's products) is matched to its forward:
+    as many dgrad and wgrad GEMMs as fprop ones (the embedding's gradient is no matmul)."""
     pytest.importorskip("torch")
     run = simulate("torch-transformer", profile="atlas-350", fp8=recipe, steps=2)
     names = {r["tensor"] for r in run.fp8}
     assert any(".backward." in n for n in names) and run.summary["fp8"]["tensors"] == len(names) > 10
+    gemms = [r["gemm"] for r in run.fp8 if r["step"] == 0]
+    assert gemms.count("fprop") == gemms.count("dgrad") == gemms.count("wgrad") == len(gemms) / 3
 
 
 def test_hifloat8_recipe_and_saturation() -> None:
