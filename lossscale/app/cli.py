@@ -177,6 +177,8 @@ def _fmt(x: Any) -> str:
     """Numbers in full, for people: exact powers of two from 2**20 up and 2**-20 down as 2**k (a
     scale of 2**100 rather than 1.2676506002282294e+30), other whole numbers below 2**64 as
     integers, the rest as their shortest exact text. (Files keep numbers as numbers.)"""
+    if isinstance(x, (list, tuple)):  # a recipe's gemms or keep: as the command line gives them
+        return ",".join(map(str, x)) or "none"
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
     if isinstance(x, float) and not math.isfinite(x):
