@@ -8,8 +8,8 @@ rows are against the E4M3 cast; E1M2 and HiFloat4's element have none either: th
 the E2M1 cast. A second table times block quantisation (MX, NVFP4, HiF4, block FP8) per element,
 against torchao's emulation (``to_mx``, ``nvfp4_quantize``, on the CPU, one thread) where it has
 the same quantiser and torchao is installed. Data: normal values times 2**u, u uniform in [-8, 8], so that
-some overflow E4M3 and some are subnormal. Target: binary32 -> E4M3 with flags <= 2x
-ml_dtypes on 10**7 elements.
+some overflow E4M3 and some are subnormal. Target: every deterministic cast with flags at most
+1x ml_dtypes on 10**7 elements (they read the rounding routine's tables: ``sim.fpu.Fpu._lookup``).
 
     python bench/bench_fp8.py [--n 10000000] [--repeat 5]
 """

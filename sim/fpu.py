@@ -110,6 +110,12 @@ def finish(result: Result, shape: tuple[int, ...], scalar: bool, return_flags: b
     return (out[()], flags[()]) if scalar else (out, flags)
 
 
+#: Conversions of at least this many elements into a narrow format read a table (``Fpu._lookup``).
+_LOOKUP_MIN = 1 << 14
+#: Those tables, by source, destination and settings: (codes, flags), shared by every unit.
+_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
 class Fpu:
     """A binary16 floating-point unit (or bfloat16, binary32: ``format=``).
 
@@ -294,7 +300,7 @@ class Fpu:
         return self._public("convert", (x,), return_flags, src=src, dst=dst)
 
     def _cast(self, x, src: Format, dst: Format, rounding: Rounding | None,
-              overflow: OverflowMode | str | None) -> tuple[Result, tuple[int, ...], bool]:
+              overflow: OverflowMode | str | None, lookup: bool = True) -> tuple[Result, tuple[int, ...], bool]:
         """A conversion with its own rounding and overflow mode, packed into the destination's codes."""
         mode, nan_to_zero = self.overflow, self.nan_to_zero
         if _is_satfinite(overflow):
@@ -304,6 +310,9 @@ class Fpu:
         rounding = rounding or self.rounding
         nan = self.default_nan if dst == self.format else None
         cfg = config(dst, rounding, mode, self.tininess, nan, nan_to_zero, random_bits=self._bits, source=src)
+        looked_up = self._lookup(x, src, dst, rounding, overflow, cfg) if lookup else None
+        if looked_up is not None:
+            return looked_up
         before = self._status
         result, shape, scalar = self.run("convert", (x,), src=src, dst=dst, cfg=cfg)
         if dst.pack is None and dst.signed:
@@ -319,6 +328,38 @@ class Fpu:
         status = int(np.bitwise_or.reduce(flags, initial=0))
         self._status |= status
         return Result(codes.view(dst.dtype), flags, status), shape, scalar
+
+    def _lookup(self, x, src: Format, dst: Format, rounding: Rounding, overflow: OverflowMode | str | None,
+                cfg: np.ndarray) -> tuple[Result, tuple[int, ...], bool] | None:
+        """A large conversion into an 8-bit or narrower signed format, read from a table of the
+        rounding routine's own results (None where it does not apply). A 16-bit source's table
+        holds all 65,536 inputs. A binary32 source's holds one input per class: the sign, the
+        exponent, the top p fraction bits (p: the destination's fraction bits and one more) and
+        whether any bit below is set, which is all a deterministic rounding to at most p - 1
+        fraction bits reads (the kept bits, the guard bit, the sticky bit; and the NaN payload's
+        top bits), down to the destination's least subnormal, above binary32's subnormals. Not
+        for stochastic rounding, which reads every bit (and draws), nor, from binary32, HiFloat8's
+        hybrid rounding, whose threshold is the source's low bits; not for E8M0, whose least value
+        2**-127 lies among binary32's subnormals."""
+        if (np.size(x) < _LOOKUP_MIN or dst.dtype.itemsize != 1 or not dst.signed or rounding is Rounding.STOCHASTIC
+                or src.dtype.itemsize not in (2, 4) or (src.dtype.itemsize == 4 and rounding is Rounding.HYBRID)):
+            return None
+        source = self.settings_for(src)
+        shift = 0 if src.dtype.itemsize == 2 else 23 - (dst.man_bits + 1)
+        key = (src.name, dst.name, source.tobytes(), cfg.tobytes())
+        table = _TABLES.get(key)
+        if table is None:
+            keys = np.arange(1 << (16 if shift == 0 else 33 - shift), dtype=np.int64)
+            reps = keys if shift == 0 else ((keys >> 1) << shift) | (keys & 1)
+            before = self._status
+            made, _, _ = self._cast(reps.astype(src.uint).view(src.dtype), src, dst, rounding, overflow, lookup=False)
+            self._status = before
+            table = _TABLES[key] = (np.ascontiguousarray(made.value).view(np.uint8), made.flags)
+        flat, shape, scalar = self.operands("convert", (x,), src)
+        out, flags = np.empty(flat[0].size, np.uint8), np.empty(flat[0].size, np.uint8)
+        status = K.lookup(flat[0], shift, table[0], table[1], out, flags)
+        self._status |= status
+        return Result(out.view(dst.dtype), flags, status), shape, scalar
 
     # -- machinery: its public names (and settings, kernels) are the device's interface --------
     def settings_for(self, fmt: Format, rounding: Rounding | None = None, quantum: int | None = None,

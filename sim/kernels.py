@@ -721,6 +721,24 @@ def convert(a, out, flags, src, cfg):
 
 
 @jit
+def lookup(a, shift, codes, table_flags, out, flags):
+    """A conversion read from a table the rounding routine made of every class of input (see
+    ``sim.fpu.Fpu``'s tables): out = codes[k], flags = table_flags[k], where k is ``a``'s bits
+    (``shift`` 0) or its bits above ``shift`` then whether any bit below is set; returns the OR
+    of the flags."""
+    status = 0
+    mask = (1 << shift) - 1
+    for i in range(a.size):
+        b = np.int64(a[i])
+        k = b if shift == 0 else ((b >> shift) << 1) | np.int64((b & mask) != 0)
+        out[i] = codes[k]
+        f = table_flags[k]
+        flags[i] = f
+        status |= f
+    return status
+
+
+@jit
 def sign_op(negate, a, out, flags, cfg):
     """out = -a (``negate``) or |a|: sign-bit operations, NaNs included, quiet; saturated in
     saturation mode."""

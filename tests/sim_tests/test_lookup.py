@@ -1,0 +1,70 @@
+"""Large conversions into the narrow formats read a table the rounding routine made: the same codes,
+flags and status as the routine itself, for every input class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim import Fpu, Rounding, formats
+from sim import fpu as F
+
+NARROW = [f for f in formats.EIGHT_BIT if f.signed]
+MODES = ["rint", "trunc", "floor", "ceil", "round", "odd"]
+OVERFLOW = ["inf_nan", "saturation", "satfinite"]
+
+
+def both(x: np.ndarray, src: str, fmt: formats.Format, rounding: str, overflow: str):
+    """(the table's result, the routine's), each as (codes, flags, status)."""
+    out = []
+    for lookup in (True, False):
+        unit = Fpu("inf_nan" if overflow == "satfinite" else overflow, format=src)
+        result, _, _ = unit._cast(x, unit.format, fmt, Rounding.parse(rounding),
+                                  "satfinite" if overflow == "satfinite" else None, lookup=lookup)
+        out.append((np.asarray(result.value).view(np.uint8), result.flags, unit.status))
+    return out
+
+
+def same(a, b) -> bool:
+    return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+@pytest.mark.parametrize("fmt", NARROW, ids=lambda f: f.name)
+def test_every_binary32_class_at_both_ends_reads_as_the_routine_rounds(fmt: formats.Format) -> None:
+    """A class is the sign, the exponent, the top p fraction bits and whether any lower bit is
+    set; its two ends (lowest bit alone set, every lower bit set) and its bare member, in every
+    deterministic mode and overflow mode: rounding is monotone, so a class whose ends round alike
+    rounds alike throughout."""
+    shift = 23 - (fmt.man_bits + 1)
+    top = np.arange(1 << (32 - shift), dtype=np.uint64) << np.uint64(shift)
+    x = np.concatenate([top, top | 1, top | ((1 << shift) - 1)]).astype(np.uint32).view(np.float32)
+    x = np.tile(x, -(-F._LOOKUP_MIN // x.size))  # large enough to take the table
+    for rounding in MODES:
+        for overflow in OVERFLOW:
+            table, routine = both(x, "binary32", fmt, rounding, overflow)
+            assert same(table, routine), (rounding, overflow)
+
+
+@pytest.mark.parametrize("src", ["binary16", "bfloat16"])
+def test_every_16_bit_input_reads_as_the_routine_rounds(src: str) -> None:
+    x = np.arange(1 << 16, dtype=np.uint16).view(formats.format_of(src).dtype)
+    for fmt in NARROW:
+        for rounding in MODES + (["hybrid"] if fmt.name == "hifloat8" else []):
+            for overflow in OVERFLOW:
+                table, routine = both(x, src, fmt, rounding, overflow)
+                assert same(table, routine), (fmt.name, rounding, overflow)
+
+
+def test_the_table_serves_only_where_it_is_exact() -> None:
+    """Small arrays, stochastic rounding, HiFloat8's hybrid rounding from binary32 and E8M0 go to
+    the routine; a large deterministic cast reads a table, and its status is the unit's."""
+    unit = Fpu(format="binary32")
+    big = np.full(F._LOOKUP_MIN, 1e6, np.float32)
+    cfg = np.zeros(1)
+    for x, fmt, rounding in ((big[:10], formats.FLOAT8_E4M3FN, Rounding.NEAREST_EVEN),
+                             (big, formats.FLOAT8_E4M3FN, Rounding.STOCHASTIC),
+                             (big, formats.HIFLOAT8, Rounding.HYBRID),
+                             (big, formats.FLOAT8_E8M0FNU, Rounding.NEAREST_EVEN)):
+        assert unit._lookup(x, unit.format, fmt, rounding, None, cfg) is None
+    codes, flags = unit.convert(big, "float8_e4m3fn", return_flags=True)
+    assert np.all(codes.view(np.uint8) == 0x7F) and np.all(flags == int(unit.status))  # 1e6 overflows to NaN
