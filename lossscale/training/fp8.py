@@ -24,8 +24,7 @@ the update in ``common/recipe/delayed_scaling.cu`` and ``recipe_common.cuh``):
   default (``sim.blockfp8``), E4M3 both ways.
 - :class:`NVFP4Scaling` (TE ``NVFP4BlockScaling``, arXiv 2509.25149): E2M1 elements, an E4M3 scale
   per 16 values and a binary32 scale per tensor (``sim.nvfp4``), 16 x 16 tiles for weights,
-  stochastic rounding for gradients. Not modelled: the random Hadamard transform TE applies to the
-  wgrad GEMM's inputs.
+  stochastic rounding for gradients, the random Hadamard transform of the wgrad GEMM's operands.
 
 Every recipe names the GEMMs it quantises (``gemms``: of fprop, dgrad, wgrad; see
 :mod:`lossscale.training.operands` for how a matmul's GEMM is found) and the layers it leaves in
@@ -70,12 +69,23 @@ from .phases import current_phase, current_step
 
 __all__ = ["Recipe", "DelayedScaling", "CurrentScaling", "MXScaling", "MXFP8Scaling", "BlockScaling", "NVFP4Scaling",
            "TensorScaler", "Quantiser", "Fp8Matmuls", "RECIPES", "FP8_FORMATS", "ELEMENT_FORMATS", "make_recipe",
-           "amax_of", "AmaxGroup"]
+           "amax_of", "AmaxGroup", "HADAMARD16"]
 
 #: Formats by recipe format and pass: (forward, backward).
 FP8_FORMATS: dict[str, tuple[Format, Format]] = {
     "HYBRID": (FLOAT8_E4M3FN, FLOAT8_E5M2), "E4M3": (FLOAT8_E4M3FN, FLOAT8_E4M3FN), "HIF8": (HIFLOAT8, HIFLOAT8),
 }
+def _sylvester(n: int) -> np.ndarray:
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+#: Transformer Engine's random Hadamard matrix for NVFP4's wgrad GEMM: diag(signs) @ H16 / 4, its
+#: entries +-1/4 (exact in every float format here; ``nvfp4_tensor.py``, ``get_rht_matrix``).
+HADAMARD16 = (np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1])[:, None] * _sylvester(16) / 4)
+
 #: The element formats a recipe may name for both passes: the catalogue's signed 8-, 6- and 4-bit ones.
 ELEMENT_FORMATS: tuple[Format, ...] = tuple(f for f in EIGHT_BIT if f.signed)
 F32 = np.float32
@@ -258,6 +268,11 @@ class BlockRecipe(Recipe):
     def next(self, state: tuple, amax: float, fp8_max: float) -> tuple:
         return ()
 
+    def prepare(self, dev: Device, stack: np.ndarray, axis: int, gemm: str) -> np.ndarray:
+        """An operand (a stack of matrices, contracted along ``axis`` of each) as the recipe
+        quantises it in ``gemm``: as it is, but for NVFP4's Hadamard transform."""
+        return stack
+
     def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:
         """Matrix ``x`` of a GEMM quantised on ``dev`` along ``axis`` (1: the left operand, 0: the
         right), as ``role`` (activation, weight, gradient); ``whole``: the operand it is a matrix of."""
@@ -344,19 +359,36 @@ class NVFP4Scaling(BlockRecipe):
     """Transformer Engine's ``NVFP4BlockScaling``: E2M1 elements with an E4M3 scale per 16 values
     and, with ``two_level``, a binary32 scale per tensor (:mod:`sim.nvfp4`); 16 x 16 tiles for
     weights (``weight_tiles``), stochastic rounding for gradients (``stochastic_gradients``).
-    Its random Hadamard transform of wgrad's inputs is not modelled."""
+    ``hadamard``: both operands of the wgrad GEMM are first multiplied, per 16 values along the
+    contraction axis, by TE's 16 x 16 random Hadamard matrix diag(signs) @ H16 / 4 (orthogonal, so
+    the product is unchanged but for rounding; its fixed signs are TE's ``get_wgrad_sign_vector``,
+    ``transformer_engine/pytorch/tensor/nvfp4_tensor.py``), on the device's cube unit (products
+    exact, sums in order in binary32, an axis padded with zeros to 16), and quantised from the
+    transformed values, whose amax gives the tensor scale (TE's post-RHT amax)."""
 
     fp8_format: str = "float4_e2m1fn"
     two_level: bool = True
     weight_tiles: bool = True
     stochastic_gradients: bool = True
+    hadamard: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.fp8_format != FLOAT4_E2M1FN.name:
             raise ValueError(f"NVFP4's elements are float4_e2m1fn, not {self.fp8_format}")
-        for name in ("two_level", "weight_tiles", "stochastic_gradients"):
+        for name in ("two_level", "weight_tiles", "stochastic_gradients", "hadamard"):
             _flag(name, getattr(self, name))
+
+    def prepare(self, dev: Device, stack: np.ndarray, axis: int, gemm: str) -> np.ndarray:
+        if not (self.hadamard and gemm == "wgrad"):
+            return stack
+        moved = stack if axis == 1 else np.swapaxes(stack, 1, 2)  # the contraction axis last
+        pad = -moved.shape[2] % 16
+        moved = np.concatenate([moved, np.zeros((*moved.shape[:2], pad), moved.dtype)], axis=2) if pad else moved
+        rows = np.ascontiguousarray(moved).reshape(-1, 16)
+        turned = dev.matmul(rows, HADAMARD16.astype(rows.dtype), accumulate=np.float32, out_dtype=np.float32,
+                            substitute=False).reshape(moved.shape)
+        return turned if axis == 1 else np.ascontiguousarray(np.swapaxes(turned, 1, 2))
 
     def needs(self) -> tuple[Format, ...]:
         return FLOAT4_E2M1FN, FLOAT8_E4M3FN
@@ -507,6 +539,7 @@ class Quantiser:
         lead, stack_a, stack_b = matrix_stacks(a, b)
         parts = {}
         for o, stack, axis, role in (("a", stack_a, 1, roles[0]), ("b", stack_b, 0, roles[1])):
+            stack = self.recipe.prepare(dev, stack, axis, gemm)
             parts[o] = [self.recipe.operand(dev, np.ascontiguousarray(m), fmt, axis, role, stack) for m in stack]
             self._log(f"{name}.{o}", gemm, fmt, figures(stack, parts[o]))
 

@@ -9,7 +9,7 @@ import pytest
 from runs import same  # noqa: E402
 
 from lossscale import simulate
-from lossscale.training.fp8 import BlockScaling, Fp8Matmuls, MXFP8Scaling, NVFP4Scaling, make_recipe
+from lossscale.training.fp8 import HADAMARD16, BlockScaling, Fp8Matmuls, MXFP8Scaling, NVFP4Scaling, make_recipe
 from lossscale.training.operands import Roles
 from lossscale.training.phases import begin_phase
 from sim import Device, blockfp8, mx, nvfp4
@@ -171,3 +171,44 @@ def test_a_file_from_before_the_block_columns_reads(tmp_path) -> None:
     back = load_run(tmp_path)
     assert back.fp8[0].gemm == "" and back.fp8[0].blocks == 1 and np.isnan(back.fp8[0].rel_error)
     assert back.fp8[0].scale == run.fp8[0]["scale"]
+
+
+def test_nvfp4_wgrad_takes_the_hadamard_transform() -> None:
+    """dW = x.T @ dy over 20 tokens: both operands padded to 32 tokens, each run of 16 along the
+    tokens multiplied by diag(signs) @ H16 / 4 (products exact, summed in order in binary32),
+    then quantised from the transformed values (their amax the tensor scale). H is orthogonal
+    (H @ H.T = I exactly), so the transform changes the product only by rounding."""
+    assert np.array_equal(HADAMARD16 @ HADAMARD16.T, np.eye(16))
+    rng = np.random.default_rng(8)
+    x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in ((20, 8), (8, 6), (20, 6)))
+    recipe = NVFP4Scaling(stochastic_gradients=False)
+    dev, hook = Device("atlas-350"), Fp8Matmuls(recipe)
+    dev.substitute("matmul", hook)
+    begin_phase(dev, "forward", step=0)
+    dev.matmul(x, w)
+    begin_phase(dev, "backward")
+    got = dev.matmul(np.ascontiguousarray(x.T), dy, out_dtype=F32)
+
+    def turned(rows: np.ndarray) -> np.ndarray:  # (R, 32): each run of 16 times the matrix, in order
+        out = np.zeros(rows.shape, F32)
+        for lo in (0, 16):
+            for k in range(16):
+                out[:, lo:lo + 16] += rows[:, lo + k:lo + k + 1].astype(F32) * HADAMARD16[k].astype(F32)
+        return out
+
+    ta = turned(np.pad(x.T, ((0, 0), (0, 12))))
+    tb = turned(np.pad(dy.T, ((0, 0), (0, 12)))).T
+    qa, qb = nvfp4.quantize(ta, axis=1), nvfp4.quantize(tb, axis=0)
+    sa = decode(qa.scales, FLOAT8_E4M3FN).astype(F32)
+    sb = decode(qb.scales, FLOAT8_E4M3FN).astype(F32).T
+    ea, eb = (decode(q.elements, FLOAT4_E2M1FN).astype(F32) for q in (qa, qb))
+    assert np.array_equal(got, block_sum(ea, eb, sa, sb, 16) * (qa.tensor_scale * qb.tensor_scale))
+    wgrad = [r for r in hook.rows if r["gemm"] == "wgrad"]
+    assert [r["elements"] for r in wgrad] == [8 * 32, 32 * 6]
+    plain = Fp8Matmuls(NVFP4Scaling(stochastic_gradients=False, hadamard=False))
+    dev.substitute("matmul", plain)
+    begin_phase(dev, "forward", step=1)
+    dev.matmul(x, w)
+    begin_phase(dev, "backward")
+    dev.matmul(np.ascontiguousarray(x.T), dy)
+    assert [r["elements"] for r in plain.rows if r["gemm"] == "wgrad"] == [8 * 20, 20 * 6]
