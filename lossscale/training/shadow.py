@@ -29,7 +29,8 @@ from typing import Any
 
 from sim import Device, OverflowMode
 
-from .fp8 import FP8_FORMATS, RECIPES, CurrentScaling, Quantiser, Recipe, _format_name, make_recipe
+from .fp8 import FP8_FORMATS, RECIPES, CurrentScaling, Quantiser, Recipe, make_recipe
+from .recipes import _format_name
 
 __all__ = ["Shadow", "Alternative", "alternative", "alternatives"]
 
