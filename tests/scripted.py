@@ -63,18 +63,20 @@ class Scripted:
 
 #: The steps each detector skips, by the device's overflow mode, read off its documented window
 #: (lossscale.training.detectors, docs/semantics.md): tf-npu reads (then clears) everything since
-#: its last read, so it sees the forward, log, loss and backward events; torch-npu, mindspore and
-#: paddle-npu clear at the scale phase in saturation mode and see the backward only; all-finite
+#: its last read, so it sees the forward, log, loss and backward events; torch-npu, mindspore,
+#: paddle-npu and deepspeed-npu clear at the scale phase in saturation mode and see the backward only; all-finite
 #: and megatron-npu (read, cleared if set, never cleared elsewhere) read like tf-npu in saturation
 #: mode; in INF/NaN mode all but tf-npu check the gradients (only
 #: step 3's are Inf); isfinite and the norm checks (deepspeed-sum, fairseq-norm, megatron-norm)
 #: never see saturated gradients: 65504's square and sums stay finite in binary32.
 SKIPS = {
     "saturation": {"tf-npu": {1, 2, 3, 5}, "torch-npu": {3}, "mindspore": {3}, "mindspore-all-finite": {1, 2, 3, 5},
-                   "paddle-npu": {3}, "megatron-npu": {1, 2, 3, 5}, "isfinite": set(), "deepspeed-sum": set(),
+                   "paddle-npu": {3}, "deepspeed-npu": {3}, "megatron-npu": {1, 2, 3, 5}, "isfinite": set(),
+                   "deepspeed-sum": set(),
                    "fairseq-norm": set(), "megatron-norm": set()},
     "inf_nan": {"tf-npu": {1, 2, 3, 5}, "torch-npu": {3}, "mindspore": {3}, "mindspore-all-finite": {3},
-                "paddle-npu": {3}, "megatron-npu": {3}, "isfinite": {3}, "deepspeed-sum": {3}, "fairseq-norm": {3},
+                "paddle-npu": {3}, "deepspeed-npu": {3}, "megatron-npu": {3}, "isfinite": {3}, "deepspeed-sum": {3},
+                "fairseq-norm": {3},
                 "megatron-norm": {3}},
 }
 #: Where the register is when the check finds it: cleared after each read ("step": this step's
@@ -82,9 +84,10 @@ SKIPS = {
 _GRADIENT_CHECKS = dict.fromkeys(("isfinite", "deepspeed-sum", "fairseq-norm", "megatron-norm"), "run")
 REGISTER_WINDOW = {
     "saturation": {"tf-npu": "step", "torch-npu": "backward", "mindspore": "backward", "paddle-npu": "backward",
+                   "deepspeed-npu": "backward",
                    "mindspore-all-finite": "step", "megatron-npu": "step", **_GRADIENT_CHECKS},
     "inf_nan": {"tf-npu": "step", "torch-npu": "run", "mindspore": "run", "mindspore-all-finite": "run",
-                "paddle-npu": "run", "megatron-npu": "run", **_GRADIENT_CHECKS},
+                "paddle-npu": "run", "deepspeed-npu": "run", "megatron-npu": "run", **_GRADIENT_CHECKS},
 }
 #: The phase of each step's overflow, and whether that phase feeds the update (all but log do).
 PHASE_OF = {**EVENTS, 3: "backward"}

@@ -60,6 +60,8 @@ def test_readme_python_examples_run(capsys) -> None:
             assert 0 < sum(not r.applied for r in rows) < len(rows) and all(
                 p.grad.isfinite().all() for p in ns["model"].parameters())
             assert lossscale_load(ns["folder"]).summary.skipped_steps == sum(not r.applied for r in rows)
+        elif "sim.torch_npu" in block:  # torch_npu's check read the register, and cleared it
+            assert not ns["dev"].get_float_status().any()
         elif "DeviceMode" in block:
             assert out.strip() == "[1 0 0 5 0 0 0 0]"
             assert all(p.grad.isfinite().all() for p in ns["model"].parameters())

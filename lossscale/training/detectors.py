@@ -40,6 +40,9 @@ sees every rank's register before it reduces them).
   ``torch._amp_foreach_non_finite_check_and_unscale_`` (torch_npu's kernel: read, and clear if
   set) after the last micro-batch's backward, found_inf all-reduced with MAX over the
   model-parallel group (every pipeline stage) and, here, the ranks.
+- ``deepspeed-npu``: DeepSpeed on NPU through Ascend's adaptor (:class:`DeepSpeedNpu`): cleared
+  before every micro-batch's ``loss * scale``; read by torch_npu's ``npu_check_overflow`` at the
+  optimizer's step (cleared if set), the overflow all-reduced with MAX over the ranks.
 - ``isfinite``: the naive check of the (all-reduced) gradients, which saturation mode
   defeats: saturated gradients are finite.
 - ``deepspeed-sum``, ``fairseq-norm``, ``megatron-norm``: the GPU frameworks' checks, which
@@ -68,8 +71,8 @@ another, each its forward, loss, scale and backward, before the one check):
   against MindSpore's source).
 - ``mindspore-all-finite`` is modelled as called once per step, on the accumulated
   gradients (a loop that calls it on every micro-batch's gradients checks each alone).
-- ``paddle-npu`` clears in every micro-batch: an overflow in any micro-batch but the last is
-  lost (applied, an undetected overflow).
+- ``paddle-npu`` and ``deepspeed-npu`` clear in every micro-batch: an overflow in any micro-batch
+  but the last is lost (applied, an undetected overflow).
 
 The windows, with their sources: ``docs/semantics.md``.
 """
@@ -87,8 +90,8 @@ from sim import Device, OverflowMode
 from .phases import PHASES, current_step
 
 __all__ = ["Detector", "DETECTORS", "ALIASES", "make_detector", "UNMARKED", "FEEDS_NOTHING", "TfNpu", "TorchNpu",
-           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "MegatronNpu", "IsFinite", "DeepSpeedSum", "FairseqNorm",
-           "MegatronNorm", "ascend_register_check", "norm32"]
+           "MindSpore", "MindSporeAllFinite", "PaddleNpu", "MegatronNpu", "DeepSpeedNpu", "IsFinite", "DeepSpeedSum",
+           "FairseqNorm", "MegatronNorm", "ascend_register_check", "norm32"]
 
 #: The phase of a workload that does not mark its phases: its whole forward and backward.
 #: Detectors treat it as beginning at ``scale``, so every window holds it (nothing is missed,
@@ -275,6 +278,27 @@ class MegatronNpu(TorchNpu):
     clears_at = None
 
 
+class DeepSpeedNpu(TorchNpu):
+    """DeepSpeed's fp16 optimizers on Ascend NPUs through Ascend's adaptor (``Ascend/DeepSpeed``,
+    ``deepspeed_npu/``; the 0.6.0 and 0.9.2 lines alike). Where the chip is not in INF/NaN mode
+    (``FLAG_SUPPORT_INF_NAN``, torch_npu's ``is_support_inf_nan()``), every backward the engine runs
+    clears the flag first: ``LossScalerBase.backward`` (``adaptor_runtime_fp16_loss_scaler.py``, the
+    path of ZeRO 1 and 2), ``FP16_Optimizer.backward`` (``adaptor_runtime_fp16_fused_optimizer.py``)
+    and ``FP16_UnfusedOptimizer.backward`` (``adaptor_runtime_fp16_unfused_optimizer.py``) call
+    ``clear_npu_overflow_flag()`` before ``loss * scale``, once per micro-batch, so under gradient
+    accumulation only the last micro-batch's backward (and what follows it before the step) is in
+    the window. The step's check, ``CheckOverflow.has_overflow_serial`` (``adaptor_runtime_utils.py``;
+    ZeRO's ``has_overflow_partitioned_grads_serial``), is torch_npu's ``npu_check_overflow``: read the
+    flag, clear it if set (``torch_npu/npu/utils.py``); ``has_overflow`` all-reduces it with MAX over
+    the world (or data- and model-parallel) group. In INF/NaN mode no clear happens and DeepSpeed's
+    own check decides: ``float(x.float().sum())`` not finite, which for binary16 gradients is their
+    isfinite. Not modelled: activation checkpointing's save-and-restore of the flag around its
+    recomputation (``adaptor_runtime_activation_checkpointing_checkpointing.py``)."""
+
+    name = "deepspeed-npu"
+    clears_every_micro_batch = True
+
+
 class IsFinite(Detector):
     name = "isfinite"
 
@@ -400,7 +424,8 @@ class MegatronNorm(_ValueCheck):
 
 #: Every detector by name, in the order ``lossscale run --detector`` lists them.
 DETECTORS: dict[str, type[Detector]] = {d.name: d for d in (TfNpu, TorchNpu, MindSpore, MindSporeAllFinite,
-                                                               PaddleNpu, MegatronNpu, IsFinite, DeepSpeedSum,
+                                                               PaddleNpu, MegatronNpu, DeepSpeedNpu, IsFinite,
+                                                               DeepSpeedSum,
                                                                FairseqNorm, MegatronNorm)}
 #: Earlier names: ``status`` is today's ``tf-npu``.
 ALIASES = {"status": "tf-npu"}

@@ -305,3 +305,20 @@ def test_register_sum_thresholds_as_the_sources_state_them(name: str, finite_at_
         assert make_detector(name, OverflowMode.SATURATION).check([register], [FINITE]) == [want], total
         # Paddle clears after reading; MindSpore leaves the register to its next clear (at scale).
         assert int(register.values.sum()) == (total if name == "mindspore" else 0)
+
+
+def test_deepspeed_npu_reads_as_npu_check_overflow_and_reduces_with_max() -> None:
+    """Ascend's DeepSpeed adaptor: ``npu_check_overflow`` reads the flag and clears it only if set
+    (any non-zero value is an overflow: a register reading 1 counts, unlike Paddle's sum above 1);
+    ``has_overflow`` all-reduces the 0/1 answer with MAX, so a rank without an event skips too,
+    where Paddle's ranks each decide alone."""
+    quiet, loud = StandInRegister([0] * 8), StandInRegister([0, 0, 0, 1, 0, 0, 0, 0])
+    assert make_detector("deepspeed-npu", OverflowMode.SATURATION).check([quiet, loud], [FINITE, FINITE]) \
+        == [False, False]
+    assert not loud.values.any() and not quiet.values.any()
+    loud.values[3] = 1
+    assert make_detector("paddle-npu", OverflowMode.SATURATION).check([quiet, loud], [FINITE, FINITE]) \
+        == [True, True]  # a sum of 1 is not above 1
+    loud.values[3] = 2
+    assert make_detector("paddle-npu", OverflowMode.SATURATION).check([quiet, loud], [FINITE, FINITE]) \
+        == [True, False]
