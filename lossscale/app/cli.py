@@ -1,4 +1,4 @@
-"""The ``lossscale`` command line: run, compare, plot, profiles, managers, sweep, replay.
+"""The ``lossscale`` command line: run, compare, plot, profiles, managers, sweep, replay, msprobe.
 
 Bad input gets one line on stderr saying what is wrong and what is valid, and
 exit code 2; no traceback.
@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "the setting that explains it) and each --manager on the bounds the log sets on each "
                            "step's gradients (a step either outcome fits is unknown, never guessed). Writes "
                            "replay.csv, replay.png and summary.json. No --profile: the log's own overflows decide."))
+    from .msprobe import add_parser as _msprobe_parser
+    _msprobe_parser(command("msprobe", "re-execute an msprobe dump's APIs on a simulated device",
+                            "Read a dump of Ascend's precision debugger (msprobe: dump.json, stack.json, "
+                            "dump_tensor_data/), re-execute each forward API whose inputs it holds on a simulated "
+                            "device, and compare the outputs with the dumped ones (bits, ulps, cosine, errors) with "
+                            "the register events each raised. Writes msprobe.csv and summary.json (needs torch)."))
     return parser
 
 
@@ -537,8 +543,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_msprobe(args: argparse.Namespace) -> None:
+    from .msprobe import command
+    command(args)
+
+
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "plot": cmd_plot, "profiles": cmd_profiles,
-            "managers": cmd_managers, "sweep": cmd_sweep, "replay": cmd_replay}
+            "managers": cmd_managers, "sweep": cmd_sweep, "replay": cmd_replay, "msprobe": _cmd_msprobe}
+
 
 
 def main(argv: list[str] | None = None) -> int:

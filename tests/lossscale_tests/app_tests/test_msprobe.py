@@ -1,0 +1,93 @@
+"""msprobe dumps in: a dump msprobe itself made (tests/data/make_msprobe_dump.py) read back, its
+forward APIs re-executed on a device and compared with what was dumped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from paths import DATA
+
+from lossscale.app.cli import main
+from lossscale.msprobe import compare, read_dump, replay
+
+DUMP = DATA / "msprobe_dump"
+
+
+def test_every_api_of_every_step_is_read() -> None:
+    entries = read_dump(DUMP)
+    assert len(entries) == 23 and {e.step for e in entries} == {0, 1} and {e.rank for e in entries} == {0}
+    first = entries[0]
+    assert (first.name, first.kind, first.api, first.direction) == (
+        "Functional.linear.0.forward", "Functional", "linear", "forward")
+    assert [m["shape"] for m in first.inputs] == [[4, 8], [16, 8], [16]] and first.outputs[0]["shape"] == [4, 16]
+    assert first.source.endswith("make_msprobe_dump.py:36")  # model(x): the user's line, not torch's
+    assert first.tensors is not None and (first.tensors / first.inputs[0]["data_name"]).exists()
+    backward = [e for e in entries if e.direction == "backward"]
+    assert len(backward) == 11 and all(e.inputs for e in backward)
+    assert [e.name for e in entries if e.step == 1 and "__mul__" in e.name] == ["Tensor.__mul__.0.forward"]
+
+
+def test_a_folder_that_is_not_a_dump_is_named(tmp_path) -> None:
+    with pytest.raises(ValueError, match="holds no dump.json: not an msprobe dump"):
+        read_dump(tmp_path)
+    (tmp_path / "dump.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not an msprobe dump.json"):
+        read_dump(tmp_path / "dump.json")
+
+
+def test_the_comparison_hand_worked() -> None:
+    h = np.float16
+    same = np.array([1.0, -2.0, 0.0], h)
+    assert compare(same, same.copy()) == {"identical": True, "max_ulp": 0, "cosine": 1.0, "max_abs_err": 0.0,
+                                          "max_rel_err": 0.0, "rel_err_above_1e-3": 0.0}
+    got = np.array([1.0, np.nextafter(h(-2.0), h(0)), 0.0, 65504.0], h)  # -2 moved 1 ulp toward 0
+    want = np.array([1.0, -2.0, -0.0, np.inf], h)
+    c = compare(got, want)
+    assert not c["identical"] and c["max_ulp"] == 1  # +0/-0 are 0 apart; 65504 and Inf 1 apart
+    assert c["max_abs_err"] == 2.0 ** -10 and c["max_rel_err"] == 2.0 ** -11  # Inf is left out of the errors
+    assert c["rel_err_above_1e-3"] == 0.0
+    far = compare(np.array([1.0, 1.0], h), np.array([1.0, 1.5], h))
+    assert far["rel_err_above_1e-3"] == 0.5 and far["max_ulp"] == 512
+
+
+@pytest.mark.filterwarnings("ignore:atlas-a2. saturation mode is kept")
+def test_forward_apis_run_on_the_device_as_its_own_operations() -> None:
+    """A linear layer replayed = the device's matmul of the dumped operands, then its bias added
+    (the device's default: two roundings, where torch's CPU kernel rounds once: 4 to 7 ulps
+    apart here); the planted overflow (80000) is 65504 with an event in saturation mode, +Inf
+    with the same event in INF/NaN mode, bit-identical to the CPU's dump only there."""
+    torch = pytest.importorskip("torch")
+    from sim import Device
+    entries = read_dump(DUMP)
+    linear = entries[0]
+    x, w, b = (torch.load(linear.tensors / m["data_name"]).numpy() for m in linear.inputs)
+    dev = Device("atlas-a2")
+    want = dev.add(dev.matmul(x, np.ascontiguousarray(w.T)), b)
+    sat, inf = (replay(entries, "atlas-a2", mode) for mode in ("saturation", "inf_nan"))
+    row = sat[0]
+    dumped = torch.load(linear.tensors / linear.outputs[0]["data_name"]).numpy()
+    assert row["status"] == "compared" and row == {**row, **compare(want, dumped)}
+    assert 4 <= row["max_ulp"] <= 7 and not row["identical"]
+    mul = next(i for i, e in enumerate(entries) if "__mul__" in e.name)
+    assert (sat[mul]["identical"], sat[mul]["max_ulp"], sat[mul]["events"]) == (False, 1, 1)
+    assert sat[mul]["register"] == "1 0 0 1 0 0 0 0"
+    assert (inf[mul]["identical"], inf[mul]["events"]) == (True, 1)
+    assert all(r["status"] == "not replayed: a backward entry" for r, e in zip(sat, entries, strict=True)
+               if e.direction == "backward")
+    assert sum(r["status"] == "compared" for r in sat) == 12
+
+
+def test_the_command_writes_the_comparison(tmp_path, capsys) -> None:
+    pytest.importorskip("torch")
+    moved = tmp_path / "dump"
+    shutil.copytree(DUMP, moved)  # dump.json names the folder it was made in: the tensors beside it serve
+    assert main(["msprobe", str(moved), "--profile", "atlas-a2", "--overflow-mode", "inf_nan",
+                 "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["apis"], summary["compared"], summary["with_events"]) == (23, 12, 1)
+    lines = (tmp_path / "out" / "msprobe.csv").read_text().splitlines()
+    assert len(lines) == 24 and lines[0].startswith("step,rank,api,source")
+    assert "23 API calls, 2 step(s), 1 rank(s); 12 re-executed on atlas-a2" in capsys.readouterr().out
