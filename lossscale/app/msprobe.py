@@ -179,9 +179,10 @@ def compare(got: np.ndarray, want: np.ndarray) -> dict[str, Any]:
     return out
 
 
-#: ``msprobe.csv``'s columns: the call, what was done with it, the comparison, the register.
+#: ``msprobe.csv``'s columns: the call, what was done with it, the comparison, the register, and
+#: whether the simulated output holds Inf or NaN.
 COLUMNS = ("step", "rank", "api", "source", "dtype", "shape", "status", "identical", "max_ulp", "cosine",
-           "max_abs_err", "max_rel_err", "rel_err_above_1e-3", "events", "register")
+           "max_abs_err", "max_rel_err", "rel_err_above_1e-3", "events", "register", "nonfinite")
 
 
 def replay(entries: list[Entry], profile: str = "atlas-a2", overflow_mode: str | None = None) -> list[dict[str, Any]]:
@@ -229,9 +230,78 @@ def replay(entries: list[Entry], profile: str = "atlas-a2", overflow_mode: str |
         row.update(events=int(register[3]), register=" ".join(map(str, register.tolist())))
         if got is None or dumped is None:
             row["status"] = "replayed: no tensor output to compare"
+            row["nonfinite"] = got is not None and not bool(torch.isfinite(got).all())
             continue
-        row.update(status="compared", **compare(got.detach().numpy(), dumped.detach().numpy()))
+        out = got.detach().numpy()
+        row["nonfinite"] = bool(not np.isfinite(out.astype(np.float64)).all())
+        row.update(status="compared", **compare(out, dumped.detach().numpy()))
     return rows
+
+
+def _bad(meta: Any) -> bool:
+    """A dumped tensor that holds Inf or NaN (its Max or Min not finite), or, in binary16, +-65504
+    (what saturation mode makes of an overflow)."""
+    if not (isinstance(meta, dict) and meta.get("type") == "torch.Tensor"):
+        return False
+    ends = [meta.get("Max"), meta.get("Min")]
+    if any(not isinstance(v, (int, float)) or not np.isfinite(v) for v in ends if v is not None):
+        return True
+    return meta.get("dtype") == "torch.float16" and any(v is not None and abs(v) == 65504.0 for v in ends)
+
+
+def _tensors(metas: list[Any]) -> list[dict]:
+    out = []
+    for m in metas:
+        if isinstance(m, list):
+            out += _tensors(m)
+        elif isinstance(m, dict) and m.get("type") == "torch.Tensor":
+            out.append(m)
+    return out
+
+
+def verdict(entries: list[Entry], profiles: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per step and rank, the first producer of a non-finite (or, in binary16, +-65504) value: the
+    first call, in the dump's order, whose input tensors were all finite and one of whose outputs
+    is not (read from the dumped statistics, so a statistics-only dump serves too), and how many
+    calls after it only carried such a value on (a bad input, a bad output); where the dump holds
+    its tensors, whether a simulated device reproduces it on each profile in each of its overflow
+    modes (INF/NaN mode: a non-finite output; saturation mode: a register event), msprobe's
+    normal/abnormal question asked of each product. One row per step and rank that has one."""
+    from sim import profiles as sim_profiles
+    names = profiles or sim_profiles.names()
+    rows = []
+    for key in dict.fromkeys((e.step, e.rank) for e in entries):
+        mine = [e for e in entries if (e.step, e.rank) == key]
+        first, carried = None, 0
+        for e in mine:
+            bad_in = any(_bad(m) for m in _tensors(e.inputs) + _tensors(list(e.kwargs.values())))
+            bad_out = any(_bad(m) for m in _tensors(e.outputs))
+            if bad_out and not bad_in and first is None:
+                first = e
+            elif bad_out and bad_in:
+                carried += 1
+        if first is None:
+            continue
+        row: dict[str, Any] = {"step": key[0], "rank": key[1], "api": first.name, "source": first.source,
+                               "carried_by": carried}
+        for name in names:
+            for mode in sim_profiles.get(name).overflow_modes:
+                row[f"{name}/{mode.name.lower()}"] = _reproduced(first, name, mode.name.lower())
+        rows.append(row)
+    return rows
+
+
+def _reproduced(entry: Entry, profile: str, mode: str) -> bool | None:
+    """Whether the device reproduces the entry's overflow (None: it could not be re-executed)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a legacy saturation mode is asked for on purpose
+        row = replay([entry], profile, mode)[0]
+    if row["events"] is None:
+        return None
+    if mode == "saturation":
+        return row["events"] > 0
+    return bool(row.get("nonfinite"))
 
 
 def _resolve(module: str, api: str):
@@ -274,7 +344,8 @@ def command(args: argparse.Namespace) -> None:
                "ranks": sorted({r["rank"] for r in rows}),
                "compared": len(compared), "identical": sum(bool(r["identical"]) for r in compared),
                "with_events": sum(bool(r["events"]) for r in compared),
-               "not_replayed": dict(sorted(_counts(r["status"] for r in rows if r["status"] != "compared").items()))}
+               "not_replayed": dict(sorted(_counts(r["status"] for r in rows if r["status"] != "compared").items())),
+               "first_producers": verdict(entries)}
     with staged(args.out, args.force) as stage:
         write_atomic(stage / "msprobe.csv", _csv(COLUMNS, rows))
         write_atomic(stage / "summary.json", (json_text(summary) + "\n").encode())
@@ -285,6 +356,11 @@ def command(args: argparse.Namespace) -> None:
     for r in worst:
         print(f"  step {r['step']} rank {r['rank']} {r['api']}: {r['max_ulp']} ulp, max rel. error "
               f"{r['max_rel_err']:.3g}, events {r['events']}{', ' + r['source'] if r['source'] else ''}")
+    for v in summary["first_producers"]:
+        seen = [k for k, r in v.items() if "/" in k and r]
+        print(f"step {v['step']} rank {v['rank']}: first non-finite value from {v['api']}"
+              f"{' (' + v['source'] + ')' if v['source'] else ''}, carried on by {v['carried_by']} call(s); "
+              f"reproduced on {len(seen)} of {sum('/' in k for k in v)} product/mode pairs")
     print(f"wrote {args.out}: msprobe.csv, summary.json")
 
 

@@ -91,3 +91,28 @@ def test_the_command_writes_the_comparison(tmp_path, capsys) -> None:
     lines = (tmp_path / "out" / "msprobe.csv").read_text().splitlines()
     assert len(lines) == 24 and lines[0].startswith("step,rank,api,source")
     assert "23 API calls, 2 step(s), 1 rank(s); 12 re-executed on atlas-a2" in capsys.readouterr().out
+
+
+def test_the_first_producer_of_a_non_finite_value_is_named(tmp_path) -> None:
+    """Step 1's planted overflow: 40000 * 2 is the first call whose inputs are finite and whose
+    output is not (the input's Norm is Inf, its Max and Min are not); the additions, powers, means and
+    gradients after it only carry the Inf on. Every product reproduces it: +Inf in INF/NaN mode, a
+    register event in saturation mode. Step 0 has none. A call the card alone made overflow (a
+    linear layer whose dumped output claims Inf) is named, and no product reproduces it."""
+    pytest.importorskip("torch")
+    from lossscale.msprobe import verdict
+    entries = read_dump(DUMP)
+    [row] = verdict(entries)
+    assert (row["step"], row["rank"], row["api"]) == (1, 0, "Tensor.__mul__.0.forward")
+    assert row["source"].endswith("make_msprobe_dump.py:38") and row["carried_by"] == 7
+    pairs = {k: v for k, v in row.items() if "/" in k}
+    assert pairs and all(pairs.values()) and {"atlas-a2/inf_nan", "atlas-training/saturation"} <= set(pairs)
+    assert "atlas-training/inf_nan" not in pairs  # a product's own modes only
+    assert verdict([e for e in entries if e.step == 0]) == []
+    import dataclasses
+    linear = entries[0]
+    claimed = dataclasses.replace(linear, outputs=[{**linear.outputs[0], "Max": float("inf")}])
+    [card_only] = verdict([claimed], profiles=["atlas-a2", "atlas-training"])
+    assert card_only["api"] == "Functional.linear.0.forward" and card_only["carried_by"] == 0
+    assert {k: v for k, v in card_only.items() if "/" in k} == {
+        "atlas-a2/inf_nan": False, "atlas-a2/saturation": False, "atlas-training/saturation": False}
