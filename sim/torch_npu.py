@@ -3,8 +3,8 @@ written for torch_npu runs its overflow logic on the emulator: ``import sim.torc
 torch_npu`` serves ``torch_npu.npu.utils.npu_check_overflow``, ``torch_npu.npu.get_npu_overflow_flag``,
 ``torch_npu.npu.clear_npu_overflow_flag``, ``torch_npu.npu.utils.is_support_inf_nan`` and the
 float-status ops ``torch_npu.npu_alloc_float_status``, ``npu_get_float_status`` and
-``npu_clear_float_status``. The device is the innermost active :class:`sim.torch.DeviceMode`'s, or
-the one given as ``device=``.
+``npu_clear_float_status`` (or, after :func:`install`, ``import torch_npu`` itself). The device
+is the innermost active :class:`sim.torch.DeviceMode`'s, or the one given as ``device=``.
 
 What each does, as torch_npu's source has it (``Ascend/pytorch`` ``torch_npu/npu/utils.py``; the ops
 in ``Ascend/op-plugin`` ``op_plugin/ops/aclops/FloatStatusKernelNpu.cpp``; the API pages of
@@ -38,8 +38,9 @@ inside ``DeviceMode``.
 
 from __future__ import annotations
 
+import sys
 import warnings
-from types import SimpleNamespace
+from types import ModuleType
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
@@ -50,7 +51,8 @@ from .rounding import OverflowMode
 from .torch import DeviceMode
 
 __all__ = ["is_support_inf_nan", "get_npu_overflow_flag", "clear_npu_overflow_flag", "npu_check_overflow",
-           "npu_get_float_status", "npu_clear_float_status", "npu_alloc_float_status", "npu", "V1_PROFILES"]
+           "npu_get_float_status", "npu_clear_float_status", "npu_alloc_float_status", "npu", "V1_PROFILES",
+           "install"]
 
 #: The products whose float-status ops are the V1 ones (SoCs before Ascend910B1 in torch_npu's
 #: ``NpuVariables.h`` order: Ascend910A-910B and Ascend310P); the others run the V2 ops.
@@ -132,8 +134,26 @@ def npu_alloc_float_status(buf: torch.Tensor | None = None) -> torch.Tensor:
     return torch.zeros(8, dtype=torch.float32)
 
 
+def _module(name: str, **attrs) -> ModuleType:
+    module = ModuleType(name, f"sim.torch_npu's stand-in for {name} (the overflow API only)")
+    module.__dict__.update(attrs)
+    return module
+
+
 #: ``torch_npu.npu`` and ``torch_npu.npu.utils`` as far as the overflow API goes.
-npu = SimpleNamespace(
-    get_npu_overflow_flag=get_npu_overflow_flag, clear_npu_overflow_flag=clear_npu_overflow_flag,
-    utils=SimpleNamespace(npu_check_overflow=npu_check_overflow, is_support_inf_nan=is_support_inf_nan,
-                          get_npu_overflow_flag=get_npu_overflow_flag, clear_npu_overflow_flag=clear_npu_overflow_flag))
+npu = _module("torch_npu.npu", get_npu_overflow_flag=get_npu_overflow_flag,
+              clear_npu_overflow_flag=clear_npu_overflow_flag,
+              utils=_module("torch_npu.npu.utils", npu_check_overflow=npu_check_overflow,
+                            is_support_inf_nan=is_support_inf_nan, get_npu_overflow_flag=get_npu_overflow_flag,
+                            clear_npu_overflow_flag=clear_npu_overflow_flag))
+
+
+def install() -> None:
+    """Make ``import torch_npu`` (and ``torch_npu.npu``, ``torch_npu.npu.utils``, ``from torch_npu.npu
+    import clear_npu_overflow_flag``) resolve to this face, for a script written for torch_npu; a
+    torch_npu already imported is refused (its own functions would stay in the script's hands)."""
+    here = sys.modules[__name__]
+    present = sys.modules.get("torch_npu")
+    if present is not None and present is not here:
+        raise RuntimeError("torch_npu is imported already (the real one): install() must come first")
+    sys.modules.update({"torch_npu": here, "torch_npu.npu": npu, "torch_npu.npu.utils": npu.utils})

@@ -80,3 +80,21 @@ def test_the_float_status_ops_fill_v1_buffers_and_return_v2_words(profile: str, 
 def test_outside_a_mode_a_device_must_be_given() -> None:
     with pytest.raises(RuntimeError, match="inside a sim.torch.DeviceMode, or give device="):
         torch_npu.get_npu_overflow_flag()
+
+
+def test_install_makes_a_torch_npu_script_import_the_face(monkeypatch) -> None:
+    import sys
+    for name in ("torch_npu", "torch_npu.npu", "torch_npu.npu.utils"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    torch_npu.install()
+    import torch_npu as imported
+    from torch_npu.npu import clear_npu_overflow_flag
+    from torch_npu.npu.utils import npu_check_overflow
+    assert imported is torch_npu and clear_npu_overflow_flag is torch_npu.clear_npu_overflow_flag
+    dev = Device("atlas-training")
+    overflowed(dev)
+    with DeviceMode(dev):
+        assert npu_check_overflow(None) and not imported.npu.get_npu_overflow_flag()
+    monkeypatch.setitem(sys.modules, "torch_npu", object())
+    with pytest.raises(RuntimeError, match="install\\(\\) must come first"):
+        torch_npu.install()
