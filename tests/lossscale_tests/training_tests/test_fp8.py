@@ -282,7 +282,7 @@ def test_the_command_writes_and_redraws_the_fp8_log(capsys, tmp_path) -> None:
     assert (out / "fp8.svg").read_bytes().startswith(b"<?xml")
     for bad, says in ((["--fp8-arg", "margin=one"], "margin must be an integer"),
                       (["--fp8-arg", "fp8_format=E3M4"], "unknown fp8_format"),
-                      (["--fp8-arg", "bogus=1"], "takes no argument 'bogus'; valid: fp8_format, margin")):
+                      (["--fp8-arg", "bogus=1"], "takes no argument 'bogus'; valid: fp8_format, gemms, keep, margin")):
         code = main(["run", "--fp8", "delayed", *bad, "--steps", "2", "--out", str(tmp_path / "x"), "--quiet"])
         err = capsys.readouterr().err
         assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
