@@ -150,3 +150,26 @@ def test_matmul_blocks_refuses_scales_that_do_not_fit() -> None:
     assert dev.matmul_blocks(a8, b8, np.ones((2, 2)), np.ones((2, 3)), 32).shape == (2, 3)
     with pytest.raises(ValueError, match=r"\(M, K/32\) and \(K/32, N\) scales"):
         dev.matmul_blocks(a8, b8, np.ones((2, 1)), np.ones((2, 3)), 32)
+
+
+def test_ascend_scale_algorithms_1_and_2_are_the_round_up_rule() -> None:
+    """CANN's aclnnDynamicMxQuant (hicann/ops-nn ``quant/quant_common/op_kernel/mx_quant_common.h`` and
+    ``quant/dynamic_mx_quant/op_kernel/arch35/dynamic_mx_quant_tail_axis{,_fp8}.h``), written out:
+    scaleAlg 1 (FP8) takes S = fl32(amax) * fl32(1 / max) and the exponent field of S, plus one where
+    its fraction is not zero (a subnormal S above 2**-127 also rounds up); scaleAlg 2 (E2M1,
+    dstTypeMax 0 or 6) adds 0x3f to amax's bfloat16 bits, keeps the exponent and takes 2 (E2M1's
+    emax) off. Over every positive finite binary16 and bfloat16 amax, both are ``rceil``; scaleAlg 2
+    only above 2**-125 (below, the kernel's exponent goes negative and it zeroes the block)."""
+    f32 = np.float32
+    for source in (np.float16, ml_dtypes.bfloat16):
+        amax = np.arange(1, 0x7C00 if source is np.float16 else 0x7F80, dtype=np.uint16).view(source)
+        for fmt in (formats.FLOAT8_E4M3FN, formats.FLOAT8_E5M2):
+            s = (amax.astype(f32) * f32(1.0 / fmt.max)).view(np.uint32)
+            e, m = (s >> 23) & 0xFF, s & 0x7FFFFF
+            kernel = e + (((e > 0) & (e < 254) & (m > 0)) | ((e == 0) & (m > 0x400000)))
+            assert np.array_equal(kernel, mx.shared_exponents(amax.astype(np.float64), fmt, "rceil"))
+    bf16 = np.arange(1, 0x7F80, dtype=np.uint16)
+    kernel = (((bf16.astype(np.int64) + 0x3F) & 0x7F80) - 0x0100) >> 7
+    value = bf16.view(ml_dtypes.bfloat16).astype(np.float64)
+    ours = mx.shared_exponents(value, formats.FLOAT4_E2M1FN, "rceil")
+    assert np.array_equal(kernel[value >= 2.0**-125], ours[value >= 2.0**-125])
