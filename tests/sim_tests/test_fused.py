@@ -58,6 +58,8 @@ def _check_fused(fn, *xs, monkeypatch):
         ref = func(*tree_map(_wide64, args), **tree_map(_wide64, kwargs))
         outs = out if isinstance(out, (tuple, list)) else [out]
         refs = ref if isinstance(ref, (tuple, list)) else [ref]
+        if "_ctc_loss" in str(func):  # log_alpha: torch's kernel leaves its unused entries uninitialised, so
+            outs, refs = outs[:1], refs[:1]  # the binary64 reference's hold whatever memory held; the loss only
         for o, r in zip(outs, refs, strict=True):
             if isinstance(o, torch.Tensor) and o.dtype in (torch.float16, torch.bfloat16):
                 assert _within_one_rounding(o, r), str(func)
