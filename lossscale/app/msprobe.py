@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,7 +345,7 @@ def command(args: argparse.Namespace) -> None:
                "ranks": sorted({r["rank"] for r in rows}),
                "compared": len(compared), "identical": sum(bool(r["identical"]) for r in compared),
                "with_events": sum(bool(r["events"]) for r in compared),
-               "not_replayed": dict(sorted(_counts(r["status"] for r in rows if r["status"] != "compared").items())),
+               "not_replayed": dict(sorted(Counter(r["status"] for r in rows if r["status"] != "compared").items())),
                "first_producers": verdict(entries)}
     with staged(args.out, args.force) as stage:
         write_atomic(stage / "msprobe.csv", _csv(COLUMNS, rows))
@@ -362,10 +363,3 @@ def command(args: argparse.Namespace) -> None:
               f"{' (' + v['source'] + ')' if v['source'] else ''}, carried on by {v['carried_by']} call(s); "
               f"reproduced on {len(seen)} of {sum('/' in k for k in v)} product/mode pairs")
     print(f"wrote {args.out}: msprobe.csv, summary.json")
-
-
-def _counts(items) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
