@@ -33,14 +33,17 @@ anything was lost. The operations meet that contract as follows:
 - the binary32 matmul accumulation uses the IEEE fused multiply-add: binary16
   products are exact in binary32, so it is the addition with one rounding.
 
-This module stays one file, past the project's 600 lines for a module: numba's on-disk cache
-is invalidated only when a cached function's own source file changes, not when a function it
-calls in another file does (numba's "Notes on Caching", cache limitations: "changes in symbols
-defined in another file are not detected"), so the one rounding routine and the loops that
-inline it live together, where an edit to it recompiles every loop. Two other files compile loops
-that call into this one, ``sim/binary32.py`` and ``sim/elementary/compiled.py`` (the latter one file
-past 600 lines for the same reason): after an edit here, delete their cached code
-(``find sim -name '*.nb[ci]' -delete``), which numba cannot know to recompile.
+This module stays one file, past the project's 600 lines for a module: it is one idea, the
+rounding routine and the loops that inline it, whose branches numba folds into each loop.
+
+Numba's on-disk cache keys a cached loop by its own source file only ("changes in symbols defined
+in another file are not detected", numba's "Notes on Caching"), and the loops of
+``sim/binary32.py`` and ``sim/elementary/`` inline helpers from here and from each other. So the
+caches of all the compiled files (:data:`COMPILED`) live and die together: at import, a digest of
+their sources is checked against the one their caches were made under, and every compiled file's
+cache is dropped when it differs (numba then compiles again). Caches under ``NUMBA_CACHE_DIR`` are
+dropped too; the user-wide cache numba falls back to for a read-only tree is not (nothing there is
+edited in place).
 
 Format and settings travel as a small int64 array (:func:`config`), so one
 compiled loop serves every format (the 8-bit ones too: where their overflow starts,
@@ -60,7 +63,10 @@ Flag bits are SoftFloat's: INEXACT 1, UNDERFLOW 2, OVERFLOW 4, DIVBYZERO 8, INVA
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+from pathlib import Path
 
 import numba as nb
 import numpy as np
@@ -94,6 +100,46 @@ EQ, LT, LE = range(3)
 EXP_INF = 1 << 20  # exponents handed to round_pack for Inf and NaN
 EXP_NAN = EXP_INF + 1
 _FRAC52 = (1 << 52) - 1
+
+#: The files whose loops numba compiles and caches, relative to the package.
+COMPILED = ("kernels.py", "binary32.py", "elementary/compiled.py", "elementary/pairs.py")
+
+
+def _cache_dirs(path: Path) -> list[Path]:
+    """Where numba may cache ``path``'s loops: its ``__pycache__``, and under ``NUMBA_CACHE_DIR``."""
+    dirs = [path.parent / "__pycache__"]
+    if nb.config.CACHE_DIR:
+        from numba.core.caching import _CacheLocator
+        dirs.append(Path(nb.config.CACHE_DIR) / _CacheLocator.get_suitable_cache_subpath(str(path)))
+    return dirs
+
+
+def _drop_stale_caches(root: Path = Path(__file__).parent) -> None:
+    """Drops every compiled file's cached loops when any compiled source under ``root`` changed
+    since they were cached: a loop inlines helpers of other files, which numba's per-file check
+    cannot see."""
+    files = [root / name for name in COMPILED]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    stamp = root / "__pycache__" / "compiled.sha256"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:  # no stamp: nothing says the caches there match these sources
+        pass
+    try:
+        for f in files:
+            for folder in _cache_dirs(f):
+                for cached in folder.glob(f"{f.stem}.*.nb[ci]"):
+                    cached.unlink(missing_ok=True)
+        stamp.parent.mkdir(exist_ok=True)
+        fresh = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+        fresh.write_text(digest)
+        os.replace(fresh, stamp)  # whole or absent, whoever reads it
+    except OSError:  # a read-only tree: numba caches elsewhere, and nothing here is edited
+        pass
+
+
+_drop_stale_caches()
 
 jit = nb.njit(cache=True, nogil=True, error_model="numpy")  # IEEE division: x/0 is +-Inf or NaN
 #: Helpers are inlined into each loop (numba does not inline across compiled functions by

@@ -10,11 +10,11 @@ a scratch folder, the snippet replaced there, and the guarding tests run with
 A mutant is *killed* when a test fails (the first failing test is named), *timeout* when the
 tests do not finish in time (counted as killed), *survived* when they all pass.
 
-Numba keeps its compiled kernels in ``__pycache__`` beside each source file, keyed by the
-file's modification time. The scratch copies keep the base copy's times and caches, so only
-a mutated file is compiled again. Before the mutants run, the guarding test files run once
-unmutated (this warms the caches and shows they pass; a failing baseline would make every
-mutant look killed, so the check stops).
+Numba keeps its compiled kernels in ``__pycache__`` beside each source file. The scratch
+copies keep the base copy's caches, so only what a mutant touches is compiled again (a mutant
+of one compiled file, all of them: ``sim.kernels`` drops the compiled files' caches together).
+Before the mutants run, the guarding test files run once unmutated (this warms the caches and
+shows they pass; a failing baseline would make every mutant look killed, so the check stops).
 
 Not collected by pytest (its name does not start with ``test_``). Run from the repository::
 

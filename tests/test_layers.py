@@ -227,11 +227,9 @@ def test_optional_paths_import() -> None:
 
 
 #: Modules over 600 lines, and functions over 60, with the reason each stays so. kernels.py is one
-#: file because numba's cache is invalidated only by an edit to a cached function's own file (its
-#: docstring says more); these are its compiled kernels whose branches numba inlines into one loop.
-#: sim/elementary/compiled.py is one file for the same reason (its function families, each short,
-#: are inlined into its three loops).
-LONG_MODULES = {"sim.kernels", "sim.elementary.compiled"}
+#: idea, the one rounding routine and the loops that inline it (its docstring says more); these are
+#: its compiled kernels whose branches numba inlines into one loop.
+LONG_MODULES = {"sim.kernels"}
 LONG_FUNCTIONS = {("sim.kernels", "round_pack"), ("sim.kernels", "_unary_value"), ("sim.kernels", "tree_sum")}
 
 

@@ -31,7 +31,8 @@ Zeros and infinities follow torch's CPU formulas where they define the sign or t
 -inf are NaN, as torch's x * cdf(x) gives), so that a device route agrees with torch wherever
 torch's answer is exact.
 
-The package's files: ``compiled`` (the numba kernels), ``exact`` (hard cases' exact values) and
+The package's files: ``compiled`` and ``pairs`` (the numba kernels of one, and of two or three
+operands), ``exact`` (hard cases' exact values) and
 ``functions`` (the table and ``evaluate``).
 """
 

@@ -13,6 +13,7 @@ from .. import kernels as K
 from ..formats import BINARY32
 from ..rounding import config
 from . import compiled as C
+from . import pairs as P
 from .exact import exact_value
 
 
@@ -140,9 +141,9 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     if fn.arity == 1:
         hard = C.unary(fn.code, wide[0], bits, flags, p)
     elif fn.arity == 2:
-        hard = C.binary(fn.code, wide[0], wide[1], bits, flags, p)
+        hard = P.binary(fn.code, wide[0], wide[1], bits, flags, p)
     else:
-        hard = C.ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p)
+        hard = P.ternary(fn.code, wide[0], wide[1], wide[2], bits, flags, p)
     if hard:
         idx = np.flatnonzero(flags == C._HARD)
         ps = tuple(float(v) for v in p[:len(fn.params)])
