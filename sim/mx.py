@@ -15,7 +15,23 @@ E3M2, 2 for E2M3 and E2M1, 0 for E1M2):
 - ``"even"``: x = floor(log2 amax') - emax with amax rounded half up to the element's fraction
   bits first, torchao's ``ScaleCalculationMode.EVEN``.
 
-Every rule is computed exactly (from the binary64 amax). A block whose amax is 0 takes the
+CANN's ``aclnnDynamicMxQuant`` (hicann/ops-nn ``quant/quant_common/op_kernel/mx_quant_common.h``,
+its tiling's ``dstTypeMax`` choice) is five more rules, for float16 and bfloat16 inputs only:
+
+- ``"cann0"``, ``scaleAlg`` 0: the floor rule on amax rounded toward zero to bfloat16 (the same
+  exponent), but a block whose amax has a bfloat16 exponent field at most emax (amax below
+  2**(emax - 126)) gets scale code 0 and all its elements 0 (OCP would keep them);
+- ``"cann1"``, ``scaleAlg`` 1 (E4M3, E5M2): the exponent of the binary32 amax * (1/MAX), up one
+  where its fraction is not zero: ``"rceil"`` for every float16 and bfloat16 amax (tested);
+- ``"cann2"``, ``"cann2-7"``, ``"cann2-1.875"``, ``scaleAlg`` 2 with ``dstTypeMax`` 0 or 6 (E2M1),
+  7 (E2M1) or 1.875 (E1M2): amax rounded to nearest bfloat16, 0x3F, 0x1F or 0x0F added to its
+  bits and the exponent field taken (so the scale rounds up from a significand of 1.5078, 1.7578
+  or 1.8828), less emax; below emax's binade the scale code is 0. Its elements are scaled by
+  2**(127 - the unclamped field), which for an E1M2 block of subnormal amax is not the scale's
+  inverse: as the kernel does. (scaleAlg 2 with dstTypeMax 0 on E1M2 or FP8 elements takes the
+  kernel's binary32 path with a reciprocal the tiling does not show: not modelled.)
+
+The other rules are computed exactly (from the binary64 amax). A block whose amax is 0 takes the
 smallest scale, 2**-127; a block holding an Inf or NaN takes the scale NaN (0xFF), as the
 specification prescribes for a NaN scale. torchao's emulation (0.18, ``to_mx``) differs in
 three places: its RCEIL takes ceil(log2) of the binary32 quotient amax / MAX through a binary32
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from .blocks import amax as block_amax
@@ -48,10 +65,14 @@ from .formats import (
 from .fpu import Fpu
 from .rounding import Flag, OverflowMode, Rounding
 
-__all__ = ["MX", "ELEMENTS", "RULES", "quantize", "dequantize", "shared_exponents"]
+__all__ = ["MX", "ELEMENTS", "RULES", "CANN_RULES", "quantize", "dequantize", "shared_exponents"]
 
 ELEMENTS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT6_E3M2FN, FLOAT6_E2M3FN, FLOAT4_E2M1FN, FLOAT4_E1M2FN)
-RULES = ("floor", "rceil", "ceil", "even")
+#: CANN's rules: scaleAlg, the value scaleAlg 2 adds to amax's bfloat16 bits, the formats served.
+CANN_RULES = {"cann0": (0, 0, (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT4_E2M1FN, FLOAT4_E1M2FN)),
+              "cann1": (1, 0, (FLOAT8_E4M3FN, FLOAT8_E5M2)), "cann2": (2, 0x3F, (FLOAT4_E2M1FN,)),
+              "cann2-7": (2, 0x1F, (FLOAT4_E2M1FN,)), "cann2-1.875": (2, 0x0F, (FLOAT4_E1M2FN,))}
+RULES = ("floor", "rceil", "ceil", "even", *CANN_RULES)
 
 
 class MX(NamedTuple):
@@ -68,11 +89,23 @@ class MX(NamedTuple):
     saturated_blocks: int = 0  #: blocks holding such an element
 
 
-def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.ndarray:
-    """The E8M0 codes of the blocks' shared scales, from their binary64 amax values."""
+def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor", source=None) -> np.ndarray:
+    """The E8M0 codes of the blocks' shared scales, from their binary64 amax values (``source``:
+    the input's dtype, float16 or bfloat16, for CANN's rules)."""
+    return _scales(amax, fmt, rule, source)[0]
+
+
+def _scales(amax: np.ndarray, fmt: Format, rule: str, source) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' E8M0 scale codes, and what their elements are multiplied by (1 / scale but
+    where a CANN kernel does otherwise)."""
     if rule not in RULES:
         raise ValueError(f"unknown MX scale rule {rule!r}; valid: {', '.join(RULES)}")
     amax = np.asarray(amax, np.float64)
+    if rule in CANN_RULES and rule != "cann1":
+        return _cann(amax, fmt, rule, source)
+    if rule == "cann1":
+        _cann_check(fmt, rule, source)
+        rule = "rceil"
     with np.errstate(divide="ignore", invalid="ignore"):
         m, e = np.frexp(amax if rule != "rceil" else amax / fmt.max)  # m * 2**e, 0.5 <= m < 1
         e = e.astype(np.int64)
@@ -87,7 +120,40 @@ def shared_exponents(amax: np.ndarray, fmt: Format, rule: str = "floor") -> np.n
     codes = np.clip(x + 127, 0, 254).astype(np.uint8)
     codes[amax == 0] = 0
     codes[~np.isfinite(amax)] = 0xFF
-    return codes
+    return codes, 1 / decode(codes, FLOAT8_E8M0FNU)
+
+
+def _cann_check(fmt: Format, rule: str, source) -> None:
+    served = CANN_RULES[rule][2]
+    if fmt not in served:
+        raise ValueError(f"CANN's {rule} serves {', '.join(f.name for f in served)}, not {fmt.name}")
+    if source is None or np.dtype(source) not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        raise ValueError(f"CANN's {rule} takes float16 or bfloat16 inputs, not {source}")
+
+
+def _cann(amax: np.ndarray, fmt: Format, rule: str, source) -> tuple[np.ndarray, np.ndarray]:
+    """CANN's scaleAlg 0 and 2 on the bfloat16 bits of amax (see the module's docstring)."""
+    _cann_check(fmt, rule, source)
+    alg, add, _ = CANN_RULES[rule]
+    wide = np.nan_to_num(amax, nan=np.inf).astype(np.float32).view(np.uint32)  # exact: a float16 or bfloat16
+    if alg == 0:  # float16 to bfloat16 toward zero: the bits above the 16th
+        bits = (wide >> 16).astype(np.int64)
+    else:  # to nearest even
+        bits = (wide + 0x7FFF + ((wide >> 16) & 1) >> 16).astype(np.int64)
+    field = bits >> 7
+    if alg == 0:
+        shared = field - fmt.emax
+        zero = field <= fmt.emax
+        codes = np.where(zero, 0, shared)
+    else:
+        shared = np.where(field < fmt.emax, fmt.emax, (bits + add) >> 7) - fmt.emax
+        zero, codes = False, np.where(field == 0, 0, shared)
+    # The multiplier: bfloat16 bits 0x7F00 - shared << 7 on 16 bits (2**(127 - shared); 2**-127 at
+    # 254; -Inf at 255, an E1M2 amax that carries past bfloat16's largest binade), NaN for Inf/NaN
+    reciprocal = np.where(shared == 254, 0x0040, (0x7F00 - (shared << 7)) & 0xFFFF).astype(np.uint16)
+    inverse = np.where(zero, 0.0, reciprocal.view(ml_dtypes.bfloat16).astype(np.float64))
+    inf = field == 0xFF
+    return np.where(inf, 0xFF, codes).astype(np.uint8), np.where(inf, np.nan, inverse)
 
 
 def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int = 32, rule: str = "floor",
@@ -111,9 +177,9 @@ def quantize(x, fmt: Format | str = FLOAT8_E4M3FN, *, axis: int = -1, block: int
         raise ValueError("quantize takes an array with at least one axis")
     axis, tile = int(axis) % x.ndim, check_tile(tile, block, x.ndim)
     blocks, pad = split(x.astype(np.float64), axis, block)
-    scales = shared_exponents(block_amax(blocks, tile), fmt, rule)
+    scales, inverse = _scales(block_amax(blocks, tile), fmt, rule, x.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        scaled = blocks / decode(scales, FLOAT8_E8M0FNU)[..., None]
+        scaled = blocks * inverse[..., None]
     unit = fpu or Fpu(OverflowMode.SATURATION)
     elements, flags = unit.convert(scaled, fmt, rounding=rounding, overflow="satfinite", return_flags=True)
     over = (flags & Flag.OVERFLOW) != 0

@@ -292,8 +292,10 @@ class MXScaling(BlockRecipe):
         if wrong:
             raise ValueError(f"MX blocks hold {', '.join(f.name for f in mx.ELEMENTS)} elements, not "
                              f"{', '.join(wrong)}")
-        if self.rule not in mx.RULES:
-            raise ValueError(f"unknown MX rule {self.rule!r}; valid: {', '.join(mx.RULES)}")
+        rules = [r for r in mx.RULES if r not in mx.CANN_RULES]  # CANN's take float16 or bfloat16 operands
+        if self.rule not in rules:
+            raise ValueError(f"MX rule {self.rule!r} does not serve training's binary32 operands; valid: "
+                             f"{', '.join(rules)}")
         integer("block", self.block, 1)
 
     def operand(self, dev: Device, x: np.ndarray, fmt: Format, axis: int, role: str, whole: np.ndarray) -> Operand:

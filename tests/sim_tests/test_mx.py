@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sim import Device, Flag, Fpu, formats, mx
+from sim import Device, Flag, Fpu, OverflowMode, formats, mx
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
@@ -29,7 +29,7 @@ def test_shared_exponents_hand_worked() -> None:
         mx.shared_exponents(amax, e4m3, "nearest")
 
 
-@pytest.mark.parametrize("rule", mx.RULES)
+@pytest.mark.parametrize("rule", [r for r in mx.RULES if r not in mx.CANN_RULES])
 @pytest.mark.parametrize("fmt", mx.ELEMENTS, ids=lambda f: f.name)
 def test_quantize_is_the_saturating_cast_of_x_over_its_block_scale(fmt, rule: str) -> None:
     rng = np.random.default_rng(3)
@@ -152,24 +152,89 @@ def test_matmul_blocks_refuses_scales_that_do_not_fit() -> None:
         dev.matmul_blocks(a8, b8, np.ones((2, 1)), np.ones((2, 3)), 32)
 
 
-def test_ascend_scale_algorithms_1_and_2_are_the_round_up_rule() -> None:
-    """CANN's aclnnDynamicMxQuant (hicann/ops-nn ``quant/quant_common/op_kernel/mx_quant_common.h`` and
-    ``quant/dynamic_mx_quant/op_kernel/arch35/dynamic_mx_quant_tail_axis{,_fp8}.h``), written out:
-    scaleAlg 1 (FP8) takes S = fl32(amax) * fl32(1 / max) and the exponent field of S, plus one where
-    its fraction is not zero (a subnormal S above 2**-127 also rounds up); scaleAlg 2 (E2M1,
-    dstTypeMax 0 or 6) adds 0x3f to amax's bfloat16 bits, keeps the exponent and takes 2 (E2M1's
-    emax) off. Over every positive finite binary16 and bfloat16 amax, both are ``rceil``; scaleAlg 2
-    only above 2**-125 (below, the kernel's exponent goes negative and it zeroes the block)."""
-    f32 = np.float32
+def _kernel(bits: np.ndarray, source, fmt: formats.Format, alg: int, add: int) -> tuple[np.ndarray, np.ndarray]:
+    """CANN's aclnnDynamicMxQuant scales, as ``mx_quant_common.h`` (hicann/ops-nn ``quant/quant_common/
+    op_kernel``) computes them on 16-bit registers, from the amax bits of a float16 or bfloat16
+    block: the scale's E8M0 code, and the bfloat16 the elements are multiplied by.
+    ComputeMxScaleOCP (scaleAlg 0), ComputeMxScaleCuBLAS (1), ComputeMxScaleDynamicDtypeRange (2)."""
+    u16, f32 = np.uint16, np.float32
+    dst = u16(fmt.emax << 7)  # FP8_E4M3_MAX_EXP 0x0400, E5M2 0x0780, E2M1 0x0100, E1M2 0
+    if alg == 1:  # S = fl32(amax) * fl32(1 / MAX); its exponent field, up one where S is not a power of two
+        s = (bits.view(source).astype(f32) * f32(1.0 / fmt.max)).view(np.uint32)
+        e, m = (s >> 23) & 0xFF, s & 0x7FFFFF
+        e = (e + (((e > 0) & (e < 254) & (m > 0)) | ((e == 0) & (m > 0x400000)))).astype(u16)
+        exp = (e << 7).astype(u16)  # then as ComputeMxScaleCuBLAS's tail
+        codes = e.astype(np.uint8)
+        rev = np.where(exp != 0x7F80, u16(0x7F00) - exp, u16(0x7F81)).astype(u16)
+        return codes, np.where(exp == 0x7F00, u16(0x0040), rev).astype(u16)
+    if source is np.float16:  # Cast<bfloat16_t, half>: CAST_TRUNC for scaleAlg 0, CAST_RINT for 2
+        wide = bits.view(np.float16).astype(f32)
+        b = wide.view(np.uint32) >> 16 if alg == 0 else wide.astype(ml_dtypes.bfloat16).view(u16)
+        bits = b.astype(u16)
+    exp = bits & u16(0x7F80)
+    finite = exp != 0x7F80
+    if alg == 0:
+        invalid = exp <= dst
+        e = (exp - dst).astype(u16)
+        codes = np.where(invalid, 0, np.where(finite, e >> 7, 0xFF)).astype(np.uint8)
+        rev = np.where(invalid, u16(0), np.where(finite, u16(0x7F00) - e, u16(0x7F81))).astype(u16)
+        return codes, np.where(e == 0x7F00, u16(0x0040), rev).astype(u16)
+    invalid = exp < dst
+    carried = np.where(invalid, dst, (bits + u16(add)) & u16(0x7F80)).astype(u16)
+    shared = (carried - dst).astype(u16)
+    codes = np.where(exp == 0, 0, np.where(finite, shared, u16(0x7F80)) >> 7).astype(np.uint8)
+    rev = np.where(finite, u16(0x7F00) - shared, u16(0x7F81)).astype(u16)
+    return codes, np.where(shared == 0x7F00, u16(0x0040), rev).astype(u16)
+
+
+@pytest.mark.parametrize("rule", mx.CANN_RULES)
+def test_cann_scale_algorithms_are_their_kernels(rule: str) -> None:
+    """Every float16 and bfloat16 amax (zero, subnormal, normal, Inf, NaN), in blocks of two:
+    the kernel's scale code, and its elements: x times the kernel's bfloat16 multiplier, cast
+    saturating."""
+    alg, add, served = mx.CANN_RULES[rule]
     for source in (np.float16, ml_dtypes.bfloat16):
-        amax = np.arange(1, 0x7C00 if source is np.float16 else 0x7F80, dtype=np.uint16).view(source)
-        for fmt in (formats.FLOAT8_E4M3FN, formats.FLOAT8_E5M2):
-            s = (amax.astype(f32) * f32(1.0 / fmt.max)).view(np.uint32)
-            e, m = (s >> 23) & 0xFF, s & 0x7FFFFF
-            kernel = e + (((e > 0) & (e < 254) & (m > 0)) | ((e == 0) & (m > 0x400000)))
-            assert np.array_equal(kernel, mx.shared_exponents(amax.astype(np.float64), fmt, "rceil"))
-    bf16 = np.arange(1, 0x7F80, dtype=np.uint16)
-    kernel = (((bf16.astype(np.int64) + 0x3F) & 0x7F80) - 0x0100) >> 7
-    value = bf16.view(ml_dtypes.bfloat16).astype(np.float64)
-    ours = mx.shared_exponents(value, formats.FLOAT4_E2M1FN, "rceil")
-    assert np.array_equal(kernel[value >= 2.0**-125], ours[value >= 2.0**-125])
+        bits = np.arange(0, 0x7FFF if source is np.float16 else 0x7F81, dtype=np.uint16)
+        x = np.stack([bits, (bits >> 1) | 0x8000], axis=1).view(source)  # amax, and -(a smaller one)
+        for fmt in served:
+            codes, rev = _kernel(bits, source, fmt, alg, add)
+            q = mx.quantize(x, fmt, axis=1, block=2, rule=rule)
+            assert np.array_equal(q.scales[:, 0], codes)
+            with np.errstate(invalid="ignore"):
+                scaled = x.astype(np.float64) * rev.view(ml_dtypes.bfloat16).astype(np.float64)[:, None]
+            want = Fpu(OverflowMode.SATURATION).convert(scaled, fmt, overflow="satfinite")
+            assert np.array_equal(q.elements.view(np.uint8), want.view(np.uint8)), (rule, source, fmt.name)
+            if alg == 1:  # and it is the round-up rule
+                assert np.array_equal(codes, mx.shared_exponents(x.astype(np.float64)[:, 0], fmt, "rceil"))
+
+
+def test_cann_rules_hand_worked() -> None:
+    e4m3, e2m1, e1m2 = formats.FLOAT8_E4M3FN, formats.FLOAT4_E2M1FN, formats.FLOAT4_E1M2FN
+    bf16 = ml_dtypes.bfloat16
+    # scaleAlg 0 zeroes a block whose amax's exponent field is at most emax (8): 2**-119 has field 8
+    tiny = np.array([[2.0**-119, 2.0**-120], [2.0**-118, 2.0**-120]], bf16)
+    q = mx.quantize(tiny, e4m3, axis=1, block=2, rule="cann0")
+    assert q.scales.ravel().tolist() == [0, 1] and mx.dequantize(q).tolist() == [[0, 0], [2.0**-118, 2.0**-120]]
+    floor = mx.quantize(tiny, e4m3, axis=1, block=2, rule="floor")  # OCP keeps the first block
+    assert mx.dequantize(floor)[0].tolist() == [2.0**-119, 2.0**-120]
+    # scaleAlg 2 rounds a float16 amax to bfloat16 first: 1.5 + 2**-8 (a tie) becomes 1.5, so the
+    # scale stays 2**-2 and the element 6.015625 rounds to 6 (rceil takes 2**-1: the element 3)
+    x = np.array([[1.5 + 2**-8, 0.0]], np.float16)
+    q = mx.quantize(x, e2m1, axis=1, block=2, rule="cann2")
+    assert q.scales.ravel().tolist() == [125] and mx.dequantize(q)[0, 0] == 1.5
+    assert mx.quantize(x, e2m1, axis=1, block=2, rule="rceil").scales.ravel().tolist() == [126]
+    # dstTypeMax 7: the scale rounds up from 1.7578125 (bfloat16 fraction 0x61), not from 1.5078125
+    for amax, code in ((1.5078125, 125), (1.75, 125), (1.7578125, 126)):
+        assert mx.quantize(np.array([[amax, 0]], bf16), e2m1, axis=1, block=2, rule="cann2-7").scales[0, 0] == code
+    for amax, code in ((1.5078125, 126), (1.5, 125)):
+        assert mx.quantize(np.array([[amax, 0]], bf16), e2m1, axis=1, block=2, rule="cann2").scales[0, 0] == code
+    # E1M2 (dstTypeMax 1.875): a subnormal amax 0x71 * 2**-133 carries into exponent field 1, so
+    # the elements are scaled by 2**126 while the scale code stays 0 (2**-127): 0.8828 rounds to 1,
+    # which stands for 2**-127, half the input
+    sub = np.array([[0x71 * 2.0**-133, 0]], bf16)
+    q = mx.quantize(sub, e1m2, axis=1, block=2, rule="cann2-1.875")
+    assert q.scales[0, 0] == 0 and mx.dequantize(q)[0, 0] == 2.0**-127
+    with pytest.raises(ValueError, match="CANN's cann2 serves float4_e2m1fn, not float8_e4m3fn"):
+        mx.quantize(sub, e4m3, rule="cann2")
+    with pytest.raises(ValueError, match="CANN's cann1 takes float16 or bfloat16 inputs, not float32"):
+        mx.quantize(np.ones((1, 32), np.float32), e4m3, rule="cann1")

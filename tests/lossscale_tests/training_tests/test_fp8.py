@@ -136,6 +136,8 @@ def test_bad_recipe_arguments_are_named() -> None:
         make_recipe("tensorwise")
     with pytest.raises(ValueError, match="not hifloat8$"):
         MXScaling(fp8_format="HIF8")
+    with pytest.raises(ValueError, match="'cann1' does not serve training's binary32 operands; valid: floor, "):
+        MXScaling(rule="cann1")
 
 
 def test_amax_passes_over_nan_as_fmaxf() -> None:
