@@ -28,8 +28,8 @@ its tiling's ``dstTypeMax`` choice) is five more rules, for float16 and bfloat16
   bits and the exponent field taken (so the scale rounds up from a significand of 1.5078, 1.7578
   or 1.8828), less emax; below emax's binade the scale code is 0. Its elements are scaled by
   2**(127 - the unclamped field), which for an E1M2 block of subnormal amax is not the scale's
-  inverse: as the kernel does. (scaleAlg 2 with dstTypeMax 0 on E1M2 or FP8 elements takes the
-  kernel's binary32 path with a reciprocal the tiling does not show: not modelled.)
+  inverse: as the kernel does. (scaleAlg 2 on E1M2 with another dstTypeMax, 0 or within
+  [1.75, 3.5], takes the kernel's binary32 path: not modelled.)
 
 The other rules are computed exactly (from the binary64 amax). A block whose amax is 0 takes the
 smallest scale, 2**-127; a block holding an Inf or NaN takes the scale NaN (0xFF), as the
