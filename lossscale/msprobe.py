@@ -1,9 +1,15 @@
 """``lossscale.msprobe``: Ascend's precision-debugger dumps (msprobe, PyPI ``mindstudio-probe``) read
 back and their APIs re-executed on a simulated device: :func:`read_dump`, :func:`replay`,
 :func:`compare`, :func:`verdict` (the first producer of a non-finite value, and where the device
-reproduces it) (``lossscale.app.msprobe`` says how; ``lossscale msprobe DUMP`` on the command line).
+reproduces it); and :func:`collected_on_host`, to dump a simulated run with msprobe itself
+(``lossscale.app.msprobe`` says how; ``lossscale msprobe DUMP`` on the command line).
 """
 
-from .app.msprobe import COLUMNS, Entry, compare, read_dump, replay, verdict
+from .app.msprobe.dump import Entry, read_dump
+from .app.msprobe.host import collected_on_host
+from .app.msprobe.metrics import METRICS, metrics
+from .app.msprobe.replay import COLUMNS, MODULES, compare, replay
+from .app.msprobe.verdict import verdict
 
-__all__ = ["read_dump", "replay", "compare", "verdict", "Entry", "COLUMNS"]
+__all__ = ["read_dump", "replay", "compare", "verdict", "Entry", "COLUMNS", "METRICS", "MODULES", "metrics",
+           "collected_on_host"]

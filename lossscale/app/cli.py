@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "the setting that explains it) and each --manager on the bounds the log sets on each "
                            "step's gradients (a step either outcome fits is unknown, never guessed). Writes "
                            "replay.csv, replay.png and summary.json. No --profile: the log's own overflows decide."))
-    from .msprobe import add_parser as _msprobe_parser
+    from .msprobe.command import add_parser as _msprobe_parser
     _msprobe_parser(command("msprobe", "re-execute an msprobe dump's APIs on a simulated device",
                             "Read a dump of Ascend's precision debugger (msprobe: dump.json, stack.json, "
                             "dump_tensor_data/), re-execute each forward API whose inputs it holds on a simulated "
@@ -544,7 +544,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_msprobe(args: argparse.Namespace) -> None:
-    from .msprobe import command
+    from .msprobe.command import command
     command(args)
 
 

@@ -96,6 +96,10 @@ operations whose events reached the register.
 The mode is a ``torch.utils._python_dispatch.TorchDispatchMode``: it sees the
 operations below autograd, after torch's Python-level decompositions.
 
+``on_host()`` runs the torch calls inside it on the host while a mode is active: an observer's own
+work (a debugger's statistics and copies of the tensors it records) stays off
+the device and its register.
+
 The package's files: ``convert`` (tensors as numpy operands and back), ``routes`` (the routes
 table), ``handlers`` (the device routes that compose device operations), ``mode`` (the dispatch
 mode and its torch-function level), ``functions`` (the fused families above autograd), ``labels``
@@ -104,8 +108,8 @@ mode and its torch-function level), ``functions`` (the fused families above auto
 
 from .convert import NUMPY_DTYPES, as_array, as_tensor
 from .functions import ABOVE_AUTOGRAD, FUNCTIONS
-from .mode import DeviceMode
+from .mode import DeviceMode, on_host
 from .routes import EXACT, EXACT_OVERLOADS, FACTORIES, ROUTE_KINDS, ROUTES
 
-__all__ = ["DeviceMode", "ROUTES", "EXACT", "EXACT_OVERLOADS", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS",
+__all__ = ["DeviceMode", "on_host", "ROUTES", "EXACT", "EXACT_OVERLOADS", "FACTORIES", "ROUTE_KINDS", "FUNCTIONS",
            "ABOVE_AUTOGRAD", "as_array", "as_tensor", "NUMPY_DTYPES"]

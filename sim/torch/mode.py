@@ -4,9 +4,10 @@ and its torch-function level takes the functions of the fused families."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,19 @@ from .labels import _CHECKED, _node_path, _Spans, _tensors
 from .routes import _EACH, _FILLS, _INPLACE, _KINDS, _OPERANDS, _SEQUENCES, ROUTES, _kind, _result_dtypes
 
 _busy = threading.local()  # depth of DeviceMode calls being computed in this thread (nested modes)
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Torch calls inside run on the host, as if no DeviceMode were active: an observer's own work
+    (a debugger's statistics and copies of the tensors it records) neither computes on the device
+    nor reaches its register, which sees the model's operations alone."""
+    depth = getattr(_busy, "depth", 0)
+    _busy.depth = depth + 1
+    try:
+        yield
+    finally:
+        _busy.depth = depth
 
 
 def _check_backward(grad_outputs):
