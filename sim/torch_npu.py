@@ -31,16 +31,23 @@ op-plugin's ``docs/zh/custom_APIs``):
 - ``npu_alloc_float_status(buf)``: float32[8] zeros.
 
 The register is the device's (:meth:`sim.Device.get_float_status`): set by any OVERFLOW, INVALID
-or DIVBYZERO event since the last clear, in either mode. Not served: ``.npu()``, ``device="npu"``
-and the rest of torch_npu; a torch_npu script keeps its tensors on the CPU and runs its step
-inside ``DeviceMode``.
+or DIVBYZERO event since the last clear, in either mode.
+
+A torch_npu script runs unmodified with ``python -m sim.torch_npu --profile NAME SCRIPT``
+(:func:`main`): ``import torch_npu`` is this face (:func:`install`), ``device="npu"``, ``.npu()``
+and ``torch.npu.*`` keep everything on the CPU (:func:`on_cpu`), and the script runs inside
+``DeviceMode``. Not served: the rest of torch_npu (its fused ``torch_npu.npu_*`` operators,
+``torch.npu.amp``: a script using them must change to torch's own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
@@ -140,9 +147,13 @@ def _module(name: str, **attrs) -> ModuleType:
     return module
 
 
-#: ``torch_npu.npu`` and ``torch_npu.npu.utils`` as far as the overflow API goes.
+#: ``torch_npu.npu`` (also ``torch.npu`` under :func:`on_cpu`) as far as the overflow API and a
+#: script's device bookkeeping go: one device, index 0, always available.
 npu = _module("torch_npu.npu", get_npu_overflow_flag=get_npu_overflow_flag,
-              clear_npu_overflow_flag=clear_npu_overflow_flag,
+              clear_npu_overflow_flag=clear_npu_overflow_flag, is_available=lambda: True,
+              device_count=lambda: 1, current_device=lambda: 0, set_device=lambda device: None,
+              synchronize=lambda device=None: None, manual_seed=lambda seed: torch.manual_seed(seed),
+              manual_seed_all=lambda seed: torch.manual_seed(seed),
               utils=_module("torch_npu.npu.utils", npu_check_overflow=npu_check_overflow,
                             is_support_inf_nan=is_support_inf_nan, get_npu_overflow_flag=get_npu_overflow_flag,
                             clear_npu_overflow_flag=clear_npu_overflow_flag))
@@ -157,3 +168,71 @@ def install() -> None:
     if present is not None and present is not here:
         raise RuntimeError("torch_npu is imported already (the real one): install() must come first")
     sys.modules.update({"torch_npu": here, "torch_npu.npu": npu, "torch_npu.npu.utils": npu.utils})
+
+
+def _cpu(value: Any) -> Any:
+    """An NPU device (``"npu"``, ``"npu:0"``, ``torch.device("npu", 0)``) as the CPU; else ``value``."""
+    if isinstance(value, torch.device) and value.type == "npu":
+        return torch.device("cpu")
+    if isinstance(value, str) and value.split(":")[0] == "npu":
+        return "cpu"
+    return value
+
+
+class _OnCpu(torch.overrides.TorchFunctionMode):
+    """Every torch function's NPU device argument (positional or ``device=``) made the CPU's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        return func(*(_cpu(a) for a in args), **kwargs)
+
+
+@contextlib.contextmanager
+def on_cpu() -> Iterator[None]:
+    """A torch_npu script's tensors kept on the CPU: ``device="npu"``, ``.to("npu")``,
+    ``tensor.npu()``, ``module.npu()`` and ``torch.npu.*`` work and leave everything on the CPU,
+    where a :class:`sim.torch.DeviceMode` computes it. torch's one custom backend is named "npu"
+    for the rest of the process (``torch.utils.rename_privateuse1_backend``), so that
+    ``torch.device("npu")`` parses, and ``Tensor.npu`` and ``Module.npu`` return the tensor or module
+    as it is; a process whose backend already has another name is refused."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name != "npu":
+        if name != "privateuseone":
+            raise RuntimeError(f"torch's custom backend is named {name!r} in this process, not 'npu'")
+        torch.utils.rename_privateuse1_backend("npu")
+        torch.npu = sys.modules["torch.npu"] = npu
+        torch.Tensor.npu = lambda self, device=None, non_blocking=False, **kwargs: self  # on the CPU already
+        torch.nn.Module.npu = lambda self, device=None: self
+    with _OnCpu():
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sim.torch_npu --profile NAME [--overflow MODE] SCRIPT [ARGS...]``: a torch_npu
+    training script run unmodified on the CPU under DeviceMode: ``import torch_npu`` is this face,
+    its NPU tensors stay on the CPU (:func:`on_cpu`), every float16 and bfloat16 operation runs on
+    the simulated device; the device's register and its routed operations are printed at the end."""
+    import argparse
+    import runpy
+
+    from .torch import DeviceMode
+    p = argparse.ArgumentParser(prog="python -m sim.torch_npu", description=main.__doc__.splitlines()[0])
+    p.add_argument("--profile", default="atlas-a2")
+    p.add_argument("--overflow", default=None, help="inf_nan or saturation (default: the profile's)")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    install()
+    device = Device(args.profile, args.overflow)
+    sys.argv = [args.script, *args.args]
+    with on_cpu(), DeviceMode(device) as mode:
+        runpy.run_path(args.script, run_name="__main__")
+    print(f"sim.torch_npu: {sum(mode.routes.values())} operations on {args.profile} "
+          f"({device.overflow.name}); register {' '.join(map(str, device.get_float_status().tolist()))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -98,3 +98,40 @@ def test_install_makes_a_torch_npu_script_import_the_face(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", object())
     with pytest.raises(RuntimeError, match="install\\(\\) must come first"):
         torch_npu.install()
+
+
+SCRIPT = '''\
+import sys
+import torch
+import torch_npu
+from torch_npu.npu import utils
+
+torch.npu.set_device(0)
+device = torch.device("npu:0")
+model = torch.nn.Linear(4, 4).half().npu()
+x = torch.full((2, 4), 20000.0, dtype=torch.float16, device=device)
+y = (x.to(device) * 4).npu()
+before = utils.npu_check_overflow(y.float())
+print(sys.argv[1], y.device, float(y.max()), model.weight.device, torch.npu.is_available(), before,
+      utils.is_support_inf_nan())
+'''
+
+
+@pytest.mark.parametrize("mode, value, flag", [("saturation", 65504.0, True), ("inf_nan", float("inf"), True)])
+def test_a_torch_npu_script_runs_unmodified_on_the_device(tmp_path, mode: str, value: float, flag: bool) -> None:
+    """``python -m sim.torch_npu``: ``import torch_npu``, ``device="npu:0"``, ``.npu()``,
+    ``.to(device)`` and ``torch.npu.*`` as written for a card; the tensors stay on the CPU and the
+    float16 product runs on the device (20000 * 4: 65504 in saturation mode, +Inf in INF/NaN mode;
+    npu_check_overflow sees it either way: the register, or the Inf). In a process of its own: the
+    backend keeps its new name."""
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "sim.torch_npu", "--profile", "atlas-a2", "--overflow", mode,
+                          str(script), "hello"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first, last = run.stdout.strip().splitlines()
+    assert first == f"hello cpu {value} cpu True {flag} {mode == 'inf_nan'}"
+    register = "0 0 0 0 0 0 0 0" if mode == "saturation" else "1 0 0 "  # saturation: the check cleared it
+    assert last.startswith("sim.torch_npu: ") and f"on atlas-a2 ({mode.upper()}); register {register}" in last
