@@ -24,11 +24,14 @@ and rank (``step0/rank0``, or ``step0/proc<pid>`` where there is no rank) holdin
 - :func:`collected_on_host` (``host``) lets msprobe's debugger dump a run under DeviceMode, its
   own statistics and copies kept off the device: a simulated run as an msprobe dump, for
   ``msprobe compare`` against a card's;
+- :func:`statistics` (``statistics``) sets a statistics-only dump against the device's dump of the
+  same script: Max, Min, Mean and Norm differences as msprobe's statistics compare gives them;
 - ``command``: ``lossscale msprobe DUMP``.
 
 Not re-executed: a module's backward and parameter gradients (its APIs' backward entries are the
 autograd nodes), modules whose settings the dump does not hold (anything beyond :data:`MODULES`),
-and every call of a statistics or md5 dump (no tensors: their statistics serve the verdict).
+and every call of a statistics or md5 dump (no tensors: their statistics serve the verdict, and
+:func:`statistics` sets them against a simulated run's).
 """
 
 __all__: list[str] = []  # public as lossscale.msprobe's

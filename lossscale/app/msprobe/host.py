@@ -19,7 +19,8 @@ def collected_on_host() -> Iterator[None]:
     ``max``, ``mean`` and ``norm`` of the tensors it records would run on the device, and a norm of
     saturated values would raise an event of its own). The dump is msprobe's own, in its layout and
     names: ``msprobe compare`` diffs it against a card's dump of the same script. Needs msprobe (the
-    ``msprobe`` extra)."""
+    ``msprobe`` extra; mindstudio-probe 26.2, once imported, leaves tensorflow's ``tf.Variable``
+    broken in that process: keep TensorFlow out of a script dumped this way)."""
     from msprobe.core.dump.data_dump.data_collector import DataCollector
 
     from sim.torch import on_host

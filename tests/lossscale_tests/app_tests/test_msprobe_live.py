@@ -1,11 +1,13 @@
 """Dumps msprobe itself writes here (tests/msprobe_dumps.py: a float16 model natively on the CPU, or
 on a simulated atlas-a2 through ``lossscale.msprobe.collected_on_host``), at levels L0, L1 and mix
 and tasks tensor, statistics and md5, read back, re-executed, and set beside msprobe's own compare.
-Needs the ``msprobe`` extra (and torch); skipped without it."""
+Needs the ``msprobe`` extra (and torch); skipped without it. msprobe runs in processes of its own only:
+imported, it leaves tensorflow's ``tf.Variable`` broken for the rest of the process."""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -16,9 +18,10 @@ import pytest
 from paths import ROOT
 
 pytest.importorskip("torch")
-pytest.importorskip("msprobe")
+if importlib.util.find_spec("msprobe") is None:  # not imported here: msprobe breaks a later tensorflow import
+    pytest.skip("msprobe (the msprobe extra) is not installed", allow_module_level=True)
 
-from lossscale.msprobe import METRICS, metrics, read_dump, replay, verdict  # noqa: E402
+from lossscale.msprobe import METRICS, STATISTICS, metrics, read_dump, replay, statistics, verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +36,8 @@ DUMPS = {
     "md5": ["--level", "L1", "--task", "md5"],
     "nan": ["--level", "mix", "--plant", "nan"],
     "none": ["--level", "L1", "--plant", "none"],
+    "stat_native": ["--level", "L1", "--task", "statistics"],
+    "stat_device": ["--level", "L1", "--task", "statistics", "--profile", "atlas-a2", "--overflow", "saturation"],
 }
 
 
@@ -194,3 +199,29 @@ def test_the_verdict_names_the_planted_call_its_step_and_module(dumps) -> None:
 def _line(text: str) -> int:
     lines = (ROOT / "tests" / "msprobe_dumps.py").read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_statistics_dumps_against_the_devices_are_msprobes(dumps, tmp_path) -> None:
+    """A statistics-only dump set against the device's statistics dump of the same script: every
+    difference and relative difference msprobe's compare gives a number, ours gives the same; the
+    planted overflow's output is 65504 on the device where the CPU has +Inf."""
+    ours_all = statistics(read_dump(dumps["stat_native"]), read_dump(dumps["stat_device"]))
+    checked = 0
+    for step in (0, 1):
+        rows = _msprobe_compare(dumps["stat_device"] / f"step{step}", dumps["stat_native"] / f"step{step}",
+                                tmp_path / f"step{step}")
+        ours = {r["tensor"]: r for r in ours_all if r["step"] == step}
+        for r in rows:
+            if r["NPU Name"] not in ours:
+                continue
+            mine = ours[r["NPU Name"]]
+            for stat, (_, diff, rel) in STATISTICS.items():
+                for value, column in ((mine[f"{stat}_diff"], diff), (mine[f"{stat}_rel_percent"], rel)):
+                    theirs = _number(r[column].strip().removesuffix("%"))
+                    assert (value is None) == (theirs is None), (r["NPU Name"], column, r[column], value)
+                    if theirs is not None:
+                        assert value == pytest.approx(theirs, rel=1e-12), (r["NPU Name"], column)
+                        checked += 1
+    assert checked >= 100
+    [planted] = [r for r in ours_all if r["tensor"] == "Tensor.__mul__.0.forward.output.0"]
+    assert (planted["device_max"], planted["dumped_max"]) == (65504.0, np.inf)
