@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import Field
 from pathlib import Path
 from typing import Any
 
 from sim.checks import integer_problem, integer_range
 
+from ..policy.core import parse_value
 from ..training.config import settings
 from . import IMAGE_FORMATS
 
@@ -27,18 +27,9 @@ class _Parser(argparse.ArgumentParser):
 def _value(key: str, text: str, words: bool = False) -> Any:
     """Values of KEY=VALUE: integers (also 2**k), floats, true/false; with ``words``, any other
     text as it is (the recipe checks its own fields)."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    power = re.fullmatch(r"(\d+)\s*\*\*\s*(-?\d+)", text.strip())
-    if power:
-        base, exp = int(power[1]), int(power[2])
-        return base**exp if exp >= 0 else float(base) ** exp
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    value = parse_value(text)
+    if value is not None:
+        return value
     if words:
         return text.strip()
     raise UsageError(f"bad value for {key}: {text!r}; use a number (2**16 is fine) or true/false")

@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -143,6 +144,24 @@ class Manager:
 
 #: The keys of a :meth:`Manager.state_dict`.
 STATE_DICT_KEYS = ("policy", "arguments", "state")
+
+
+def parse_value(text: str) -> bool | int | float | None:
+    """A setting's value written as text (``KEY=VALUE`` on a command line, a recipe's arguments):
+    true/false, an integer (also ``2**k``), a float; None for any other text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    power = re.fullmatch(r"(\d+)\s*\*\*\s*(-?\d+)", text.strip())
+    if power:
+        base, exp = int(power[1]), int(power[2])
+        return base**exp if exp >= 0 else float(base) ** exp
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None
 
 
 def _plain(value: Any) -> Any:

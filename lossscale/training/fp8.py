@@ -29,6 +29,7 @@ from .operands import Operand, Roles, amax_of, figures
 from .phases import current_phase, current_step
 from .recipes import (
     ELEMENT_FORMATS,
+    F32,
     FP8_FORMATS,
     HADAMARD16,
     RECIPES,
@@ -47,8 +48,6 @@ from .recipes import (
 __all__ = ["Recipe", "BlockRecipe", "DelayedScaling", "CurrentScaling", "MXScaling", "MXFP8Scaling", "BlockScaling",
            "NVFP4Scaling", "TensorScaler", "Quantiser", "Fp8Matmuls", "RECIPES", "FP8_FORMATS", "ELEMENT_FORMATS",
            "make_recipe", "amax_of", "AmaxGroup", "HADAMARD16"]
-
-F32 = np.float32
 
 
 #: The per-tensor log's columns (``fp8.csv``), the fields of :class:`lossscale.training.records.Fp8Row`.

@@ -29,6 +29,7 @@ from typing import Any
 
 from sim import Device, OverflowMode
 
+from ..policy.core import parse_value
 from .fp8 import FP8_FORMATS, RECIPES, CurrentScaling, Quantiser, Recipe, make_recipe
 from .recipes import _format_name
 
@@ -66,15 +67,8 @@ class Shadow:
 
 
 def _value(text: str) -> Any:
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.strip()
+    value = parse_value(text)
+    return text.strip() if value is None else value
 
 
 def alternative(spec: str | Recipe, recipe: Recipe | None) -> Alternative:
