@@ -56,8 +56,20 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     back = float(getattr(probe, "backoff_factor", 1.0 / grow))
     printed = max((e.hysteresis for e in events if e.hysteresis), default=1)
     hystereses = list(range(1, max(4, printed) + 1)) if hyst_name else [None]
-    inits = sorted({logged / (grow**a * back**c) for a in range(before + 2) for c in range(overflows_before + 1)})
+    inits = sorted({v for a in range(before + 2) for c in range(overflows_before + 1)
+                    if (v := _through(logged, grow, back, a, c)) is not None})
     return [(cls(**_arguments(log.framework, init, 1, h)), steps + 1) for h in hystereses for init in inits]
+
+
+def _through(logged: float, grow: float, back: float, growths: int, backoffs: int) -> float | None:
+    """The initial scale that ``growths`` growths and ``backoffs`` backoffs take to ``logged``;
+    None where it is not a positive binary64 number (a real log's hundreds of steps before its first
+    printed scale allow more growths than binary64 spans: no framework starts there)."""
+    try:
+        value = logged / (grow**growths * back**backoffs)
+    except (OverflowError, ZeroDivisionError):  # a factor past binary64, or below it
+        return None
+    return value if 0 < value < math.inf else None
 
 
 def _bounded_steps(log: Log) -> int:

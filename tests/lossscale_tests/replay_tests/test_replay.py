@@ -999,3 +999,24 @@ def test_each_log_format_is_one_entry() -> None:
             used = {spec.init, spec.window, *([spec.hysteresis] if spec.hysteresis else []), *spec.fixed,
                     *spec.bounds(1.0)}
             assert used <= names, (name, used - names)
+
+
+def test_a_first_scale_printed_after_more_than_1024_steps_replays(capsys, tmp_path, monkeypatch) -> None:
+    """The shape of a real DeepSpeed log (deepspeedai/DeepSpeed#2069: FP16_Optimizer on 4 ranks under a
+    tqdm bar), the bar at step 1,100 when the first scale is printed: the candidate initial scales
+    that 1,100 growths take to it lie past the largest double, and the command died with Python's
+    float power error ("Numerical result out of range") instead of replaying."""
+    from lossscale.replay import fit as module
+
+    monkeypatch.setattr(module, "MAX_RUNS", 100)  # on the bounds: quick
+    where = "[2022-07-05 16:30:10,796] [INFO] [fused_optimizer.py:382:_update_scale]"
+    lines = [" 21%|██        | 1100/5000 [00:32<00:41, 21.56it/s]" + where]
+    lines += ["Grad overflow on iteration 1099", where] * 3 + ["Grad overflow on iteration 1099"]
+    lines += [where + " Reducing dynamic loss scale from 8388608.0 to 4194304.0"] * 4
+    lines += ["[2022-07-05 16:30:10,797] [INFO] [logging.py:69:log_dist] [Rank 0] Overflow detected. Skipping step. "
+              "Attempted loss scale: 8388608.0, reducing to 4194304.0"]
+    (tmp_path / "ranks.log").write_text("\n".join(lines) + "\n")
+    code, out, err = replay(capsys, str(tmp_path / "ranks.log"), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["consistency"]["consistent"]
