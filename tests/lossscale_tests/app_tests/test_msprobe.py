@@ -154,3 +154,18 @@ def test_the_first_producer_of_a_non_finite_value_is_named(tmp_path) -> None:
     assert card_only["api"] == "Functional.linear.0.forward" and card_only["carried_by"] == 0
     assert {k: v for k, v in card_only.items() if "/" in k} == {
         "atlas-a2/inf_nan": False, "atlas-a2/saturation": False, "atlas-training/saturation": False}
+
+
+def test_several_ranks_are_read_and_judged_apart(tmp_path) -> None:
+    """A dump of two ranks (each rank's folder as msprobe writes it): every call of each rank read,
+    and the first producer named once per step and rank."""
+    pytest.importorskip("torch")
+    from lossscale.msprobe import verdict
+    for step in ("step0", "step1"):
+        for rank in ("rank0", "rank1"):
+            shutil.copytree(DUMP / step / "rank0", tmp_path / step / rank)
+    entries = read_dump(tmp_path)
+    assert len(entries) == 2 * len(read_dump(DUMP)) and {e.rank for e in entries} == {0, 1}
+    rows = verdict(entries, profiles=["atlas-a2"])
+    assert [(r["step"], r["rank"], r["api"]) for r in rows] == [(1, 0, "Tensor.__mul__.0.forward"),
+                                                                 (1, 1, "Tensor.__mul__.0.forward")]
