@@ -109,8 +109,11 @@ def _cache_dirs(path: Path) -> list[Path]:
     """Where numba may cache ``path``'s loops: its ``__pycache__``, and under ``NUMBA_CACHE_DIR``."""
     dirs = [path.parent / "__pycache__"]
     if nb.config.CACHE_DIR:
-        from numba.core.caching import _CacheLocator
-        dirs.append(Path(nb.config.CACHE_DIR) / _CacheLocator.get_suitable_cache_subpath(str(path)))
+        try:  # numba's own mapping of a source file to its folder there (a private name: guarded)
+            from numba.core.caching import _CacheLocator
+            dirs.append(Path(nb.config.CACHE_DIR) / _CacheLocator.get_suitable_cache_subpath(str(path)))
+        except (ImportError, AttributeError):
+            pass
     return dirs
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ def collected_on_host() -> Iterator[None]:
 
     from sim.torch import on_host
     originals = {name: fn for name, fn in vars(DataCollector).items()
-                 if callable(fn) and re.search(r"collect|write_json|handle_data", name)}
+                 if inspect.isfunction(fn) and re.search(r"collect|write_json|handle_data", name)}
 
     def hosted(fn):
         @functools.wraps(fn)
