@@ -135,11 +135,11 @@ def _cann(amax: np.ndarray, fmt: Format, rule: str, source) -> tuple[np.ndarray,
     """CANN's scaleAlg 0 and 2 on the bfloat16 bits of amax (see the module's docstring)."""
     _cann_check(fmt, rule, source)
     alg, add, _ = CANN_RULES[rule]
-    wide = np.nan_to_num(amax, nan=np.inf).astype(np.float32).view(np.uint32)  # exact: a float16 or bfloat16
+    wide = np.nan_to_num(amax, nan=np.inf).astype(np.float32)  # exact: a float16 or bfloat16
     if alg == 0:  # float16 to bfloat16 toward zero: the bits above the 16th
-        bits = (wide >> 16).astype(np.int64)
-    else:  # to nearest even
-        bits = (wide + 0x7FFF + ((wide >> 16) & 1) >> 16).astype(np.int64)
+        bits = (wide.view(np.uint32) >> 16).astype(np.int64)
+    else:  # to nearest even: ml_dtypes' conversion
+        bits = wide.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int64)
     field = bits >> 7
     if alg == 0:
         shared = field - fmt.emax
