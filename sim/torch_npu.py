@@ -152,8 +152,8 @@ def _module(name: str, **attrs) -> ModuleType:
 npu = _module("torch_npu.npu", get_npu_overflow_flag=get_npu_overflow_flag,
               clear_npu_overflow_flag=clear_npu_overflow_flag, is_available=lambda: True,
               device_count=lambda: 1, current_device=lambda: 0, set_device=lambda device: None,
-              synchronize=lambda device=None: None, manual_seed=lambda seed: torch.manual_seed(seed),
-              manual_seed_all=lambda seed: torch.manual_seed(seed),
+              synchronize=lambda device=None: None, manual_seed=torch.manual_seed,
+              manual_seed_all=torch.manual_seed,
               utils=_module("torch_npu.npu.utils", npu_check_overflow=npu_check_overflow,
                             is_support_inf_nan=is_support_inf_nan, get_npu_overflow_flag=get_npu_overflow_flag,
                             clear_npu_overflow_flag=clear_npu_overflow_flag))

@@ -118,6 +118,25 @@ def read_dump(path: str | Path) -> list[Entry]:
     return entries
 
 
+def recorded(entry: Entry) -> list[tuple[str, str, dict]]:
+    """Every tensor (or number) an entry records, as ``(name, part, meta)``: msprobe's name for it
+    (``<call>.input.0``, ``.input.<kw>``, ``.output.0``, ``.parameters.<name>``, nested positions
+    joined by dots), its part (input, output or parameters) and its dump.json record."""
+    out: list[tuple[str, str, dict]] = []
+
+    def walk(name: str, part: str, meta: Any) -> None:
+        if isinstance(meta, list):
+            for i, m in enumerate(meta):
+                walk(f"{name}.{i}", part, m)
+        elif isinstance(meta, dict):
+            out.append((name, part, meta))
+    for part, metas in (("input", dict(enumerate(entry.inputs))), ("input", entry.kwargs),
+                        ("output", dict(enumerate(entry.outputs))), ("parameters", entry.parameters)):
+        for key, m in metas.items():
+            walk(f"{entry.name}.{part}.{key}", part, m)
+    return out
+
+
 class Missing(Exception):
     """An argument a replay cannot rebuild (a tensor the dump did not keep, a type it cannot read)."""
 

@@ -15,35 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .dump import Entry
+from .dump import Entry, recorded
 
 __all__: list[str] = []  # public as lossscale.msprobe's
 
 #: The statistics, as dump.json and msprobe's compare name them.
 STATISTICS = {"max": ("Max", "Max diff", "MaxRelativeErr"), "min": ("Min", "Min diff", "MinRelativeErr"),
               "mean": ("Mean", "Mean diff", "MeanRelativeErr"), "norm": ("Norm", "L2norm diff", "NormRelativeErr")}
-
-
-def _tensors(entry: Entry) -> dict[str, Any]:
-    """An entry's tensors and numbers by msprobe's names for them (``<call>.input.0``, ``.input.<kw>``,
-    ``.output.0``, ``.parameters.<name>``, nested positions joined by dots)."""
-    out: dict[str, Any] = {}
-
-    def walk(name: str, meta: Any) -> None:
-        if isinstance(meta, list):
-            for i, m in enumerate(meta):
-                walk(f"{name}.{i}", m)
-        elif isinstance(meta, dict) and "Max" in meta:
-            out[name] = meta
-    for i, m in enumerate(entry.inputs):
-        walk(f"{entry.name}.input.{i}", m)
-    for key, m in entry.kwargs.items():
-        walk(f"{entry.name}.input.{key}", m)
-    for i, m in enumerate(entry.outputs):
-        walk(f"{entry.name}.output.{i}", m)
-    for key, m in entry.parameters.items():
-        walk(f"{entry.name}.parameters.{key}", m)
-    return out
 
 
 def _number(v: Any) -> bool:
@@ -69,13 +47,13 @@ def statistics(dumped: list[Entry], device: list[Entry]) -> list[dict[str, Any]]
     in percent (see the module's docstring; None where msprobe prints N/A or NaN)."""
     theirs = {(e.step, e.rank): {} for e in device}
     for e in device:
-        theirs[e.step, e.rank].update(_tensors(e))
+        theirs[e.step, e.rank].update((name, meta) for name, _, meta in recorded(e) if "Max" in meta)
     rows = []
     for e in dumped:
         mine = theirs.get((e.step, e.rank), {})
-        for name, bench in _tensors(e).items():
+        for name, _, bench in recorded(e):
             target = mine.get(name)
-            if target is None:
+            if target is None or "Max" not in bench:
                 continue
             row: dict[str, Any] = {"step": e.step, "rank": e.rank, "tensor": name, "module": e.module}
             for stat, (key, _, _) in STATISTICS.items():

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .dump import Entry
+from .dump import Entry, recorded
 from .replay import replay
 
 __all__: list[str] = []  # public as lossscale.msprobe's
@@ -28,16 +28,6 @@ def _bad(meta: Any) -> bool:
     return meta.get("dtype") == "torch.float16" and any(v is not None and abs(v) == 65504.0 for v in ends)
 
 
-def _tensors(metas: list[Any]) -> list[dict]:
-    out = []
-    for m in metas:
-        if isinstance(m, list):
-            out += _tensors(m)
-        elif isinstance(m, dict) and m.get("type") == "torch.Tensor":
-            out.append(m)
-    return out
-
-
 def verdict(entries: list[Entry], profiles: list[str] | None = None) -> list[dict[str, Any]]:
     """Per step and rank, the first producer of a non-finite (or, in binary16, +-65504) value: the
     first call (forward or backward), in the dump's order, whose input tensors (and parameters) were all finite
@@ -53,8 +43,8 @@ def verdict(entries: list[Entry], profiles: list[str] | None = None) -> list[dic
     for key in dict.fromkeys((e.step, e.rank) for e in entries):
         first, carried = None, 0
         for e in (e for e in entries if (e.step, e.rank) == key and e.direction != "parameters_grad"):
-            bad_in = any(_bad(m) for m in _tensors(e.inputs + list(e.kwargs.values()) + list(e.parameters.values())))
-            bad_out = any(_bad(m) for m in _tensors(e.outputs))
+            bad = {part for _, part, meta in recorded(e) if _bad(meta)}
+            bad_in, bad_out = bool(bad - {"output"}), "output" in bad
             if bad_out and not bad_in and first is None:
                 first = e
             elif bad_out and bad_in:
