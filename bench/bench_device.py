@@ -1,7 +1,8 @@
 """Speed of the simulated device: its matmul against numpy's float32 matmul of the same
 shape (BLAS, the faster of its default threads and one thread), one small device
 call, and elementwise device operations against the emulator's own (what the
-register costs). Ratios in one run; lower is better. Targets: matmul 256^3 with
+register costs), and adds with normal and with subnormal results against numpy's float16
+add. Ratios in one run; lower is better. Targets: matmul 256^3 with
 binary32 accumulation <= 5x BLAS; a 64x32 device add <= 10 us.
 
     python bench/bench_device.py [--n 10000000] [--size 256] [--repeat 5]
@@ -81,6 +82,13 @@ def main() -> None:
             t = best(functools.partial(getattr(dev, op), x, y), args.repeat)
             rows.append((f"device {op} 1e{len(str(args.n)) - 1}, {profile} (ms)", t * 1e3, t / ref, f"Fpu.{op} (ms)",
                          ref * 1e3))
+    # Gradients in float16 are often subnormal: results below 2**-14 against numpy's float16 add.
+    dev = Device("atlas-training")
+    for name, scale in (("normal", 1.0), ("subnormal", 2.0**-20)):
+        u, v = (x * np.float16(scale)).astype(np.float16), (y * np.float16(scale)).astype(np.float16)
+        t, tn = best_of_each([functools.partial(dev.add, u, v), functools.partial(np.add, u, v)], args.repeat)
+        rows.append((f"device add 1e{len(str(args.n)) - 1}, {name} results (ms)", t * 1e3, t / tn,
+                     "numpy f16 add (ms)", tn * 1e3))
     print(f"load average at start: {load:.2f} on {os.cpu_count()} cores; BLAS timed: {', '.join(blas)}")
     print(f"{'operation':<44}{'time':>9}{'ratio':>8}   baseline (time)")
     for name, ms, ratio, against, base_ms in rows:

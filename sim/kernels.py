@@ -313,17 +313,24 @@ def round_pack(sign, exp, sig, cfg, normal=False, rand=0):
     tapered format the exponent magnitudes above which a fraction bit fewer is kept.
     ``rand``: the element's random bits, for stochastic rounding.
 
-    ``normal=True`` (a constant at the call) is the caller's promise that a finite
-    non-zero value is at least 2**emin, the quantum the format's and the format not
-    tapered: the same decisions with the cases that cannot arise left out, so that
-    loops vectorise.
+    ``normal=True`` (a constant at the call) is the caller's promise that the quantum is
+    the format's, the format not tapered, the rounding neither stochastic nor hybrid and
+    tininess detected at 2**emin, and that a value below 2**emin is, where tininess is
+    detected after rounding, below 2**(emin-1) (so tiny whichever way it rounds): the same
+    decisions with the cases that cannot arise left out, so that loops vectorise.
     """
     width, man0, mode = cfg[WIDTH], cfg[MAN], cfg[MODE]
     emin = 1 - cfg[BIAS]
     qmin = emin - man0
     if normal:
+        # A value below 2**emin is first shifted to exponent emin, its lost bits kept as one sticky
+        # bit below the round bit: then one shift, the same for every element, keeps the bits
+        # above the quantum.
+        d = min(max(emin - exp, 0), 62)
+        sig = (sig >> d) | np.int64((sig & ((1 << d) - 1)) != 0)
         kept, flags = _shift_round(sig, 61 - man0, sign, mode)
-        bits = ((exp - man0 - qmin) << man0) + kept
+        bits = ((max(exp, emin) - man0 - qmin) << man0) + kept
+        flags |= UNDERFLOW * ((d != 0) & (flags != 0))
     else:
         a = abs(exp)
         man = man0 - np.int64(a > cfg[TAPER1]) - np.int64(a > cfg[TAPER2]) - np.int64(a > cfg[TAPER3])
@@ -431,9 +438,10 @@ def _hard_indices(flags, count):
 
 @inline
 def round64_fast(x, cfg):
-    """round64 for the common case, (bits, flags); flags is HARD for a non-zero finite value
-    below 2**emin (or a quantum other than the format's, a tapered format, stochastic
-    rounding), which the caller rounds again with round64."""
+    """round64 for the common case, (bits, flags); flags is HARD where round_pack's promise
+    for ``normal=True`` does not hold (a value in [2**(emin-1), 2**emin) with tininess after
+    rounding; a quantum other than the format's, a tapered format, stochastic or hybrid
+    rounding) and for a binary64 subnormal, which the caller rounds again with round64."""
     u = _f64_bits(x)
     e = (u >> 52) & 0x7FF
     f = u & _FRAC52
@@ -441,8 +449,10 @@ def round64_fast(x, cfg):
     exp = EXP_INF + (f != 0) if e == 0x7FF else e - 1023
     sig = 0 if zero else (f | (1 << 52)) << 9
     bits, flags = round_pack((u >> 63) & 1, exp, sig, cfg, True)
-    hard = ((e - 1023 < 1 - cfg[BIAS]) & ~zero) | (cfg[QUANTUM] != 1 - cfg[BIAS] - cfg[MAN]) \
-        | (cfg[MODE] >= STOCHASTIC) | (cfg[TAPER1] != NO_TAPER)
+    emin = 1 - cfg[BIAS]
+    edge = (exp == emin - 1) & (cfg[BEFORE] == 0)
+    hard = (((e == 0) | edge) & ~zero) | (cfg[QUANTUM] != emin - cfg[MAN]) | (cfg[MODE] >= STOCHASTIC) \
+        | (cfg[TAPER1] != NO_TAPER) | (cfg[TINY] != emin)
     return bits, HARD if hard else flags
 
 

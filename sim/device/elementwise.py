@@ -15,6 +15,24 @@ from ..fpu import Fpu, filled, finish
 _F16 = np.dtype(np.float16)
 #: The classes the short paths take as they are (a masked array or other subclass is checked first).
 _PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
+#: One-operand functions of at least this many binary16 or bfloat16 elements read a table of the
+#: kernel's own results and flags for all 65,536 inputs (``_table``): a deterministic rounding of
+#: f(x) depends on x alone, so the table gives the same bits and flags, at the cost of a read.
+_TABLE_MIN = 1 << 12
+_TABLES: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _table(code: int, fpu: Fpu) -> tuple[np.ndarray, np.ndarray]:
+    """The results and flags of elementary function ``code`` on every 16-bit input in ``fpu``'s
+    settings, made on first use (a few milliseconds) and shared by every device."""
+    key = (code, fpu.settings.tobytes())
+    table = _TABLES.get(key)
+    if table is None:
+        every = np.arange(1 << 16, dtype=np.uint16)
+        out, flags = np.empty(1 << 16, np.uint16), np.empty(1 << 16, np.uint8)
+        K.elementary(code, every, out, flags, fpu.settings, fpu.settings)
+        table = _TABLES[key] = (out, flags)
+    return table
 
 
 
@@ -58,6 +76,10 @@ class _Elementwise:
         if fpu is None:
             return self._op(op, a)
         bits, cfg = a.reshape(-1).view(fpu.uint), fpu.settings
+        if a.size >= _TABLE_MIN and a.dtype.itemsize == 2 and cfg[K.MODE] != K.STOCHASTIC:
+            codes, table_flags = _table(code, fpu)
+            return self._flat(op, lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), a.size,
+                              fpu.format, a.shape)
         return self._flat(op, lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size,
                           fpu.format, a.shape)
 

@@ -1,12 +1,13 @@
-"""Large conversions into the narrow formats read a table the rounding routine made: the same codes,
-flags and status as the routine itself, for every input class."""
+"""Large conversions into the narrow formats, and long one-operand functions of 16-bit formats, read a
+table the rounding routine made: the same codes, flags and status as the routine itself, for every
+input class."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sim import Fpu, Rounding, formats
+from sim import Device, Fpu, Rounding, formats
 from sim import fpu as F
 
 NARROW = [f for f in formats.EIGHT_BIT if f.signed]
@@ -68,3 +69,31 @@ def test_the_table_serves_only_where_it_is_exact() -> None:
         assert unit._lookup(x, unit.format, fmt, rounding, None, cfg) is None
     codes, flags = unit.convert(big, "float8_e4m3fn", return_flags=True)
     assert np.all(codes.view(np.uint8) == 0x7F) and np.all(flags == int(unit.status))  # 1e6 overflows to NaN
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+@pytest.mark.parametrize("profile, rounding", [("atlas-a2", "nearest_even"), ("atlas-training", "nearest_even"),
+                                                ("atlas-training", "upward")])
+def test_elementary_tables_are_the_kernels_results(dtype, profile: str, rounding: str) -> None:
+    """A long one-operand call reads a table of the kernel's results for every 16-bit input: over
+    every input, in blocks long enough to read it, the same bits and the same register as the
+    kernel run on halves too short to read it, for each function, both overflow modes and two
+    roundings (a table made in other settings would differ)."""
+    import ml_dtypes
+
+    from sim import ops
+    from sim.device import elementwise
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(getattr(ml_dtypes, dtype) if dtype == "bfloat16" else dtype)
+    block, half = elementwise._TABLE_MIN, elementwise._TABLE_MIN // 2
+    for op in ops.OPS:
+        if op.kind != ops.ELEMENTARY or not op.device:
+            continue
+        for start in range(0, every.size, block):
+            long, short = Device(profile, rounding=rounding), Device(profile, rounding=rounding)
+            x = every[start:start + block]
+            got = getattr(long, op.name)(x)
+            want = np.concatenate([getattr(short, op.name)(x[:half]), getattr(short, op.name)(x[half:])])
+            assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"{op.name} from {start:#06x}"
+            assert long.status == short.status, f"{op.name} from {start:#06x}"
+            assert long.get_float_status()[0] == short.get_float_status()[0], f"{op.name} from {start:#06x}"

@@ -91,6 +91,38 @@ def test_convert_narrowing(src: Format, mode: Rounding, data, overflow) -> None:
     check(Fpu(overflow, mode), "convert", [xs], src, BFLOAT16)
 
 
+@st.composite
+def below_normal(draw, dst: Format) -> int:
+    """binary64 bits of a value at or below ``dst``'s 2**emin: a binade down to the quantum and far
+    below it, with the bits under the quantum a tie, one off a tie, zero, one or random; or a value
+    within a few units of ``dst``'s precision below 2**emin (whether it is tiny depends on the
+    tininess rule)."""
+    lim = LIMITS[dst.name]
+    if draw(st.integers(0, 3)) == 0:
+        e, fraction = lim.emin - 1, (1 << 52) - 1 - draw(st.integers(0, 1 << (52 - lim.precision + 3)))
+        return draw(st.integers(0, 1)) << 63 | (e + 1023) << 52 | fraction
+    e = draw(st.integers(lim.qmin - 3, lim.emin) | st.integers(lim.emin - 300, lim.emin))
+    c = lim.qmin - e + 52  # the fraction bits below the quantum (more than 52: all of them, and the leading 1)
+    fraction = draw(st.integers(0, (1 << 52) - 1))
+    if c <= 52:
+        half = 1 << (c - 1)
+        low = draw(st.sampled_from([0, 1, half - 1, half, half + 1, 2 * half - 1]) | st.integers(0, 2 * half - 1))
+        fraction = (fraction >> c << c) | low
+    return draw(st.integers(0, 1)) << 63 | (e + 1023) << 52 | fraction
+
+
+@pytest.mark.parametrize("dst", [BINARY16, BFLOAT16, BINARY32], ids=lambda f: f.name)
+@given(data=st.data(), mode=st.sampled_from(MODES), tininess=st.sampled_from(list(Tininess)),
+       overflow=st.sampled_from(OVERFLOWS))
+@common
+def test_results_below_the_normal_range(dst: Format, data, mode: Rounding, tininess: Tininess, overflow) -> None:
+    """Subnormal and zero results, and those that round up to 2**emin, against MPFR in every
+    deterministic mode and both tininess rules: the vectorised path shifts such values to the
+    quantum itself, the binade just below 2**emin with tininess after rounding excepted."""
+    xs = data.draw(batch(below_normal(dst)))
+    check(Fpu(overflow, mode, tininess), "convert", [xs], BINARY64, dst)
+
+
 @pytest.mark.parametrize("fmt", [BFLOAT16, BINARY32], ids=lambda f: f.name)
 @pytest.mark.parametrize("op", representatives(["add", "mul", "div", "sqrt", "fma"], lambda o: o in ("add", "fma")))
 @pytest.mark.parametrize("mode", representatives([Rounding.NEAREST_EVEN, Rounding.DOWNWARD, Rounding.ODD],
