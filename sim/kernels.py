@@ -1044,23 +1044,40 @@ def _fma32(x, y, z):
     return _fma(np.float32(x), np.float32(y), np.float32(z))
 
 
+#: matmul32's blocks: columns and steps of k whose panel of b (256 x 512 binary32, 512 KB) stays
+#: in cache while every row of a passes over it.
+_COLUMNS, _STEPS = 512, 256
+
+
 @jit
 def matmul32(a, b, acc):
     """acc[i] += sum over k, in ascending order, of a[i, k] * b[k]: binary32, each addition
     rounded to nearest even, the order along k the program's.
 
     The operands are binary16 values, so each product is exact in binary32 and
-    fma(a, b, acc) is the same IEEE addition acc + a * b with one rounding; four rows
-    share each row of b and four steps of k share each load and store of acc.
+    fma(a, b, acc) is the same IEEE addition acc + a * b with one rounding. The work goes
+    by blocks of columns and of k (each output still adds its products in ascending k);
+    four rows share each row of b and four steps of k share each load and store of acc.
     """
     k_dim, n = a.shape[1], b.shape[1]
+    for j0 in range(0, n, _COLUMNS):
+        j1 = min(j0 + _COLUMNS, n)
+        for k0 in range(0, k_dim, _STEPS):
+            _matmul32_block(a, b, acc, k0, min(k0 + _STEPS, k_dim), j0, j1)
+
+
+@jit
+def _matmul32_block(a, b, acc, k0, k1, j0, j1):
+    """matmul32's additions of steps k0..k1 into columns j0..j1 (row slices: contiguous, so the
+    loops along them vectorise)."""
     hi = a.shape[0]
     i = 0
     while i + 4 <= hi:
-        r0, r1, r2, r3 = acc[i], acc[i + 1], acc[i + 2], acc[i + 3]
-        k = 0
-        while k + 4 <= k_dim:
-            b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
+        r0, r1, r2, r3 = acc[i, j0:j1], acc[i + 1, j0:j1], acc[i + 2, j0:j1], acc[i + 3, j0:j1]
+        n = r0.size
+        k = k0
+        while k + 4 <= k1:
+            b0, b1, b2, b3 = b[k, j0:j1], b[k + 1, j0:j1], b[k + 2, j0:j1], b[k + 3, j0:j1]
             a00, a01, a02, a03 = a[i, k], a[i, k + 1], a[i, k + 2], a[i, k + 3]
             a10, a11, a12, a13 = a[i + 1, k], a[i + 1, k + 1], a[i + 1, k + 2], a[i + 1, k + 3]
             a20, a21, a22, a23 = a[i + 2, k], a[i + 2, k + 1], a[i + 2, k + 2], a[i + 2, k + 3]
@@ -1072,8 +1089,8 @@ def matmul32(a, b, acc):
                 r2[j] = _fma32(a23, x3, _fma32(a22, x2, _fma32(a21, x1, _fma32(a20, x0, r2[j]))))
                 r3[j] = _fma32(a33, x3, _fma32(a32, x2, _fma32(a31, x1, _fma32(a30, x0, r3[j]))))
             k += 4
-        while k < k_dim:
-            bk = b[k]
+        while k < k1:
+            bk = b[k, j0:j1]
             a0, a1, a2, a3 = a[i, k], a[i + 1, k], a[i + 2, k], a[i + 3, k]
             for j in range(n):
                 x = bk[j]
@@ -1084,11 +1101,11 @@ def matmul32(a, b, acc):
             k += 1
         i += 4
     for r in range(i, hi):  # the last rows, one at a time
-        row = acc[r]
-        for k in range(k_dim):
+        row = acc[r, j0:j1]
+        for k in range(k0, k1):
             aik = a[r, k]
-            bk = b[k]
-            for j in range(n):
+            bk = b[k, j0:j1]
+            for j in range(row.size):
                 row[j] = _fma32(aik, bk[j], row[j])
 
 
