@@ -18,7 +18,7 @@ _PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
 #: One-operand functions of at least this many binary16 or bfloat16 elements read a table of the
 #: kernel's own results and flags for all 65,536 inputs (``_table``): a deterministic rounding of
 #: f(x) depends on x alone, so the table gives the same bits and flags, at the cost of a read.
-_TABLE_MIN = 1 << 12
+_TABLE_MIN = 1 << 8
 _TABLES: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}
 
 
