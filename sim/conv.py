@@ -1,9 +1,11 @@
-"""Convolutions as the cube unit computes them: im2col, then one matrix product per group.
+"""Convolutions as the cube unit computes them: im2col, then one matrix product per group
+(a pointwise convolution: per example, the weight times the input, the same sums).
 
 One formulation, shared by the device (:meth:`sim.Device.conv` and its gradients, binary16 or
 bfloat16 products into binary32 sums) and the binary32 kernels of :mod:`sim.torch_binary32`
 (binary32 products, in the same order); each caller gives the product, ``product(a, b, init)``
-for stacks of matrices (g, R, C) @ (g, C, O) with optional initial sums (g, 1, O).
+for stacks of matrices (g, R, C) @ (g, C, O) with optional initial sums (g, 1, O), the stacks'
+leading dimensions broadcast (a pointwise convolution: (1, O, C) @ (N, C, P) from (1, O, 1)).
 
 - **Forward** (:func:`forward`, N-d, grouped, strided, padded, dilated): each output's reduction
   index is (c, kernel taps row-major), c slowest; padded positions are +0 operands.
@@ -134,6 +136,14 @@ def forward(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int
     stride, padding, dilation = (per_dim(n_, v, d, low) for n_, v, low in
                                  (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
     o, n = w.shape[0], x.shape[0]
+    if (groups == 1 and all(k == 1 for k in w.shape[2:]) and all(st == 1 for st in stride) and not any(padding)
+            and math.prod(x.shape[2:]) >= o):
+        # A pointwise convolution with more positions than outputs: per example, w (O, C) @ x (C,
+        # prod(S)), the same sums (over c, in order) without im2col's copy or the result's
+        # transpose, and its rows the longer side (the products vectorise along them).
+        start = None if init is None else np.asarray(init).reshape(1, o, 1)
+        y = product(w.reshape(1, o, -1), x.reshape(n, x.shape[1], -1), start)  # (N, O, prod(S))
+        return y.reshape(n, o, *x.shape[2:])
     cols, out_shape = im2col(x, w.shape[2:], stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
     kernel = np.ascontiguousarray(w.reshape(groups, o // groups, -1).transpose(0, 2, 1))  # (g, Cg*K, Og)
     start = None if init is None else np.asarray(init).reshape(groups, 1, o // groups)

@@ -335,7 +335,7 @@ class _Cube:
     def _grouped(self, name: str, accumulate, out_dtype) -> conv.Product:
         """The cube's product of stacks of matrices, one per group, for :mod:`sim.conv`."""
         def product(a: np.ndarray, b: np.ndarray, init: np.ndarray | None) -> np.ndarray:
-            if a.shape[0] == 1:
+            if a.shape[0] == 1 and b.shape[0] == 1:
                 return self._product(name, a[0], b[0], accumulate, out_dtype,
                                      init=None if init is None else init[0])[None]
             return self._product(name, a, b, accumulate, out_dtype, init=init)

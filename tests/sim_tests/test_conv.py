@@ -113,6 +113,10 @@ CASES = {
     "2d-depthwise": (2, 2, 3, 3, 5, 3, 2, 1, 1, 3),
     "3d": (3, 1, 2, 2, 4, 2, 1, 1, 1, 1),
     "3d-grouped-strided": (3, 1, 2, 2, 5, 3, 2, 1, 1, 2),
+    "1d-pointwise": (1, 2, 5, 3, 6, 1, 1, 0, 1, 1),
+    "2d-pointwise": (2, 3, 4, 5, 3, 1, 1, 0, 1, 1),
+    "2d-pointwise-wide": (2, 2, 3, 12, 3, 1, 1, 0, 1, 1),
+    "2d-pointwise-strided": (2, 2, 3, 2, 5, 1, 2, 0, 1, 1),
 }
 
 
@@ -255,14 +259,16 @@ def test_a_fused_bias_starts_the_binary32_sum_and_after_is_a_second_rounding() -
         Device("atlas-training").matmul(a, b, bias=bias, fuse_bias=True)
 
 
-def test_a_fused_conv_bias_is_the_initial_value_of_the_loop_sum() -> None:
-    x, w, _, kw = make("1d")
-    bias = np.array([0.5, -1.0, 3.0, 2.0 ** -20], H)
+@pytest.mark.parametrize("case", ["1d", "1d-pointwise"])
+def test_a_fused_conv_bias_is_the_initial_value_of_the_loop_sum(case: str) -> None:
+    x, w, _, kw = make(case)
+    bias = np.array([0.5, -1.0, 3.0, 2.0 ** -20], H)[:w.shape[0]]
     got = Device("atlas-a2", matmul_bias="fused").conv(x, w, bias=bias, out_dtype=F32, **kw)
     base = ref_conv(x, w, kw["stride"], kw["padding"], kw["dilation"], kw["groups"])
     d, (n, o, length) = Device("atlas-a2"), base.shape
+    pad = kw["padding"][0]
     for b, oo, i in itertools.product(range(n), range(o), range(length)):
-        pairs = [(x[b, c, i + t - 1] if 0 <= i + t - 1 < x.shape[2] else 0.0, w[oo, c, t])
+        pairs = [(x[b, c, i + t - pad] if 0 <= i + t - pad < x.shape[2] else 0.0, w[oo, c, t])
                  for c in range(w.shape[1]) for t in range(w.shape[2])]
         assert bits(got[b, oo, i]) == bits(loop_sum(pairs, float(bias[oo])))
     after = d.conv(x, w, bias=bias.astype(F32), out_dtype=F32, **kw)
