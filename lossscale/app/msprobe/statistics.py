@@ -41,19 +41,24 @@ def _difference(t: Any, b: Any) -> tuple[float | None, float | None]:
     return diff, abs(diff / b * 100) if b != 0 else math.inf
 
 
+def _summarised(entry: Entry) -> dict[str, dict]:
+    """An entry's records that carry statistics (msprobe's summaries), by msprobe's names."""
+    return {name: meta for name, _, meta in recorded(entry) if "Max" in meta}
+
+
 def statistics(dumped: list[Entry], device: list[Entry]) -> list[dict[str, Any]]:
     """Each tensor of ``dumped`` that the device's dump of the same run also holds (same step,
     rank, call and position): both sides' statistics, their differences and relative differences
     in percent (see the module's docstring; None where msprobe prints N/A or NaN)."""
     theirs = {(e.step, e.rank): {} for e in device}
     for e in device:
-        theirs[e.step, e.rank].update((name, meta) for name, _, meta in recorded(e) if "Max" in meta)
+        theirs[e.step, e.rank].update(_summarised(e))
     rows = []
     for e in dumped:
         mine = theirs.get((e.step, e.rank), {})
-        for name, _, bench in recorded(e):
+        for name, bench in _summarised(e).items():
             target = mine.get(name)
-            if target is None or "Max" not in bench:
+            if target is None:
                 continue
             row: dict[str, Any] = {"step": e.step, "rank": e.rank, "tensor": name, "module": e.module}
             for stat, (key, _, _) in STATISTICS.items():
