@@ -3,10 +3,11 @@ same on every host, and dropout's device multiplies."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import torch_binary32 as _binary32
-from .convert import _numpy, _Op, _tensor, aten
+from .convert import _NUMPY, _numpy, _Op, _tensor, aten
 
 
 def _dropout(op: _Op, x, p, train=None):
@@ -22,6 +23,18 @@ def _dropout(op: _Op, x, p, train=None):
     dtype = x.dtype
     masked = op.dev.mul(_numpy(x), _numpy(keep.to(dtype)))
     return _tensor(op.dev.mul(masked, op.operand(1 / (1 - p), dtype))), keep
+
+
+def _bernoulli_(op: _Op, target: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
+    """bernoulli_(p) into a tensor of ours (dropout's and drop-path's masks): the exact 0/1 draws of
+    ``sim.torch_binary32.bernoulli_mask``, the float32 route's own, written as one device operation
+    (the rounding of 0 and 1, exact in every format, raises nothing). A p outside [0, 1] (NaN
+    included) is refused with torch's message."""
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    keep = _binary32.bernoulli_mask(target.shape, p, generator)
+    (values,) = op.dev.round_results([_numpy(keep).astype(np.float32)], [_NUMPY[target.dtype]], 0, "bernoulli_")
+    return target.copy_(_tensor(values))
 
 
 def _dropout_backward(op: _Op, grad, mask, scale):

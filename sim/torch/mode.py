@@ -20,7 +20,7 @@ from .. import torch_binary32 as _binary32
 from ..device.core import Device
 from ..kernels import INVALID as _INVALID
 from .convert import _NUMPY, _held, _map, _numpy, _Op, _tensor, aten
-from .draws import _UNIFORM, _dropout
+from .draws import _UNIFORM, _bernoulli_, _dropout
 from .functions import FUNCTIONS, _call
 from .handlers import _Exact, _Fused, _Unmapped, _write
 from .labels import _CHECKED, _node_path, _Spans, _tensors
@@ -219,13 +219,14 @@ class DeviceMode(TorchDispatchMode):
         """A random operation: the draw in binary32 from torch's generator (a Bernoulli draw is 0 or 1,
         exact in every format; a continuous draw is rounded once on the device); dropout's mask and
         scale multiplies are device multiplies."""
-        if func.overloadpacket is aten.native_dropout:
+        packet = func.overloadpacket
+        if packet is aten.native_dropout or func is aten.bernoulli_.float:
             try:
-                return _dropout(self._op, *args, **kwargs)
+                return (_dropout if packet is aten.native_dropout else _bernoulli_)(self._op, *args, **kwargs)
             except TypeError:
                 pass
         # A uniform draw on [from, to) is rounded downward, so that it stays below ``to`` in its dtype.
-        return self._float32(func, args, kwargs, "DOWNWARD" if func.overloadpacket in _UNIFORM else None)
+        return self._float32(func, args, kwargs, "DOWNWARD" if packet in _UNIFORM else None)
 
     def _route(self, func, packet, name: str, args, kwargs) -> tuple[str, Any]:
         handler, into = ROUTES.get(packet), None

@@ -167,6 +167,34 @@ def test_dropout_is_an_exact_mask_then_device_multiplies() -> None:
     assert mode.routes["aten.native_dropout_backward.default", "device"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9, 1.0])
+def test_bernoulli_into_our_tensors_is_the_binary64_mask(dtype: torch.dtype, p: float) -> None:
+    """bernoulli_(p) (dropout's and drop-path's masks) writes the documented draw, u < p for binary64
+    uniforms u from torch's generator, as 0 and 1 in the tensor's own layout, as one device operation
+    that raises nothing; a p outside [0, 1] is refused as torch refuses it."""
+    from sim.torch_binary32 import bernoulli_mask
+
+    target = torch.full((6, 5), 7.0, dtype=dtype).t()  # a transposed view: written through its strides
+    dev = Device("atlas-training")
+    before = dev.operations
+    torch.manual_seed(11)
+    with DeviceMode(dev) as mode:
+        same = target.bernoulli_(p)
+    torch.manual_seed(11)
+    want = bernoulli_mask((5, 6), p)
+    assert same is target and target.stride() == (1, 5) and target.dtype == dtype
+    assert torch.equal(target.float(), want.float())
+    assert dev.operations == before + 1 and not dev.get_float_status().any()
+    assert mode.routes["aten.bernoulli_.float", "random"] == 1
+    for bad in (1.5, -0.25, float("nan")):
+        with pytest.raises(RuntimeError) as native:
+            torch.empty(3, dtype=dtype).bernoulli_(bad)
+        with DeviceMode(dev), pytest.raises(RuntimeError) as emulated:
+            torch.empty(3, dtype=dtype).bernoulli_(bad)
+        assert str(emulated.value) == str(native.value).split("\n")[0]
+
+
 @pytest.mark.parametrize("op, args", [("transpose_", (0, 1)), ("t_", ()), ("unsqueeze_", (1,)), ("squeeze_", ()),
                                       ("squeeze_", (1,)), ("as_strided_", ((3, 2), (1, 3))), ("swapdims_", (0, 1))])
 def test_inplace_views_are_views(op: str, args: tuple) -> None:
