@@ -1288,12 +1288,70 @@ def matmul_stack(a, b, init, out, flags, acc, dst, bf16):
     """:func:`matmul_from` for each matrix of the stacks ``a`` (S, M, K), ``b`` (S, K, N) and
     ``init`` (S, M, N) into ``out`` and ``flags`` (S, M*N): one call for a batch or the groups
     of a convolution. Returns the OR of the flags, and per matrix whether an operand or an
-    initial sum is Inf or NaN (``special``) and whether a sum is (``nonfinite``)."""
-    count = a.shape[0]
-    special = np.zeros(count, np.bool_)
+    initial sum is Inf or NaN (``special``) and whether a sum is (``nonfinite``).
+
+    Each matrix's sums are matmul_from's, added in the same order; the widening, the output
+    rounding (elementwise) and the buffers are done once for the whole stack, so that a stack
+    of many small matrices (a depthwise convolution's groups) costs its arithmetic."""
+    count, m, k_dim = a.shape
+    n = b.shape[2]
+    flip = (n < m) & (n < 64)  # as matmul_from: C^T = B^T A^T, the longer side along the rows
+    left, special = _widened_stack(b, True, bf16) if flip else _widened_stack(a, False, bf16)
+    right, special_r = _widened_stack(a, True, bf16) if flip else _widened_stack(b, False, bf16)
+    rows, cols = left.shape[1], right.shape[2]
+    total = np.empty((count, rows, cols), np.float32)
     nonfinite = np.zeros(count, np.bool_)
-    status = 0
-    for i in range(count):
-        s, special[i], nonfinite[i] = matmul_from(a[i], b[i], init[i], out[i], flags[i], acc, dst, bf16)
-        status |= s
+    for s in range(count):
+        total[s, :, :] = init[s].T if flip else init[s]
+        bad, out_bad = special[s] | special_r[s], False
+        for i in range(m):
+            for j in range(n):
+                bad |= not math.isfinite(init[s, i, j])
+        matmul32(left[s], right[s], total[s])
+        for i in range(rows):
+            for j in range(cols):
+                out_bad |= not math.isfinite(total[s, i, j])
+        special[s], nonfinite[s] = bad, out_bad
+    sums = np.empty((count, m, n), np.float32)
+    for s in range(count):
+        sums[s, :, :] = total[s].T if flip else total[s]
+    size = count * m * n
+    status = convert(sums.reshape(size).view(np.uint32), out.reshape(size), flags.reshape(size), acc, dst)
+    for s in range(count):
+        rounded = 0
+        for f in flags[s]:
+            rounded |= f
+        if not rounded & INEXACT:
+            # The output rounding was exact: whether the accumulation rounded (matmul_from's
+            # second pass, from a fresh copy of the initial sums).
+            status |= matmul32_inexact(left[s], right[s], init[s].T.copy() if flip else init[s].copy())
     return status, special, nonfinite
+
+
+@inline
+def _widened_stack(x, transpose, bf16):
+    """A stack of binary16 (``bf16``: bfloat16) bits (S, R, C) as C-ordered binary32 matrices
+    (exact), each transposed if ``transpose``, and per matrix whether any is Inf or NaN."""
+    count, rows, cols = x.shape
+    out = np.empty((count, cols, rows) if transpose else (count, rows, cols), np.float32)
+    wide = out.view(np.uint32)
+    special = np.zeros(count, np.bool_)
+    for s in range(count):
+        sp = False
+        for i in range(rows):
+            for j in range(cols):
+                v = x[s, i, j]
+                if bf16:
+                    bits = np.uint32(v) << 16
+                    sp |= (v & 0x7F80) == 0x7F80
+                else:
+                    bits = f32_bits(np.float32(_half_to_f64(v)))
+                    sp |= (v & 0x7C00) == 0x7C00
+                if transpose:
+                    wide[s, j, i] = bits
+                else:
+                    wide[s, i, j] = bits
+        special[s] = sp
+    return out, special
+
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,8 +37,9 @@ def matrix_stacks(a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, ...], np.nda
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
         raise ValueError(f"matmul: leading dimensions of {a.shape} and {b.shape} do not broadcast") from None
-    return (lead, np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:]),
-            np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:]))
+    count = math.prod(lead)  # not -1: ambiguous where a matrix is empty (K = 0)
+    return (lead, np.broadcast_to(a, lead + a.shape[-2:]).reshape(count, *a.shape[-2:]),
+            np.broadcast_to(b, lead + b.shape[-2:]).reshape(count, *b.shape[-2:]))
 
 
 
@@ -258,11 +260,13 @@ class _Cube:
         flags = np.empty((count, m * n), np.uint8)
         settings = acc_fpu.settings, out_fpu.settings
         workers = min(self.threads, count) if a.size * n >= THREADED_MATMUL else 1
-        bounds = np.linspace(0, count, workers + 1).astype(int)
-        parts = list(_pool(workers).map(
-            lambda lo, hi: K.matmul_stack(a16[lo:hi], b16[lo:hi], init[lo:hi], out[lo:hi], flags[lo:hi], *settings,
-                                          bf16), bounds[:-1], bounds[1:])) if workers > 1 else \
-            [K.matmul_stack(a16, b16, init, out, flags, *settings, bf16)]
+        if workers > 1:
+            bounds = np.linspace(0, count, workers + 1).astype(int)
+            parts = list(_pool(workers).map(
+                lambda lo, hi: K.matmul_stack(a16[lo:hi], b16[lo:hi], init[lo:hi], out[lo:hi], flags[lo:hi],
+                                              *settings, bf16), bounds[:-1], bounds[1:]))
+        else:
+            parts = [K.matmul_stack(a16, b16, init, out, flags, *settings, bf16)]
         status = functools.reduce(operator.or_, (p[0] for p in parts))
         special, nonfinite = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
         unit = self._fpus[BFLOAT16.dtype] if bf16 else self.fpu

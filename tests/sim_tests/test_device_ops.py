@@ -127,6 +127,41 @@ def test_batched_matmul_is_the_stack_of_matmuls_and_one_operation() -> None:
         dev.matmul(np.zeros((2, 3, 4), H), np.zeros((3, 4, 5), H))
 
 
+_STACK_VALUES = st.sampled_from([0.0, -0.0, 1.0, -2.0, 3.0, 0.5, 2.0**-14, 2.0**-24, 4096.0, 65504.0, -65504.0,
+                                  np.inf, -np.inf, np.nan, 0.1, -7.5, 1000.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), count=st.integers(0, 7), m=st.integers(1, 5), k=st.integers(0, 6), n=st.integers(1, 5),
+       out=st.sampled_from([np.float16, np.float32, "bfloat16"]), bf16=st.booleans(), biased=st.booleans(),
+       profile=st.sampled_from(["atlas-a2", "atlas-training"]))
+def test_a_stack_of_matmuls_is_each_matmul_alone(data, count, m, k, n, out, bf16, biased, profile) -> None:
+    """A stack (one compiled call for all its matrices: a batch, a depthwise convolution's groups)
+    gives each matrix's bits and the OR of their flags, as matmuls of the matrices one by one: shapes
+    on both sides of the transposed product (N < M), sums that round or stay exact (the second pass
+    for INEXACT inside the sum), infinities, NaNs, a signaling NaN and fused biases."""
+    import ml_dtypes
+
+    if bf16 or biased:  # a cube unit that takes bfloat16 and has a bias table
+        profile = "atlas-a2"
+    dtype = ml_dtypes.bfloat16 if bf16 else H
+    values = lambda shape: np.array(data.draw(st.lists(_STACK_VALUES, min_size=int(np.prod(shape)),  # noqa: E731
+                                                       max_size=int(np.prod(shape)))), np.float64).reshape(shape)
+    a, b = values((count, m, k)).astype(dtype), values((count, k, n)).astype(dtype)
+    if a.size and data.draw(st.booleans()):
+        a.reshape(-1).view(np.uint16)[0] = 0x7F81 if bf16 else SNAN
+    bias = values((n,)).astype(np.float32) if biased else None
+    stacked = Device(profile)
+    got = stacked.matmul(a, b, out_dtype=out, bias=bias, fuse_bias=True)
+    alone = Device(profile)
+    want = [alone.matmul(a[i], b[i], out_dtype=out, bias=bias, fuse_bias=True) for i in range(count)]
+    assert got.shape == (count, m, n)
+    assert [g.view(np.uint16 if g.itemsize == 2 else np.uint32).tolist() for g in got] == \
+        [w.view(np.uint16 if w.itemsize == 2 else np.uint32).tolist() for w in want]
+    assert stacked.status == alone.status
+    assert stacked.get_float_status()[:3].tolist() == alone.get_float_status()[:3].tolist()
+
+
 def conv_reference(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:
     """The documented order, one element at a time: binary32 sums from +0 of the exact products
     in ascending (c, kh, kw), each addition rounded to nearest (numpy float32 scalars)."""
