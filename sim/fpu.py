@@ -112,8 +112,19 @@ def finish(result: Result, shape: tuple[int, ...], scalar: bool, return_flags: b
 
 #: Conversions of at least this many elements into a narrow format read a table (``Fpu._lookup``).
 _LOOKUP_MIN = 1 << 14
-#: Those tables, by source, destination and settings: (codes, flags), shared by every unit.
+#: Tables of a kernel's results and flags on every class of input, by what the kernel reads (for
+#: these conversions: source, destination and settings): (codes, flags), shared by every unit and device.
 _TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def tabulated(key: tuple, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The table ``key`` names, made by ``make()`` on first use: a kernel's (codes, flags) on every
+    class of input, so that a large call reads it (``sim.kernels.lookup``) instead of rounding
+    each element. ``key`` starts with the table's kind and holds every setting the kernel reads."""
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = make()
+    return table
 
 
 class Fpu:
@@ -346,15 +357,16 @@ class Fpu:
             return None
         source = self.settings_for(src)
         shift = 0 if src.dtype.itemsize == 2 else 23 - (dst.man_bits + 1)
-        key = (src.name, dst.name, source.tobytes(), cfg.tobytes())
-        table = _TABLES.get(key)
-        if table is None:
+
+        def make() -> tuple[np.ndarray, np.ndarray]:
             keys = np.arange(1 << (16 if shift == 0 else 33 - shift), dtype=np.int64)
             reps = keys if shift == 0 else ((keys >> 1) << shift) | (keys & 1)
             before = self._status
             made, _, _ = self._cast(reps.astype(src.uint).view(src.dtype), src, dst, rounding, overflow, lookup=False)
             self._status = before
-            table = _TABLES[key] = (np.ascontiguousarray(made.value).view(np.uint8), made.flags)
+            return np.ascontiguousarray(made.value).view(np.uint8), made.flags
+
+        table = tabulated(("narrow", src.name, dst.name, source.tobytes(), cfg.tobytes()), make)
         flat, shape, scalar = self.operands("convert", (x,), src)
         out, flags = np.empty(flat[0].size, np.uint8), np.empty(flat[0].size, np.uint8)
         status = K.lookup(flat[0], shift, table[0], table[1], out, flags)

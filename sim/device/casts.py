@@ -11,6 +11,7 @@ from .. import kernels as K
 from ..formats import BINARY64, Format, format_of
 from ..fpu import Fpu, finish, plain
 from ..rounding import OverflowMode, Rounding
+from .elementwise import _TABLE_MIN, _table
 
 _SCALARS_KEPT = 4096  # the most values Device.scalar keeps (then it starts again)
 
@@ -48,9 +49,16 @@ class _Casts:
         src = src_fpu.format
         fpu = self._fpus.get(dst.dtype, src_fpu)
         if rounding is None and x.__class__ is np.ndarray and fpu.format is dst:
-            bits = x.reshape(-1).view(src.uint)
-            return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_fpu.settings, fpu.settings),
-                              x.size, dst, x.shape)
+            bits, cfg, src_cfg = x.reshape(-1).view(src.uint), fpu.settings, src_fpu.settings
+            if x.size >= _TABLE_MIN and x.dtype.itemsize == 2:
+                # A 16-bit source in the device's (deterministic) rounding: the conversion of every
+                # input, as a table (see _table).
+                codes, table_flags = _table(("convert", src_cfg.tobytes(), cfg.tobytes()), lambda every, out, flags:
+                                            K.convert(every, out, flags, src_cfg, cfg), dst.uint)
+                return self._flat("cast", lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags),
+                                  x.size, dst, x.shape)
+            return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_cfg, cfg), x.size, dst,
+                              x.shape)
         cfg = fpu.settings_for(dst, None if rounding is None else Rounding.parse(rounding))
         result, shape, scalar = fpu.run("convert", (x,), src=src, dst=dst, cfg=cfg)
         self._record(result.status, "cast", math.prod(shape))

@@ -10,30 +10,28 @@ import numpy as np
 from .. import kernels as K
 from .. import ops
 from ..formats import BFLOAT16, Format
-from ..fpu import Fpu, filled, finish
+from ..fpu import Fpu, filled, finish, tabulated
 
 _F16 = np.dtype(np.float16)
 #: The classes the short paths take as they are (a masked array or other subclass is checked first).
 _PLAIN = frozenset({np.ndarray, np.float16, np.float32, BFLOAT16.dtype.type})
-#: One-operand functions of at least this many binary16 or bfloat16 elements read a table of the
-#: kernel's own results and flags for all 65,536 inputs (``_table``): a deterministic rounding of
-#: f(x) depends on x alone, so the table gives the same bits and flags, at the cost of a read.
+#: One-operand functions and casts of at least this many binary16 or bfloat16 elements read a table
+#: of the kernel's own results and flags for all 65,536 inputs (``_table``): a deterministic rounding
+#: of f(x) depends on x alone, so the table gives the same bits and flags, at the cost of a read.
 _TABLE_MIN = 1 << 8
-_TABLES: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _table(code: int, fpu: Fpu) -> tuple[np.ndarray, np.ndarray]:
-    """The results and flags of elementary function ``code`` on every 16-bit input in ``fpu``'s
-    settings, made on first use (a few milliseconds) and shared by every device."""
-    key = (code, fpu.settings.tobytes())
-    table = _TABLES.get(key)
-    if table is None:
-        every = np.arange(1 << 16, dtype=np.uint16)
-        out, flags = np.empty(1 << 16, np.uint16), np.empty(1 << 16, np.uint8)
-        K.elementary(code, every, out, flags, fpu.settings, fpu.settings)
-        table = _TABLES[key] = (out, flags)
-    return table
+def _table(key: tuple, run: Callable[[np.ndarray, np.ndarray, np.ndarray], object],
+           uint: type = np.uint16) -> tuple[np.ndarray, np.ndarray]:
+    """The results (``uint`` bits) and flags of a kernel ``run(inputs, out, flags)`` on every 16-bit
+    input, made on first use (a few milliseconds) and shared by every device
+    (``sim.fpu.tabulated``); ``key`` names the kernel and every setting it reads."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        out, flags = np.empty(1 << 16, uint), np.empty(1 << 16, np.uint8)
+        run(np.arange(1 << 16, dtype=np.uint16), out, flags)
+        return out, flags
 
+    return tabulated(key, make)
 
 
 class _Elementwise:
@@ -76,8 +74,9 @@ class _Elementwise:
         if fpu is None:
             return self._op(op, a)
         bits, cfg = a.reshape(-1).view(fpu.uint), fpu.settings
-        if a.size >= _TABLE_MIN and a.dtype.itemsize == 2 and cfg[K.MODE] != K.STOCHASTIC:
-            codes, table_flags = _table(code, fpu)
+        if a.size >= _TABLE_MIN and a.dtype.itemsize == 2 and cfg[K.MODE] < K.STOCHASTIC:
+            codes, table_flags = _table(("elementary", code, cfg.tobytes()), lambda every, out, flags: K.elementary(
+                code, every, out, flags, cfg, cfg))
             return self._flat(op, lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), a.size,
                               fpu.format, a.shape)
         return self._flat(op, lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size,

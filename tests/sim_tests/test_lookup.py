@@ -97,3 +97,41 @@ def test_elementary_tables_are_the_kernels_results(dtype, profile: str, rounding
             assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"{op.name} from {start:#06x}"
             assert long.status == short.status, f"{op.name} from {start:#06x}"
             assert long.get_float_status()[0] == short.get_float_status()[0], f"{op.name} from {start:#06x}"
+
+
+@pytest.mark.parametrize("src, dst", [(np.float16, np.float32), (np.float16, "bfloat16"), ("bfloat16", np.float16),
+                                      ("bfloat16", np.float32)])
+@pytest.mark.parametrize("profile, rounding", [("atlas-a2", "nearest_even"), ("atlas-training", "nearest_even"),
+                                                ("atlas-training", "upward")])
+def test_cast_tables_are_the_kernels_results(src, dst, profile: str, rounding: str) -> None:
+    """A long cast from a 16-bit format reads a table of the conversion kernel's results for every
+    input: over every input, in blocks long enough to read it, the same bits and the same status and
+    register as the kernel on halves too short to read it (signaling NaNs, overflow into binary16
+    in both overflow modes, directed rounding: a table made in other settings would differ)."""
+    import ml_dtypes
+
+    from sim.device import elementwise
+
+    dtype = lambda d: getattr(ml_dtypes, d) if isinstance(d, str) else d  # noqa: E731
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype(src))
+    uint = np.uint32 if dst is np.float32 else np.uint16
+    block, half = elementwise._TABLE_MIN, elementwise._TABLE_MIN // 2
+    for start in range(0, every.size, block):
+        long, short = Device(profile, rounding=rounding), Device(profile, rounding=rounding)
+        x = every[start:start + block]
+        got = long.cast(x, dtype(dst))
+        want = np.concatenate([short.cast(x[:half], dtype(dst)), short.cast(x[half:], dtype(dst))])
+        assert np.array_equal(got.view(uint), want.view(uint)), f"from {start:#06x}"
+        assert long.status == short.status, f"from {start:#06x}"
+        assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist(), f"from {start:#06x}"
+
+
+def test_a_stochastic_cast_reads_no_table() -> None:
+    """Stochastic rounding (a cast's own rounding; a device computes in a deterministic one) draws
+    for each element: 1,024 copies of a binary16 value between two bfloat16 neighbours round to
+    both (a table, one entry per input, would give one of them)."""
+    import ml_dtypes
+
+    x = np.full(1024, 1 + 2.0**-9, np.float16)  # a quarter of the way from 1 to bfloat16's next value
+    got = Device("atlas-a2").cast(x, ml_dtypes.bfloat16, rounding="stochastic")
+    assert set(got.astype(np.float64).tolist()) == {1.0, 1 + 2.0**-7}
