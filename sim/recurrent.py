@@ -47,16 +47,31 @@ _ZERO = _F32(0)
 
 
 class _Flags:
-    """The elementwise functions' flags, ORed."""
+    """The elementwise functions' flags, ORed (``value``, read once the pass is done); kept as
+    arrays and ORed a megabyte at a time, not one small reduction per call."""
 
     def __init__(self) -> None:
-        self.value = 0
+        self._seen: list[np.ndarray] = []
+        self._size = 0
+        self._value = 0
 
     def __call__(self, name: str, *xs: np.ndarray) -> np.ndarray:
         values, flags = elementary.evaluate(name, *xs)
-        if flags.size:
-            self.value |= int(np.bitwise_or.reduce(flags, axis=None))
+        self._seen.append(flags.reshape(-1))
+        self._size += flags.size
+        if self._size >= 1 << 20:
+            self._fold()
         return values
+
+    def _fold(self) -> None:
+        if self._seen:
+            self._value |= int(np.bitwise_or.reduce(np.concatenate(self._seen), axis=None))
+        self._seen, self._size = [], 0
+
+    @property
+    def value(self) -> int:
+        self._fold()
+        return self._value
 
 
 def _mm(a: np.ndarray, bt: np.ndarray) -> np.ndarray:

@@ -75,14 +75,19 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 # -- the public face ---------------------------------------------------------------------------------
 _CFG32 = config(BINARY32)
 _LAYOUT = {np.dtype(np.float16): (np.uint16, 10), np.dtype(np.float32): (np.uint32, 23)}  # else bfloat16
+_BITS: dict[np.dtype, tuple[Any, Any, Any, Any]] = {}
 
 
 def _bits(x: np.ndarray) -> tuple[Any, Any, Any, Any]:
     """x's bit layout: its unsigned integer type, the magnitude mask (all but the sign), the
-    bits of Inf, and the quiet bit."""
-    uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
-    width = 8 * x.dtype.itemsize
-    return uint, uint((1 << (width - 1)) - 1), uint(((1 << (width - 1 - man)) - 1) << man), uint(1 << (man - 1))
+    bits of Inf, and the quiet bit (made once per dtype)."""
+    layout = _BITS.get(x.dtype)
+    if layout is None:
+        uint, man = _LAYOUT.get(x.dtype, (np.uint16, 7))
+        width = 8 * x.dtype.itemsize
+        layout = _BITS[x.dtype] = (uint, uint((1 << (width - 1)) - 1), uint(((1 << (width - 1 - man)) - 1) << man),
+                                   uint(1 << (man - 1)))
+    return layout
 
 
 def specials(x: np.ndarray) -> int:
@@ -112,6 +117,9 @@ def _params(values: tuple[float, ...]) -> np.ndarray:
     return p
 
 
+_NO_PARAMS = _params(())
+
+
 def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """RN32(f(operands)) elementwise for the function ``name`` of :data:`FUNCTIONS` (operands
     numpy arrays or scalars of float16, bfloat16, float32 or float64, broadcast together;
@@ -124,7 +132,7 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
         raise TypeError(f"{name} takes {fn.arity} operand(s), got {len(operands)}")
     if len(params) != len(fn.params):
         raise TypeError(f"{name} takes the parameters ({', '.join(fn.params)}), got {len(params)} value(s)")
-    arrays = [np.asarray(x) for x in operands]
+    arrays = [x if x.__class__ is np.ndarray else np.asarray(x) for x in operands]
     for a in arrays:
         if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
             raise TypeError(f"{name}: operands must be float16, bfloat16, float32 or float64, got {a.dtype}")
@@ -134,7 +142,7 @@ def evaluate(name: str, *operands, params: tuple[float, ...] = ()) -> tuple[np.n
     else:
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
         wide = [np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), shape)).reshape(-1) for a in arrays]
-    p = _params(tuple(float(v) for v in params))
+    p = _params(tuple([float(v) for v in params])) if params else _NO_PARAMS
     n = wide[0].size
     bits = np.empty(n, np.uint32)
     flags = np.empty(n, np.uint8)
