@@ -22,7 +22,8 @@ def _attention_math(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = _scores(_np(q), _np(k), mask, is_causal, scale)
-    return _t(binary32.matmul(_softmax_np(mode, scores), _np(v))), _t(_logsumexp_np(mode, scores))
+    probs, lse = _softmax_and_logsumexp(mode, scores)
+    return _t(binary32.matmul(probs, _np(v))), _t(lse)
 
 
 def _scores(q: np.ndarray, k: np.ndarray, mask, is_causal: bool, scale: float) -> np.ndarray:
@@ -44,6 +45,20 @@ def _softmax_np(mode, x: np.ndarray) -> np.ndarray:
         x_max = np.max(x, -1, keepdims=True) if x.shape[-1] else np.full((*x.shape[:-1], 1), -np.inf, np.float32)
         e = _cr_np(mode, "exp", x - x_max)
         return e / binary32.sum(e, -1, True)
+
+
+def _softmax_and_logsumexp(mode, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_softmax_np` and :func:`_logsumexp_np` of x: where no row's maximum is infinite the
+    two shift by the same maximum, so they share exp(x - max) and its tree sum (the same values
+    and flags as computing each)."""
+    with np.errstate(all="ignore"):
+        x_max = np.max(x, -1, keepdims=True) if x.shape[-1] else None
+    if x_max is None or np.isinf(x_max).any():
+        return _softmax_np(mode, x), _logsumexp_np(mode, x)
+    with np.errstate(all="ignore"):
+        e = _cr_np(mode, "exp", x - x_max)
+        total = binary32.sum(e, -1, True)
+        return e / total, (_cr_np(mode, "log", total) + x_max)[..., 0]
 
 
 def _logsumexp_np(mode, x: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ _INVALID, _DIVBYZERO, _OVERFLOW = K.INVALID, K.DIVBYZERO, K.OVERFLOW
 
 def _np(t: torch.Tensor) -> np.ndarray:
     """A binary32 tensor's values as numpy (shared where torch can)."""
-    return t.detach().numpy()
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 def _t(a) -> torch.Tensor:

@@ -518,9 +518,9 @@ def _judge(out, mode: Binary32Mode | _Flags, operands: list[torch.Tensor], eleme
 
 def _all_finite(t: torch.Tensor) -> bool:
     """No infinity or NaN in t (numpy's test where it can read t: faster than torch's for small tensors)."""
-    if t.dtype in (_F32, _F64, torch.float16) and t.layout == torch.strided and t.device.type == "cpu":
+    if t.dtype in (_F32, _F64, torch.float16) and t.layout == torch.strided and t.is_cpu:
         try:
-            a = t.detach().numpy()
+            a = (t.detach() if t.requires_grad else t).numpy()
         except (RuntimeError, TypeError):  # a tensor numpy cannot view (a negative or conjugate bit set)
             pass
         else:  # numpy's isfinite for small arrays and binary64, one pass without a temporary for large ones
