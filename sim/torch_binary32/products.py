@@ -95,9 +95,13 @@ def _convolution_backward(mode, grad, x, w, bias_sizes, stride, padding, dilatio
 
 # -- accumulations -------------------------------------------------------------------------------------
 def _accumulate_into(dst: np.ndarray, flat_index: np.ndarray, values: np.ndarray) -> None:
-    """dst.flat[flat_index[i]] += values[i] for i in order, one binary32 rounding each."""
-    K.accumulate32(dst.reshape(-1), flat_index.reshape(-1).astype(np.int64),
+    """dst.flat[flat_index[i]] += values[i] for i in order (positions in dst's C order, whatever its
+    strides), one binary32 rounding each."""
+    work = dst if dst.flags.c_contiguous else np.ascontiguousarray(dst)
+    K.accumulate32(work.reshape(-1), flat_index.reshape(-1).astype(np.int64),
                    np.ascontiguousarray(values, np.float32).reshape(-1))
+    if work is not dst:  # a transposed or sliced tensor: the sums written back into its own layout
+        dst[...] = work
 
 
 def _index_put(mode, x, indices, values, accumulate=False, unsafe=False, *, inplace=False):
@@ -105,11 +109,34 @@ def _index_put(mode, x, indices, values, accumulate=False, unsafe=False, *, inpl
         return NotImplemented
     out = x if inplace else x.clone()
     # Every position the indexing selects, in the order torch's indexing lists them.
-    key = tuple(slice(None) if i is None else i for i in indices)  # None: the whole dimension
-    positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)[key]
+    first = indices[0] if len(indices) == 1 else None
+    if isinstance(first, torch.Tensor) and first.dtype in (torch.int64, torch.int32) and x.dim() \
+            and _in_range(first, x.shape[0], -x.shape[0]):  # rows (an embedding's gradient): only the rows' positions
+        rows = _np(first).reshape(-1)
+        positions = _rows(x.shape, 0, rows).reshape(*first.shape, *x.shape[1:])
+    else:  # any other indexing: torch's own, on the positions (an index out of range: its IndexError)
+        key = tuple(slice(None) if i is None else i for i in indices)  # None: the whole dimension
+        positions = _np(torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)[key])
     vals = torch.broadcast_to(values, positions.shape)
-    _accumulate_into(_np(out), _np(positions), _np(vals.contiguous()))
+    _accumulate_into(_np(out), positions, _np(vals.contiguous()))
     return out
+
+
+def _in_range(index: torch.Tensor, size: int, low: int) -> bool:
+    """Whether every index lies in [low, size): indexing takes [-size, size), index_select [0, size)."""
+    i = _np(index)
+    return not i.size or (int(i.min()) >= low and int(i.max()) < size)
+
+
+def _rows(shape: tuple[int, ...], dim: int, index: np.ndarray) -> np.ndarray:
+    """The flat positions (C order) that ``index_select(dim, index)`` of a tensor of ``shape`` reads,
+    in its order (negative indices from the end): what indexing an arange of the tensor's size
+    gives, without making one."""
+    outer, size, inner = int(np.prod(shape[:dim])), shape[dim], int(np.prod(shape[dim + 1:]))
+    i = np.where(index < 0, index + size, index).astype(np.int64)
+    positions = (np.arange(outer, dtype=np.int64)[:, None, None] * (size * inner) + i[None, :, None] * inner
+                 + np.arange(inner, dtype=np.int64)[None, None, :])
+    return positions.reshape(*shape[:dim], i.size, *shape[dim + 1:])
 
 
 def _index_put_(mode, x, indices, values, accumulate=False, unsafe=False):
@@ -119,19 +146,24 @@ def _index_put_(mode, x, indices, values, accumulate=False, unsafe=False):
 def _index_add(mode, x, dim, index, source, *, alpha=1, inplace=False):
     if x.dtype != _F32 or source.dtype != _F32:
         return NotImplemented
-    out = x if inplace else x.clone()
+    out = x if inplace else x.clone(memory_format=torch.contiguous_format)  # torch's result is contiguous
     if alpha != 1:
         source = source * _scalar32(alpha)
-    positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape).index_select(dim, index)
-    order = positions.movedim(dim, 0).contiguous()
-    _accumulate_into(_np(out), _np(order), _np(source.movedim(dim, 0).contiguous()))
+    if index.dim() <= 1 and x.dim() and index.dtype in (torch.int64, torch.int32) and _in_range(index, x.shape[dim], 0):
+        positions = _rows(x.shape, dim % x.dim(), _np(index).reshape(-1))
+        order = np.ascontiguousarray(np.moveaxis(positions, dim, 0))
+    else:  # torch's own kernel first, for its checks (an index out of range: its error), then its positions
+        torch.ops.aten.index_add.default(x, dim, index, source)
+        positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape).index_select(dim, index)
+        order = _np(positions.movedim(dim, 0).contiguous())
+    _accumulate_into(_np(out), order, _np(source.movedim(dim, 0).contiguous()))
     return out
 
 
 def _scatter_add(mode, x, dim, index, src, *, inplace=False):
     if x.dtype != _F32 or src.dtype != _F32:
         return NotImplemented
-    out = x if inplace else x.clone()
+    out = x if inplace else x.clone(memory_format=torch.contiguous_format)  # torch's result is contiguous
     positions = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)
     target = positions.gather(dim, index) if index.dim() else positions
     lead = [slice(0, s) for s in index.shape]

@@ -417,3 +417,49 @@ def test_fused_attention_with_dropout_steps_and_gradients(seed):
         grads = st._attention32_vjp(q, k, v, keep, mask, p, causal, scale, grad, additive)
         for i, (x, y) in enumerate(zip(grads, want_grads, strict=True)):
             _same(x, y.contiguous(), f"fused attention gradient [{i}]")
+
+
+def _accumulation_case(rng):
+    """A destination (contiguous, transposed or a slice of a larger tensor) and the accumulations
+    into it, as functions of it, by int64 or int32 indices (negative where torch takes them)."""
+    rows, cols = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+    base = torch.from_numpy(rng.integers(-4, 5, (7, 7)).astype(np.float32))
+    layout = [lambda: base[:rows, :cols].clone(), lambda: base[:cols, :rows].clone().t(),
+              lambda: base[1:rows + 1, 1:cols + 1]][int(rng.integers(3))]
+    n = int(rng.integers(0, 7))
+    index = torch.from_numpy(rng.integers(-rows, rows, n))
+    if rng.random() < 0.3:
+        index = index.int()
+    selected = index % rows  # index_add and index_select take no negative index
+    values = torch.from_numpy(rng.integers(-3, 4, (n, cols)).astype(np.float32))
+    scatter = torch.from_numpy(rng.integers(0, rows, (min(n, rows), cols)))
+    calls = [lambda x: torch.index_put(x, (index,), values, accumulate=True),
+             lambda x: x.index_put_((index,), values, accumulate=True),
+             lambda x: x.index_add(0, selected, values), lambda x: x.index_add_(0, selected, values, alpha=2),
+             lambda x: x.scatter_add(0, scatter, values[:scatter.shape[0]])]
+    return layout, calls
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_accumulations_write_every_layout(seed):
+    """index_put (accumulate), index_add and scatter_add in Binary32Mode, into contiguous, transposed
+    and sliced tensors, by int64 and int32 indices (negative ones too), as torch's own kernels
+    give them: the values are small integers, so every sum is exact in any order and torch's
+    result is the reference. An index out of range raises torch's own error."""
+    rng = np.random.default_rng(500 + seed)
+    for _ in range(30):
+        layout, calls = _accumulation_case(rng)
+        for call in calls:
+            want_x, got_x = layout(), layout()
+            want = call(want_x)
+            with tb.Binary32Mode():
+                got = call(got_x)
+            _same(got, want, "result")
+            _same(got_x, want_x, "target after")
+    for bad in (lambda: torch.index_put(torch.zeros(3, 2), (torch.tensor([3]),), torch.ones(1, 2), accumulate=True),
+                lambda: torch.zeros(3, 2).index_add(0, torch.tensor([-1]), torch.ones(1, 2))):
+        with pytest.raises((IndexError, RuntimeError)) as native:
+            bad()
+        with tb.Binary32Mode(), pytest.raises((IndexError, RuntimeError)) as emulated:
+            bad()
+        assert type(emulated.value) is type(native.value) and str(emulated.value) == str(native.value)
