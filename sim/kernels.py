@@ -896,6 +896,22 @@ def _pair(x0, x1, acc, down, fast):
 
 
 @inline
+def _pair_rne32(x0, x1):
+    """:func:`_pair` where ``acc`` is IEEE binary32 rounding to nearest even: the sum (round to
+    odd at 53 bits by add64, so that one more rounding is correct) rounded by the hardware's
+    binary32 conversion, with the flags that rounding raises (INEXACT where it lost bits,
+    OVERFLOW with INEXACT where a finite sum became infinite, INVALID as _pair's)."""
+    s = add64(x0, x1, False)
+    r = np.float64(np.float32(s))
+    flags = INVALID * (math.isnan(s) & ~(math.isnan(x0) | math.isnan(x1)))
+    if math.isinf(r) and not math.isinf(s):
+        flags |= OVERFLOW | INEXACT
+    elif r != s and not math.isnan(s):
+        flags |= INEXACT
+    return r, flags
+
+
+@inline
 def _element(b, src, acc, fast):
     """b (bits of format ``src``) rounded into ``acc``: (the value, its flags)."""
     bits, flags = round64_fast(decode(b, src), acc) if fast else round64(decode(b, src), acc)
@@ -903,14 +919,16 @@ def _element(b, src, acc, fast):
 
 
 @jit
-def tree_sum(x, out, src, acc, dst, mean):
+def tree_sum(x, out, src, acc, dst, mean, rne32=False):
     """Sum each column of ``x`` (n, C) in a fixed pairwise tree: adjacent pairs, then pairs of
     pairs, each addition rounded into ``acc``; each element is first rounded into ``acc``
     (where ``acc`` is ``src``'s format the elements enter as they are, NaN and Inf
     included, as the operands of the device's additions do). The column totals are
     rounded into ``dst`` (for ``mean``, divided exactly by n first, one rounding).
     Returns the OR of the flags. Each row of a level is one vectorised loop over the
-    columns; the rare elements are rounded again in full."""
+    columns; the rare elements are rounded again in full. ``rne32``: ``acc`` is IEEE binary32
+    rounding to nearest even (the caller checked its settings), whose additions the hardware
+    rounds (:func:`_pair_rne32`), and a 16-bit source widens into it exactly."""
     _wide_vectors()
     src = settings(src)
     acc = settings(acc)
@@ -922,10 +940,13 @@ def tree_sum(x, out, src, acc, dst, mean):
     row_flags = np.empty(cols, np.uint8)
     status = 0
     same = (src[WIDTH] == acc[WIDTH]) & (src[MAN] == acc[MAN]) & (src[BIAS] == acc[BIAS])
+    # The elements enter exactly where acc is src's format (no rounding, and no overflow mode
+    # applied to an operand) or a 16-bit format widens into IEEE binary32: a signaling NaN alone raises.
+    exact = same | (rne32 & (src[WIDTH] == 16))
     for r in range(n):
         xr = x[r]
         row = 0
-        if same:  # exact: no rounding, and no overflow mode applied to an operand
+        if exact:
             for c in range(cols):
                 row_value[c] = decode(xr[c], src)
                 row |= INVALID * is_snan(xr[c], src)
@@ -952,6 +973,14 @@ def tree_sum(x, out, src, acc, dst, mean):
         for r in range(half):
             v0, v1 = v[2 * r], v[2 * r + 1]
             row = 0
+            if rne32:
+                for c in range(cols):
+                    row_value[c], fl = _pair_rne32(v0[c], v1[c])
+                    row |= fl
+                for c in range(cols):
+                    v[r, c] = row_value[c]
+                status |= row
+                continue
             for c in range(cols):
                 row_value[c], fl = _pair(v0[c], v1[c], acc, down, True)
                 row_flags[c] = fl

@@ -7,9 +7,9 @@ import math
 import numpy as np
 
 from .. import kernels as K
-from ..formats import Format
+from ..formats import BINARY32, Format
 from ..fpu import plain
-from ..rounding import OverflowMode, config
+from ..rounding import OverflowMode, Rounding, config
 
 
 def _columns(x, axis: int | None, fmt: Format, op: str = "sum") -> tuple[np.ndarray, tuple[int, ...]]:
@@ -101,7 +101,9 @@ class _Reductions:
         v, rest = _columns(x, axis, src.format, "mean" if mean else "sum")
         out = np.empty(v.shape[1], dst.format.uint)
         inside = acc.settings if acc is src else self._ieee(acc.format)
-        status = K.tree_sum(v, out, src.settings, inside, dst.settings, mean)
+        # The usual register: IEEE binary32 to nearest even (its tininess and NaN bits read nothing a sum meets).
+        rne32 = acc is not src and acc.format is BINARY32 and acc.rounding is Rounding.NEAREST_EVEN
+        status = K.tree_sum(v, out, src.settings, inside, dst.settings, mean, rne32)
         self._record(status, "mean" if mean else "sum", out.size)
         total = out.view(dst.format.dtype)
         return total[0] if axis is None else total.reshape(rest)
