@@ -69,6 +69,9 @@ POLICIES = _t("test_policies", "test_policy_models", "test_testing_kit")
 CONVERTERS = _t("test_formats", "test_eight_bit", "test_mx")
 CLASSIFY = _t("test_simulate", "test_who_sees")
 FP8 = _t("test_fp8",)
+STACKS = _t("test_device_ops::test_a_stack_sees_the_specials_of_either_operand",
+            "test_device_ops::test_a_stack_of_matmuls_is_each_matmul_alone")
+SUMS = _t("test_reductions::test_another_accumulator_is_ieee_inside_and_the_mode_applies_to_the_total")
 
 K, D, DET, FW, AS = "sim/kernels.py", "sim/device/register.py", "lossscale/training/detectors.py", \
     "lossscale/policy/frameworks.py", "lossscale/policy/ascend.py"
@@ -233,6 +236,16 @@ MUTANTS: tuple[Mutant, ...] = (
        ARITHMETIC),
     _m("k-taper-boundary", "arithmetic", K, "man = man0 - np.int64(a > cfg[TAPER1])",
        "man = man0 - np.int64(a >= cfg[TAPER1])", ARITHMETIC),
+    # The compiled shortcuts' own lines: a stack of matmuls in one call, the binary32 tree of a sum,
+    # the casts' tables.
+    _m("k-stack-special-of-b-dropped", "arithmetic", K, "bad, out_bad = special[s] | special_r[s], False",
+       "bad, out_bad = special[s], False", STACKS),
+    _m("k-stack-inexact-pass-skipped", "arithmetic", K, "if not rounded & INEXACT:", "if False:", STACKS),
+    _m("k-tree-rne32-inexact-dropped", "arithmetic", K, "elif r != s and not math.isnan(s):", "elif False:",
+       SUMS),
+    _m("d-cast-table-keyed-without-destination", "converters", "sim/device/casts.py",
+       '_table(("convert", src_cfg.tobytes(), cfg.tobytes())', '_table(("convert", src_cfg.tobytes())',
+       _t("test_lookup::test_cast_tables_are_the_kernels_results")),
 )
 
 

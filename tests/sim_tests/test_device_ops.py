@@ -148,8 +148,9 @@ def test_a_stack_of_matmuls_is_each_matmul_alone(data, count, m, k, n, out, bf16
     values = lambda shape: np.array(data.draw(st.lists(_STACK_VALUES, min_size=int(np.prod(shape)),  # noqa: E731
                                                        max_size=int(np.prod(shape)))), np.float64).reshape(shape)
     a, b = values((count, m, k)).astype(dtype), values((count, k, n)).astype(dtype)
-    if a.size and data.draw(st.booleans()):
-        a.reshape(-1).view(np.uint16)[0] = 0x7F81 if bf16 else SNAN
+    for x in (a, b):  # a signaling NaN in either operand
+        if x.size and data.draw(st.booleans()):
+            x.reshape(-1).view(np.uint16)[data.draw(st.integers(0, x.size - 1))] = 0x7F81 if bf16 else SNAN
     bias = values((n,)).astype(np.float32) if biased else None
     stacked = Device(profile)
     got = stacked.matmul(a, b, out_dtype=out, bias=bias, fuse_bias=True)
@@ -160,6 +161,24 @@ def test_a_stack_of_matmuls_is_each_matmul_alone(data, count, m, k, n, out, bf16
         [w.view(np.uint16 if w.itemsize == 2 else np.uint32).tolist() for w in want]
     assert stacked.status == alone.status
     assert stacked.get_float_status()[:3].tolist() == alone.get_float_status()[:3].tolist()
+
+
+@pytest.mark.parametrize("special, invalid", [(np.inf, 1), (np.nan, 0), ("snan", 1)])
+def test_a_stack_sees_the_specials_of_either_operand(special, invalid: int) -> None:
+    """0 * Inf in a sum (INVALID), a NaN, a signaling NaN: in the second operand of one matrix of a
+    stack alone, the stack raises what that matrix raises alone."""
+    a = np.ones((3, 2, 2), H)
+    a[1, 0, 0] = 0.0
+    b = np.ones((3, 2, 2), H)
+    b[1, 0, 0] = np.nan if special == "snan" else special
+    if special == "snan":
+        b.view(np.uint16)[1, 0, 0] = SNAN
+    stacked, alone = Device("atlas-a2"), Device("atlas-a2")
+    got = stacked.matmul(a, b)
+    want = [alone.matmul(a[i], b[i]) for i in range(3)]
+    assert [bits(g).tolist() for g in got] == [bits(w).tolist() for w in want]
+    assert stacked.status == alone.status and stacked.get_float_status()[1] == alone.get_float_status()[1]
+    assert stacked.get_float_status()[1] == invalid  # 0 * Inf and a signaling NaN are INVALID
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:
