@@ -1171,31 +1171,26 @@ def matmul32_inexact(a, b, acc):
 
 
 @inline
-def _widened(x):
-    """binary16 bits (2-D, any layout) as a C-ordered binary32 array (exact), and whether any is Inf or NaN."""
-    rows, cols = x.shape
-    out = np.empty((rows, cols), np.float32)
-    special = False
-    for i in range(rows):
-        for j in range(cols):
-            v = x[i, j]
-            out[i, j] = np.float32(_half_to_f64(v))
-            special |= (v & 0x7C00) == 0x7C00
-    return out, special
+def _wide_bits(v, bf16):
+    """One binary16 (``bf16``: bfloat16) value's bits as binary32 bits (exact), and whether it is
+    Inf or NaN."""
+    if bf16:
+        return np.uint32(v) << 16, (v & 0x7F80) == 0x7F80
+    return f32_bits(np.float32(_half_to_f64(v))), (v & 0x7C00) == 0x7C00
 
 
 @inline
-def _widened_bf16(x):
-    """:func:`_widened` for bfloat16 bits."""
+def _widened(x, bf16):
+    """binary16 (``bf16``: bfloat16) bits (2-D, any layout) as a C-ordered binary32 array (exact),
+    and whether any is Inf or NaN."""
     rows, cols = x.shape
     out = np.empty((rows, cols), np.float32)
     wide = out.view(np.uint32)
     special = False
     for i in range(rows):
         for j in range(cols):
-            v = x[i, j]
-            wide[i, j] = np.uint32(v) << 16
-            special |= (v & 0x7F80) == 0x7F80
+            wide[i, j], sp = _wide_bits(x[i, j], bf16)
+            special |= sp
     return out, special
 
 
@@ -1287,12 +1282,8 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
     # (C^T = B^T A^T adds the same products in the same order along k).
     flip = (n < m) & (n < 64)
     x, y = (b.T, a.T) if flip else (a, b)
-    if bf16:
-        left, special_l = _widened_bf16(x)
-        right, special_r = _widened_bf16(y)
-    else:
-        left, special_l = _widened(x)
-        right, special_r = _widened(y)
+    left, special_l = _widened(x, bf16)
+    right, special_r = _widened(y, bf16)
     total = init.T.copy() if flip else init.copy()
     special = special_l | special_r
     for v in init.ravel():
@@ -1369,13 +1360,8 @@ def _widened_stack(x, transpose, bf16):
         sp = False
         for i in range(rows):
             for j in range(cols):
-                v = x[s, i, j]
-                if bf16:
-                    bits = np.uint32(v) << 16
-                    sp |= (v & 0x7F80) == 0x7F80
-                else:
-                    bits = f32_bits(np.float32(_half_to_f64(v)))
-                    sp |= (v & 0x7C00) == 0x7C00
+                bits, special_v = _wide_bits(x[s, i, j], bf16)
+                sp |= special_v
                 if transpose:
                     wide[s, j, i] = bits
                 else:
