@@ -4,8 +4,10 @@
 One formulation, shared by the device (:meth:`sim.Device.conv` and its gradients, binary16 or
 bfloat16 products into binary32 sums) and the binary32 kernels of :mod:`sim.torch_binary32`
 (binary32 products, in the same order); each caller gives the product, ``product(a, b, init)``
-for stacks of matrices (g, R, C) @ (g, C, O) with optional initial sums (g, 1, O), the stacks'
-leading dimensions broadcast (a pointwise convolution: (1, O, C) @ (N, C, P) from (1, O, 1)).
+for stacks of matrices (g, R, C) @ (g, C, O) with optional initial sums broadcasting to the
+result, the stacks' leading dimensions broadcast (a pointwise convolution: (1, O, C) @ (N, C, P)
+from (1, O, 1)). Which operand holds the positions (the im2col rows or the kernel's outputs) is
+chosen for speed; each output's sum is the same either way.
 
 - **Forward** (:func:`forward`, N-d, grouped, strided, padded, dilated): each output's reduction
   index is (c, kernel taps row-major), c slowest; padded positions are +0 operands.
@@ -26,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .checks import integer, integer_problem, integer_range
+from .kernels import inline, jit
 
 __all__ = ["per_dim", "forward", "grad_input", "grad_weight", "transpose", "transpose_size"]
 
@@ -65,42 +68,57 @@ def pad(x: np.ndarray, lo, hi) -> np.ndarray:
     return out
 
 
-#: The most elements an im2col gather index may have to be kept (8 bytes each): a larger one would
-#: hold tens of MB per convolution geometry at real sizes; those are copied from a strided view.
-INDEXED = 1 << 20
-
-
-def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int) -> tuple[np.ndarray, list[int]]:
-    """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
-    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS. Small
-    geometries gather by a kept index (fast for the tiny inner runs of grouped convolutions);
-    larger ones copy a strided view of the padded input (no index kept), the same values."""
-    xp = pad(x, padding, padding)
-    d = xp.ndim - 2
+def output_shape(shape, k, stride, padding, dilation) -> list[int]:
+    """The spatial shape of a convolution's output for an input of ``shape`` (N, C, *S); a kernel
+    larger than the padded input is refused."""
     spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
-    if any(s > size for s, size in zip(spans, xp.shape[2:], strict=True)):
+    padded = [s + 2 * p for s, p in zip(shape[2:], padding, strict=True)]
+    if any(s > size for s, size in zip(spans, padded, strict=True)):
         raise ValueError(f"conv: the kernel {tuple(k)} (dilation {dilation}) is larger than the padded input "
-                         f"{xp.shape[2:]}")
-    n, c = xp.shape[:2]
-    out_shape = [(size - span) // st + 1 for size, span, st in zip(xp.shape[2:], spans, stride, strict=True)]
+                         f"{tuple(padded)}")
+    return [(size - span) // st + 1 for size, span, st in zip(padded, spans, stride, strict=True)]
+
+
+def im2col(x: np.ndarray, k, stride, padding, dilation, groups: int,
+           positions_last: bool = False) -> tuple[np.ndarray, list[int]]:
+    """x (N, C, *S) as im2col rows per group, (g, N * prod(OS), C/g * prod(K)): rows in (n, output
+    position) order, columns in (c, kernel tap) order, c slowest; and the output shape OS.
+    ``positions_last``: the same columns transposed, (g, C/g * prod(K), N * prod(OS)). Small
+    geometries gather by a kept index; larger ones of up to three spatial dimensions are copied by
+    one compiled loop (padding read as +0, never copied); more, from a strided view of the padded
+    input. The same values every way."""
+    d = x.ndim - 2
+    out_shape = output_shape(x.shape, k, stride, padding, dilation)
+    n, c = x.shape[:2]
     if n * c * math.prod(out_shape) * math.prod(k) <= INDEXED:
-        index = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups, tuple(out_shape))
-        return np.take(np.ascontiguousarray(xp).reshape(-1), index), out_shape
-    windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, d + 2)))
-    windows = windows[(slice(None), slice(None), *(slice(None, None, st) for st in stride),
-                       *(slice(None, None, di) for di in dilation))]  # (N, C, *OS, *K)
-    cols = windows.reshape(n, groups, c // groups, *windows.shape[2:])  # (N, g, Cg, *OS, *K)
-    cols = cols.transpose(1, 0, *range(3, d + 3), 2, *range(d + 3, 2 * d + 3))  # (g, N, *OS, Cg, *K)
+        xp = np.ascontiguousarray(pad(x, padding, padding))
+        index = _im2col_index(xp.shape, tuple(k), tuple(stride), tuple(dilation), groups, tuple(out_shape),
+                              positions_last)
+        return np.take(xp.reshape(-1), index), out_shape
+    if d > 3:
+        cols = _im2col_view(x, k, stride, padding, dilation, groups, out_shape)
+        return (np.ascontiguousarray(cols.transpose(0, 2, 1)) if positions_last else cols), out_shape
     rows, width = n * math.prod(out_shape), (c // groups) * math.prod(k)
-    return np.ascontiguousarray(cols).reshape(groups, rows, width), out_shape
+    out = np.empty((groups, width, rows) if positions_last else (groups, rows, width), x.dtype)
+    three = lambda v, fill: (fill,) * (3 - d) + tuple(int(e) for e in v)  # noqa: E731  (1 or 2 dims as 3)
+    bits = np.dtype(f"u{x.dtype.itemsize}")  # copied as bits: any format, bfloat16 too
+    _im2col3(np.ascontiguousarray(x).view(bits).reshape(n, c, *three(x.shape[2:], 1)), three(k, 1),
+             three(stride, 1), three(padding, 0), three(dilation, 1), groups, three(out_shape, 1), positions_last,
+             out.view(bits).reshape(-1))
+    return out, out_shape
+
+
+#: The most elements whose im2col gathers by a kept index (8 bytes each; a model's convolutions
+#: repeat): a gather costs least where the runs are short; larger ones are copied by the loop.
+INDEXED = 1 << 18
 
 
 @functools.lru_cache(maxsize=64)
 def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-                  groups: int, out_shape: tuple[int, ...]) -> np.ndarray:
+                  groups: int, out_shape: tuple[int, ...], positions_last: bool) -> np.ndarray:
     """The flat positions in a C-ordered (N, C, *S) array of its im2col rows (see :func:`im2col`;
-    ``out_shape`` the output's spatial shape), one gather per convolution of that geometry (kept:
-    a model's convolutions repeat)."""
+    ``out_shape`` the output's spatial shape; ``positions_last``: transposed), one gather per
+    convolution of that geometry (kept: a model's convolutions repeat)."""
     n, c, sizes = shape[0], shape[1], shape[2:]
     d = len(sizes)
     strides = [math.prod(sizes[i + 1:]) for i in range(d)]  # element strides of the spatial axes
@@ -115,9 +133,100 @@ def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int,
     base = base.reshape(n, groups, cg).transpose(1, 0, 2)  # (g, N, Cg)
     index = base[:, :, None, :, None] + spatial[None, None, :, None, :]  # (g, N, OS, Cg, K)
     index = index.reshape(groups, n * spatial.shape[0], cg * spatial.shape[1])
-    index = index.astype(np.intp)  # take's own index type: no conversion of the index on every call
+    if positions_last:
+        index = index.transpose(0, 2, 1)
+    index = np.ascontiguousarray(index, np.intp)  # take's own index type: no conversion of the index on every call
     index.flags.writeable = False
     return index
+
+
+
+def _im2col_view(x: np.ndarray, k, stride, padding, dilation, groups: int, out_shape) -> np.ndarray:
+    """:func:`im2col`'s rows copied from a strided view of the padded input (any number of dims)."""
+    xp = pad(x, padding, padding)
+    d = xp.ndim - 2
+    spans = [di * (ki - 1) + 1 for di, ki in zip(dilation, k, strict=True)]
+    n, c = xp.shape[:2]
+    windows = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, d + 2)))
+    windows = windows[(slice(None), slice(None), *(slice(None, None, st) for st in stride),
+                       *(slice(None, None, di) for di in dilation))]  # (N, C, *OS, *K)
+    cols = windows.reshape(n, groups, c // groups, *windows.shape[2:])  # (N, g, Cg, *OS, *K)
+    cols = cols.transpose(1, 0, *range(3, d + 3), 2, *range(d + 3, 2 * d + 3))  # (g, N, *OS, Cg, *K)
+    rows, width = n * math.prod(out_shape), (c // groups) * math.prod(k)
+    return np.ascontiguousarray(cols).reshape(groups, rows, width)
+
+
+@jit
+def _im2col3(x, k, stride, padding, dilation, groups, out_shape, positions_last, out):
+    """:func:`im2col` of x (N, C, D, H, W) into ``out`` (flat, in the layout ``positions_last``
+    says); k, stride, padding, dilation and the output shape three each. Positions outside the
+    input are +0 (zero bits). Each run of outputs along the last axis is a strided run of the
+    input between zeroed ends; rows first, one row of positions is done for every column
+    before the next, so that its runs stay in cache."""
+    n, c, sd, sh, sw = x.shape
+    flat = x.reshape(-1)
+    kd, kh, kw = k
+    od, oh, ow = out_shape
+    cg = c // groups
+    taps = kd * kh * kw
+    rows, width = n * od * oh * ow, cg * taps
+    st = stride[2]
+    # per column: its channel in the group; its tap's offsets along the three axes; and the
+    # outputs [lo, hi) of a run whose inputs lie inside along the last axis
+    info = np.empty((width, 6), np.int64)
+    for col in range(width):
+        t = col % taps
+        off = (t % kw) * dilation[2] - padding[2]
+        lo = min(ow, max(0, (st - 1 - off) // st))
+        info[col, 0] = col // taps
+        info[col, 1] = (t // (kh * kw)) * dilation[0] - padding[0]
+        info[col, 2] = ((t // kw) % kh) * dilation[1] - padding[1]
+        info[col, 3] = off
+        info[col, 4] = lo
+        info[col, 5] = max(lo, min(ow, (sw - off + st - 1) // st))
+    for g in range(groups):
+        if positions_last:  # each column's runs in turn: out[g, col, row] at (g * width + col) * rows + row
+            for col in range(width):
+                ch, dz, dy, off, lo, hi = info[col]
+                for b in range(n):
+                    for i in range(od):
+                        z = i * stride[0] + dz
+                        for j in range(oh):
+                            y = j * stride[1] + dy
+                            a, e = (lo, hi) if 0 <= z < sd and 0 <= y < sh else (0, 0)
+                            src = (((b * c + g * cg + ch) * sd + z) * sh + y) * sw + off + a * st
+                            _run(flat, out, (g * width + col) * rows + ((b * od + i) * oh + j) * ow, 1, src, st,
+                                 a, e, ow)
+        else:  # each row of positions in turn: out[g, row, col] at (g * rows + row) * width + col
+            for b in range(n):
+                for i in range(od):
+                    for j in range(oh):
+                        row = ((b * od + i) * oh + j) * ow
+                        for col in range(width):
+                            ch, dz, dy, off, lo, hi = info[col]
+                            z, y = i * stride[0] + dz, j * stride[1] + dy
+                            a, e = (lo, hi) if 0 <= z < sd and 0 <= y < sh else (0, 0)
+                            src = (((b * c + g * cg + ch) * sd + z) * sh + y) * sw + off + a * st
+                            _run(flat, out, (g * rows + row) * width + col, width, src, st, a, e, ow)
+
+
+@inline
+def _run(flat, out, at, step, src, st, a, e, ow):
+    """out[at + m * step] for m < ow: +0 outside [a, e), flat[src + (m - a) * st] inside. Unsigned
+    indices: numba then adds no wraparound test, and a contiguous run vectorises."""
+    at, step, src = np.uint64(at), np.uint64(step), np.uint64(src)
+    for m in range(np.uint64(a)):
+        out[at + m * step] = 0
+    at += np.uint64(a) * step
+    if st == 1 and step == 1:
+        for m in range(np.uint64(e - a)):
+            out[at + m] = flat[src + m]
+    else:
+        for m in range(np.uint64(e - a)):
+            out[at + m * step] = flat[src + m * np.uint64(st)]
+    at += np.uint64(e - a) * step
+    for m in range(np.uint64(ow - max(a, e))):
+        out[at + m * step] = 0
 
 
 def from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
@@ -144,9 +253,19 @@ def forward(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int
         start = None if init is None else np.asarray(init).reshape(1, o, 1)
         y = product(w.reshape(1, o, -1), x.reshape(n, x.shape[1], -1), start)  # (N, O, prod(S))
         return y.reshape(n, o, *x.shape[2:])
-    cols, out_shape = im2col(x, w.shape[2:], stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
-    kernel = np.ascontiguousarray(w.reshape(groups, o // groups, -1).transpose(0, 2, 1))  # (g, Cg*K, Og)
-    start = None if init is None else np.asarray(init).reshape(groups, 1, o // groups)
+    og, k = o // groups, w.shape[2:]
+    if n * math.prod(output_shape(x.shape, k, stride, padding, dilation)) >= og:
+        # More positions than outputs per group: the kernel (g, Og, Cg*K) times the columns with
+        # the positions last (g, Cg*K, N*OS), the longer side along the product's rows (which
+        # its additions vectorise along), no copy of the kernel, and the result (g, Og, N, *OS).
+        # Either way each output adds the same products in the same order.
+        cols, out_shape = im2col(x, k, stride, padding, dilation, groups, positions_last=True)
+        start = None if init is None else np.asarray(init).reshape(groups, og, 1)
+        y = product(w.reshape(groups, og, -1), cols, start).reshape(groups, og, n, *out_shape)
+        return np.ascontiguousarray(np.moveaxis(y, 2, 0)).reshape(n, o, *out_shape)
+    cols, out_shape = im2col(x, k, stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
+    kernel = np.ascontiguousarray(w.reshape(groups, og, -1).transpose(0, 2, 1))  # (g, Cg*K, Og)
+    start = None if init is None else np.asarray(init).reshape(groups, 1, og)
     return from_groups(product(cols, kernel, start), n, o, out_shape)
 
 

@@ -102,7 +102,7 @@ EXP_NAN = EXP_INF + 1
 _FRAC52 = (1 << 52) - 1
 
 #: The files whose loops numba compiles and caches, relative to the package.
-COMPILED = ("kernels.py", "binary32.py", "elementary/compiled.py", "elementary/pairs.py")
+COMPILED = ("kernels.py", "binary32.py", "conv.py", "elementary/compiled.py", "elementary/pairs.py")
 
 
 def _cache_dirs(path: Path) -> list[Path]:

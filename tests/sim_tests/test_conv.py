@@ -117,6 +117,10 @@ CASES = {
     "2d-pointwise": (2, 3, 4, 5, 3, 1, 1, 0, 1, 1),
     "2d-pointwise-wide": (2, 2, 3, 12, 3, 1, 1, 0, 1, 1),
     "2d-pointwise-strided": (2, 2, 3, 2, 5, 1, 2, 0, 1, 1),
+    # fewer positions (N * OS) than outputs per group: the columns with the positions first
+    "2d-few-positions": (2, 1, 2, 8, 3, 3, 2, 1, 1, 1),
+    "2d-many-channels": (2, 1, 8, 2, 2, 2, 1, 0, 1, 1),  # and the input gradient's, too
+    "2d-expanding-strided": (2, 1, 2, 8, 3, 1, 2, 0, 1, 1),
 }
 
 
@@ -357,26 +361,35 @@ def test_torch_addmm_places_the_bias_as_the_device_says() -> None:
     assert got["after"].tolist() == [[1.0], [1.0]] and got["fused"].tolist() == [[1 + 2.0 ** -10]] * 2
 
 
-def test_im2col_copies_the_same_columns_as_its_kept_index(monkeypatch) -> None:
-    """Large geometries copy a strided view instead of gathering by a kept index: the same columns
-    bit for bit, over 1-3 spatial dimensions, groups, strides, dilations and padding."""
+@pytest.mark.parametrize("indexed", [0, 1 << 62], ids=["copied", "gathered"])
+def test_im2col_is_the_strided_view_of_the_padded_input(monkeypatch, indexed: int) -> None:
+    """im2col, in both layouts, copied by the compiled loop or gathered by a kept index, holds the
+    columns a strided view of the padded input holds, bit for bit: 1-3 spatial dimensions, groups,
+    strides, dilations, padding wider than the kernel's reach (whole runs of +0), and 16-, 32-
+    and 64-bit elements (NaN payloads kept)."""
     from sim import conv
+
+    monkeypatch.setattr(conv, "INDEXED", indexed)
 
     rng = np.random.default_rng(0)
     checked = 0
-    for _ in range(300):
+    for case in range(400):
         d, g, cg = int(rng.integers(1, 4)), int(rng.choice([1, 2, 3])), int(rng.integers(1, 3))
-        shape = (int(rng.integers(1, 3)), g * cg, *(int(v) for v in rng.integers(3, 8, d)))
+        shape = (int(rng.integers(1, 3)), g * cg, *(int(v) for v in rng.integers(1, 8, d)))
         k, stride, dilation, padding = ([int(v) for v in rng.integers(lo, hi, d)] for lo, hi in
-                                        ((1, 4), (1, 3), (1, 3), (0, 3)))
-        x = rng.standard_normal(shape).astype(np.float16)
-        monkeypatch.setattr(conv, "INDEXED", 1 << 62)
+                                        ((1, 4), (1, 4), (1, 3), (0, 4)))
+        dtype = (H, BF, F32, np.float64)[case % 4]
+        x = rng.integers(0, 256 ** np.dtype(dtype).itemsize, shape, dtype=np.uint64).astype(
+            f"u{np.dtype(dtype).itemsize}").view(dtype)
         try:
-            indexed, out_shape = conv.im2col(x, k, stride, padding, dilation, g)
+            out_shape = conv.output_shape(x.shape, k, stride, padding, dilation)
         except ValueError:  # a kernel larger than the padded input
             continue
-        monkeypatch.setattr(conv, "INDEXED", 0)
-        copied, copied_shape = conv.im2col(x, k, stride, padding, dilation, g)
-        assert copied_shape == out_shape and np.array_equal(copied.view(np.uint16), indexed.view(np.uint16))
+        want = conv._im2col_view(x, k, stride, padding, dilation, g, out_shape)
+        for last in (False, True):
+            got, got_shape = conv.im2col(x, k, stride, padding, dilation, g, positions_last=last)
+            assert got_shape == out_shape and got.dtype == x.dtype
+            u = f"u{x.dtype.itemsize}"
+            assert np.array_equal(got.view(u), (want.transpose(0, 2, 1) if last else want).view(u))
         checked += 1
-    assert checked > 200
+    assert checked > 250
