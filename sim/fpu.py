@@ -127,6 +127,40 @@ def tabulated(key: tuple, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> 
     return table
 
 
+def classes32(shift: int) -> np.ndarray:
+    """One binary32 input (bits) per class of ``sim.kernels.lookup``'s key for ``shift``: the
+    sign, the exponent and the fraction's bits above ``shift``, then whether any bit below is set.
+    A deterministic rounding to fewer than 23 - shift fraction bits reads nothing else of its
+    input (the kept bits, the guard bit, the sticky bit; and a NaN payload's top bits), so a
+    table of its results on these inputs is its result on every input (see ``Fpu._lookup``)."""
+    keys = np.arange(1 << (33 - shift), dtype=np.int64)
+    return ((keys >> 1) << shift) | (keys & 1)
+
+
+#: Results of at least this many binary32 elements round into a 16-bit format by a table
+#: (:func:`narrowing32`: made once per pair of settings, then read at about half the cost of
+#: rounding each element).
+NARROWING_MIN = 1 << 16
+
+
+def narrowing32(src_cfg: np.ndarray, cfg: np.ndarray, man_bits: int, uint: type) -> tuple[int, np.ndarray, np.ndarray]:
+    """The conversion kernel from binary32 (``src_cfg``) into a format of ``man_bits`` fraction
+    bits and settings ``cfg`` (a deterministic rounding) as a table: (shift, codes, flags) for
+    ``sim.kernels.lookup``, made on first use. binary16 (2**21 entries) and bfloat16 (2**18):
+    their subnormals' rounding bits lie where their normals' do, binary32's subnormals included
+    (bfloat16 shares binary32's exponent range)."""
+    shift = 23 - (man_bits + 1)
+
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        reps = classes32(shift).astype(np.uint32)
+        codes, flags = np.empty(reps.size, uint), np.empty(reps.size, np.uint8)
+        K.convert(reps, codes, flags, src_cfg, cfg)
+        return codes, flags
+
+    codes, flags = tabulated(("narrow32", src_cfg.tobytes(), cfg.tobytes(), man_bits), make)
+    return shift, codes, flags
+
+
 class Fpu:
     """A binary16 floating-point unit (or bfloat16, binary32: ``format=``).
 
@@ -359,8 +393,7 @@ class Fpu:
         shift = 0 if src.dtype.itemsize == 2 else 23 - (dst.man_bits + 1)
 
         def make() -> tuple[np.ndarray, np.ndarray]:
-            keys = np.arange(1 << (16 if shift == 0 else 33 - shift), dtype=np.int64)
-            reps = keys if shift == 0 else ((keys >> 1) << shift) | (keys & 1)
+            reps = np.arange(1 << 16, dtype=np.int64) if shift == 0 else classes32(shift)
             before = self._status
             made, _, _ = self._cast(reps.astype(src.uint).view(src.dtype), src, dst, rounding, overflow, lookup=False)
             self._status = before

@@ -1263,16 +1263,17 @@ def matmul(a, b, out, flags, acc, dst):
     from +0: :func:`matmul_from` with zero initial sums. Returns the OR of the flags and
     whether an operand is Inf or NaN."""
     status, special, _ = matmul_from(a, b, np.zeros((a.shape[0], b.shape[1]), np.float32), out, flags, acc, dst,
-                                     False)
+                                     0, np.empty(0, np.uint16), np.empty(0, np.uint8), False)
     return status, special
 
 
 @jit
-def matmul_from(a, b, init, out, flags, acc, dst, bf16):
+def matmul_from(a, b, init, out, flags, acc, dst, shift, codes, table_flags, bf16):
     """out = init + a @ b for binary16 (or, with ``bf16``, bfloat16) bits ``a`` (M, K) and
     ``b`` (K, N): each output's sum starts from its binary32 ``init`` (M, N) and adds the
     exact products along k in ascending order in binary32 (``acc``; :func:`matmul32`), then
-    is rounded once into ``dst`` (flat M*N bits). Returns the OR of the flags (INEXACT where
+    is rounded once into ``dst`` (flat M*N bits; read from ``codes`` and ``table_flags`` by
+    :func:`lookup` with ``shift`` where the caller gives that table). Returns the OR of the flags (INEXACT where
     the output rounding or an addition of the accumulation lost bits), whether an operand
     or an initial sum is Inf or NaN, and whether a sum is Inf or NaN (then
     :func:`matmul32_flags` gives the INVALID and OVERFLOW of the accumulation). One call,
@@ -1294,7 +1295,7 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
         nonfinite |= not math.isfinite(v)
     status = 0
     bits = (total.T.copy() if flip else total).ravel().view(np.uint32)
-    out_status = convert(bits, out, flags, acc, dst)
+    out_status = _round_sums(bits, out, flags, acc, dst, shift, codes, table_flags)
     if not out_status & INEXACT:
         # The output rounding was exact (always so for binary32 outputs): whether the
         # accumulation rounded takes a second, slower pass that tracks it (from a fresh copy of
@@ -1304,7 +1305,7 @@ def matmul_from(a, b, init, out, flags, acc, dst, bf16):
 
 
 @jit
-def matmul_stack(a, b, init, out, flags, acc, dst, bf16):
+def matmul_stack(a, b, init, out, flags, acc, dst, shift, codes, table_flags, bf16):
     """:func:`matmul_from` for each matrix of the stacks ``a`` (S, M, K), ``b`` (S, K, N) and
     ``init`` (S, M, N) into ``out`` and ``flags`` (S, M*N): one call for a batch or the groups
     of a convolution. Returns the OR of the flags, and per matrix whether an operand or an
@@ -1336,7 +1337,8 @@ def matmul_stack(a, b, init, out, flags, acc, dst, bf16):
     for s in range(count):
         sums[s, :, :] = total[s].T if flip else total[s]
     size = count * m * n
-    status = convert(sums.reshape(size).view(np.uint32), out.reshape(size), flags.reshape(size), acc, dst)
+    status = _round_sums(sums.reshape(size).view(np.uint32), out.reshape(size), flags.reshape(size), acc, dst, shift,
+                         codes, table_flags)
     for s in range(count):
         rounded = 0
         for f in flags[s]:
@@ -1346,6 +1348,15 @@ def matmul_stack(a, b, init, out, flags, acc, dst, bf16):
             # second pass, from a fresh copy of the initial sums).
             status |= matmul32_inexact(left[s], right[s], init[s].T.copy() if flip else init[s].copy())
     return status, special, nonfinite
+
+
+@inline
+def _round_sums(bits, out, flags, acc, dst, shift, codes, table_flags):
+    """binary32 sums (bits) rounded into ``dst``: by the table ``codes`` where one is given (see
+    ``sim.fpu.narrowing32``), else by :func:`convert`. Returns the OR of the flags."""
+    if codes.size:
+        return lookup(bits, shift, codes, table_flags, out, flags)
+    return convert(bits, out, flags, acc, dst)
 
 
 @inline

@@ -13,7 +13,7 @@ from .. import blockfp8, conv, formats, mx, nvfp4, profiles
 from .. import kernels as K
 from ..checks import integer
 from ..formats import BFLOAT16, Format, format_of
-from ..fpu import Fpu, plain
+from ..fpu import NARROWING_MIN, Fpu, narrowing32, plain
 from ..rounding import OverflowMode, Rounding
 from .elementwise import _F16
 
@@ -28,6 +28,19 @@ _SCHEMES = {"mx": mx, "nvfp4": nvfp4, "blockfp8": blockfp8}
 
 #: Multiply-adds below which a matmul stays on one thread (threads cost more than they save).
 THREADED_MATMUL = 1 << 18
+
+
+_NO_TABLE = np.empty(0, np.uint16), np.empty(0, np.uint8)
+
+
+def _rounding(acc_fpu: Fpu, out_fpu: Fpu, size: int) -> tuple:
+    """How a matmul kernel rounds its ``size`` binary32 sums into the output: the settings, and
+    for long results in a 16-bit format in a deterministic rounding the table of that conversion
+    (``sim.fpu.narrowing32``: the same bits and flags, read at half the cost), else none."""
+    acc, dst = acc_fpu.settings, out_fpu.settings
+    if size >= NARROWING_MIN and out_fpu.format.dtype.itemsize == 2 and dst[K.MODE] < K.STOCHASTIC:
+        return acc, dst, *narrowing32(acc, dst, out_fpu.format.man_bits, out_fpu.format.uint)
+    return acc, dst, 0, *_NO_TABLE
 
 
 def matrix_stacks(a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
@@ -258,7 +271,7 @@ class _Cube:
         count, m, n = len(a), a.shape[1], b.shape[2]
         out = np.empty((count, m * n), out_fpu.format.uint)
         flags = np.empty((count, m * n), np.uint8)
-        settings = acc_fpu.settings, out_fpu.settings
+        settings = _rounding(acc_fpu, out_fpu, out.size)
         workers = min(self.threads, count) if a.size * n >= THREADED_MATMUL else 1
         if workers > 1:
             bounds = np.linspace(0, count, workers + 1).astype(int)
@@ -281,12 +294,12 @@ class _Cube:
         m, n = a.shape[0], b.shape[1]
         out = np.empty(m * n, out_fpu.format.uint)
         flags = np.empty(m * n, np.uint8)
-        settings = acc_fpu.settings, out_fpu.settings
         workers = min(self.threads, m) if a.size * n >= THREADED_MATMUL else 1
         if acc_fpu is self.fpu:
             total = np.empty(m * n, np.uint16)
             status = K.matmul16(a16, b16, total.reshape(m, n), self.fpu.settings)
-            return out, status | K.convert(total, out, flags, *settings)
+            return out, status | K.convert(total, out, flags, acc_fpu.settings, out_fpu.settings)
+        settings = _rounding(acc_fpu, out_fpu, out.size)
         if init is None:
             init = np.zeros((m, n), np.float32)
         if workers == 1:

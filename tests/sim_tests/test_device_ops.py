@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lossscale.testing import binary16_arrays
 from sim import BINARY16, Device, OverflowMode
+from sim.rounding import Flag
 
 H, F32 = np.float16, np.float32
 SNAN, QNAN = 0x7D00, 0x7E00
@@ -161,6 +162,49 @@ def test_a_stack_of_matmuls_is_each_matmul_alone(data, count, m, k, n, out, bf16
         [w.view(np.uint16 if w.itemsize == 2 else np.uint32).tolist() for w in want]
     assert stacked.status == alone.status
     assert stacked.get_float_status()[:3].tolist() == alone.get_float_status()[:3].tolist()
+
+
+@pytest.mark.parametrize("values", ["mixed", "exact"])
+@pytest.mark.parametrize("out", [np.float16, "bfloat16", np.float32])
+@pytest.mark.parametrize("profile, bf16", [("atlas-a2", False), ("atlas-training", False), ("atlas-a2", True)])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_long_matmul_rounds_its_sums_as_short_ones(values: str, out, profile: str, bf16: bool,
+                                                     stacked: bool) -> None:
+    """A matmul with at least ``sim.fpu.NARROWING_MIN`` outputs rounds its binary32 sums into a
+    16-bit format by a table: the same bits, status and register as the same rows in products too
+    short to read it. Mixed values: rounding, overflow (saturated or Inf), Inf, NaN, a signaling
+    NaN; exact ones: every output exact, one sum rounding inside (2**24 + 1 - 2**24), so that only
+    the second pass for INEXACT sees it."""
+    import ml_dtypes
+
+    from sim import fpu
+
+    dtype = ml_dtypes.bfloat16 if bf16 else H
+    rng = np.random.default_rng(7)
+    m, k, n = 2 * (fpu.NARROWING_MIN // 256 + 3), 3, 256  # 2 * 259 rows of 256: over the bound
+    if values == "mixed":
+        a = rng.standard_normal((m, k)) * rng.choice([1.0, 300.0, 3e4], (m, 1))
+        b = rng.standard_normal((k, n)) * rng.choice([1.0, 300.0], (1, n))
+        a[5, 1], a[9, 0], b[2, 7] = np.inf, np.nan, np.nan
+    else:
+        a, b = rng.integers(-3, 4, (m, k)).astype(np.float64), rng.integers(-3, 4, (k, n)).astype(np.float64)
+        a[4], b[:, 4] = (4096.0, 1.0, -4096.0), (4096.0, 1.0, 4096.0)
+    a, b = a.astype(dtype), b.astype(dtype)
+    if values == "mixed":
+        a.view(np.uint16)[11, 2] = 0x7F81 if bf16 else SNAN
+    long, short = Device(profile), Device(profile)
+    if stacked:
+        got = long.matmul(a.reshape(2, m // 2, k), np.stack([b, b]), out_dtype=out).reshape(m, n)
+    else:
+        got = long.matmul(a, b, out_dtype=out)
+    piece = fpu.NARROWING_MIN // n // 2
+    want = np.concatenate([short.matmul(a[i:i + piece], b, out_dtype=out) for i in range(0, m, piece)])
+    u = np.uint32 if got.itemsize == 4 else np.uint16
+    assert np.array_equal(got.view(u), want.view(u))
+    assert long.status == short.status
+    assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist()
+    if values == "exact":  # the rounding inside the one sum reached the status
+        assert long.status & Flag.INEXACT
 
 
 @pytest.mark.parametrize("special, invalid", [(np.inf, 1), (np.nan, 0), ("snan", 1)])

@@ -135,3 +135,28 @@ def test_a_stochastic_cast_reads_no_table() -> None:
     x = np.full(1024, 1 + 2.0**-9, np.float16)  # a quarter of the way from 1 to bfloat16's next value
     got = Device("atlas-a2").cast(x, ml_dtypes.bfloat16, rounding="stochastic")
     assert set(got.astype(np.float64).tolist()) == {1.0, 1 + 2.0**-7}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+@pytest.mark.parametrize("rounding", [None] + [pytest.param(m, marks=pytest.mark.slow) for m in MODES])
+def test_long_binary32_results_read_as_the_routine_rounds(dtype, profile: str, rounding: str | None) -> None:
+    """A fused kernel's long binary32 result rounds into binary16 or bfloat16 by a table
+    (``sim.fpu.narrowing32``): every class of input, at both ends and bare (rounding is monotone),
+    in both overflow modes and (slow) every deterministic mode, gives the bits, status and
+    register of the same values rounded in pieces too short to read it."""
+    import ml_dtypes
+
+    dtype = getattr(ml_dtypes, dtype) if isinstance(dtype, str) else dtype
+    fmt = formats.format_of(dtype)
+    shift = 23 - (fmt.man_bits + 1)
+    top = np.arange(1 << (32 - shift), dtype=np.uint64) << np.uint64(shift)
+    x = np.concatenate([top, top | 1, top | ((1 << shift) - 1)]).astype(np.uint32).view(np.float32)
+    long, short = Device(profile), Device(profile)
+    got = long.round_results([x], [dtype], rounding=rounding)[0]
+    piece = F.NARROWING_MIN // 2
+    want = np.concatenate([short.round_results([x[i:i + piece]], [dtype], rounding=rounding)[0]
+                           for i in range(0, x.size, piece)])
+    assert np.array_equal(got.view(fmt.uint), want.view(fmt.uint))
+    assert long.status == short.status
+    assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist()
