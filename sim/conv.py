@@ -229,6 +229,44 @@ def _run(flat, out, at, step, src, st, a, e, ow):
         out[at + m * step] = 0
 
 
+def swapped(x: np.ndarray, reverse: bool = False) -> np.ndarray:
+    """x (G, P, Q, R) with its axes P and Q swapped, (G, Q, P, R), each run of R reversed if
+    ``reverse``: a new C-ordered array (a kernel's transposes, copied in tiles that stay in cache)."""
+    bits = np.dtype(f"u{x.dtype.itemsize}")
+    out = np.empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3]), x.dtype)
+    _swap(np.ascontiguousarray(x).view(bits), out.view(bits), reverse)
+    return out
+
+
+#: The side of :func:`_swap`'s tiles (of runs).
+_TILE = 32
+
+
+@jit
+def _swap(x, out, reverse):
+    """out[g, q, p] = x[g, p, q] (runs of R, reversed if ``reverse``), tile by tile; flat unsigned
+    indices (numba then adds no wraparound test)."""
+    count, p_size, q_size, r_size = x.shape
+    src, dst = x.reshape(-1), out.reshape(-1)
+    r_n = np.uint64(r_size)
+    for g in range(count):
+        base = np.uint64(g * p_size * q_size * r_size)
+        for p0 in range(0, p_size, _TILE):
+            for q0 in range(0, q_size, _TILE):
+                for q in range(q0, min(q0 + _TILE, q_size)):
+                    for p in range(p0, min(p0 + _TILE, p_size)):
+                        s = base + np.uint64(p * q_size + q) * r_n
+                        d = base + np.uint64(q * p_size + p) * r_n
+                        if r_size == 1:
+                            dst[d] = src[s]
+                        elif reverse:
+                            for r in range(r_n):
+                                dst[d + r] = src[s + r_n - np.uint64(1) - r]
+                        else:
+                            for r in range(r_n):
+                                dst[d + r] = src[s + r]
+
+
 def from_groups(y: np.ndarray, n: int, o: int, out_shape) -> np.ndarray:
     """Per-group matmul results (g, N * prod(OS), O/g) as (N, O, *OS)."""
     d = len(out_shape)
@@ -264,7 +302,7 @@ def forward(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int
         y = product(w.reshape(groups, og, -1), cols, start).reshape(groups, og, n, *out_shape)
         return np.ascontiguousarray(np.moveaxis(y, 2, 0)).reshape(n, o, *out_shape)
     cols, out_shape = im2col(x, k, stride, padding, dilation, groups)  # (g, N*OS, Cg*K)
-    kernel = np.ascontiguousarray(w.reshape(groups, og, -1).transpose(0, 2, 1))  # (g, Cg*K, Og)
+    kernel = swapped(w.reshape(groups, og, -1, 1))[..., 0]  # (g, Cg*K, Og)
     start = None if init is None else np.asarray(init).reshape(groups, 1, og)
     return from_groups(product(cols, kernel, start), n, o, out_shape)
 
@@ -292,8 +330,8 @@ def grad_input_operands(dy: np.ndarray, w: np.ndarray, input_size, stride, paddi
                          f"{size} with stride {stride}, padding {padding}, dilation {dilation}, kernel {k}")
     z = pad(stuffed, lo, [a + r for a, r in zip(lo, rest, strict=True)])
     o, cg = w.shape[:2]
-    flipped = w.reshape(groups, o // groups, cg, *k).swapaxes(1, 2)[(Ellipsis, *(slice(None, None, -1),) * d)]
-    return z, np.ascontiguousarray(flipped.reshape(groups * cg, o // groups, *k)), dilation
+    flipped = swapped(w.reshape(groups, o // groups, cg, -1), reverse=True)  # (g, Cg, Og, taps reversed)
+    return z, flipped.reshape(groups * cg, o // groups, *k), dilation
 
 
 def grad_input(dy: np.ndarray, w: np.ndarray, input_size, stride, padding, dilation, groups: int,
