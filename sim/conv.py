@@ -140,7 +140,6 @@ def _im2col_index(shape: tuple[int, ...], k: tuple[int, ...], stride: tuple[int,
     return index
 
 
-
 def _im2col_view(x: np.ndarray, k, stride, padding, dilation, groups: int, out_shape) -> np.ndarray:
     """:func:`im2col`'s rows copied from a strided view of the padded input (any number of dims)."""
     xp = pad(x, padding, padding)
