@@ -72,10 +72,13 @@ FP8 = _t("test_fp8",)
 STACKS = _t("test_device_ops::test_a_stack_sees_the_specials_of_either_operand",
             "test_device_ops::test_a_stack_of_matmuls_is_each_matmul_alone")
 SUMS = _t("test_reductions::test_another_accumulator_is_ieee_inside_and_the_mode_applies_to_the_total")
+LONG = _t("test_lookup::test_long_binary32_results_read_as_the_routine_rounds",
+          "test_device_ops::test_a_long_matmul_rounds_its_sums_as_short_ones")
+IM2COL = _t("test_conv::test_im2col_is_the_strided_view_of_the_padded_input", "test_conv")
 
 K, D, DET, FW, AS = "sim/kernels.py", "sim/device/register.py", "lossscale/training/detectors.py", \
     "lossscale/policy/frameworks.py", "lossscale/policy/ascend.py"
-F, S, FP = "sim/formats.py", "lossscale/training/simulate.py", "lossscale/training/fp8.py"
+F, S, FP, C = "sim/formats.py", "lossscale/training/simulate.py", "lossscale/training/fp8.py", "sim/conv.py"
 
 
 def _m(name: str, place: str, file: str, original: str, replacement: str, tests: tuple[str, ...]) -> Mutant:
@@ -243,6 +246,14 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("k-stack-inexact-pass-skipped", "arithmetic", K, "if not rounded & INEXACT:", "if False:", STACKS),
     _m("k-tree-rne32-inexact-dropped", "arithmetic", K, "elif r != s and not math.isnan(s):", "elif False:",
        SUMS),
+    _m("k-matmul-table-drops-inexact", "arithmetic", K, "return lookup(bits, shift, codes, table_flags, out, flags)",
+       "return lookup(bits, shift, codes, table_flags, out, flags) & ~INEXACT", LONG),
+    _m("f-narrowing-table-without-guard-bit", "converters", "sim/fpu.py", "shift = 23 - (man_bits + 1)",
+       "shift = 23 - man_bits", LONG),
+    _m("c-im2col-first-inside-output-off", "arithmetic", C, "lo = min(ow, max(0, (st - 1 - off) // st))",
+       "lo = min(ow, max(0, -off // st))", IM2COL),
+    _m("c-flipped-kernel-not-reversed", "arithmetic", C, "dst[d + r] = src[s + r_n - np.uint64(1) - r]",
+       "dst[d + r] = src[s + r]", _t("test_conv")),
     _m("d-cast-table-keyed-without-destination", "converters", "sim/device/casts.py",
        '_table(("convert", src_cfg.tobytes(), cfg.tobytes())', '_table(("convert", src_cfg.tobytes())',
        _t("test_lookup::test_cast_tables_are_the_kernels_results")),
