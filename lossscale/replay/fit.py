@@ -297,8 +297,10 @@ def _reproducing(log: Log) -> _Runs:
         kept.append(_Run.of([[(w, o, number[nxt]) for w, o, nxt in edges[place] if nxt in live] for place in live],
                          {nodes.setdefault(place[0], len(nodes)): number[place] for place in live
                           if place[1:] == (0, 0, 0, 0)},
+                         # an end whose node the later runs cannot continue from is no end (within
+                         # a gap, such a place is kept for the places it leads to)
                          {number[place]: nodes.setdefault(node, len(nodes)) for place, node in ends.items()
-                          if place in live},
+                          if place in live and node in alive},
                          [float(place[0][2].scale) for place in live]))
         alive = {place[0] for place in live if place[1:] == (0, 0, 0, 0)}
     return _Runs(kept[::-1], fit=_fit(log, cands, layer))

@@ -1020,3 +1020,23 @@ def test_a_first_scale_printed_after_more_than_1024_steps_replays(capsys, tmp_pa
     assert code == 0, err
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["consistency"]["consistent"]
+
+
+def test_overflows_on_consecutive_bar_steps_after_a_counted_gap_replay(capsys, tmp_path) -> None:
+    """The shape of a real ZeRO-2 log (huggingface/transformers#9996: stage2.py's ``[deepscale]
+    OVERFLOW!`` line printed on the tqdm bar's line, at bar steps 6, 7 and 8, the paste cut inside
+    the next bar). The runs that reach the first line through the counted gap before it include
+    runs whose end the next line cannot continue from; the exact replay once met such an end and
+    died with a KeyError instead of replaying."""
+    where = "[INFO] [stage2.py:1357:step] [deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
+    bar = "  1%|▉          | {}/1184 [00:2{}<1:09:10,  3.52s/it][2021-02-04 15:06:1{},825] "
+    scales = [134217728.0, 67108864.0, 33554432.0, 16777216.0]
+    lines = [bar.format(6 + i, i, i) + where + f"{scales[i]}, reducing to {scales[i + 1]}" for i in range(3)]
+    (tmp_path / "zero2.log").write_text("\n".join(lines + ["  1%|█▍"]) + "\n")
+    code, out, err = replay(capsys, str(tmp_path / "zero2.log"), "--manager", "torch", "--manager", "exponential",
+                            "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["consistency"]["consistent"]
+    rows = (tmp_path / "r" / "replay.csv").read_text().splitlines()
+    assert len(rows) > 3 and "exactly" in out
