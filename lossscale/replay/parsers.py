@@ -388,12 +388,13 @@ def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
 
 
 def _per_step(framework: str, rows: Iterable[tuple[int, int | None, bool, float | None, float | None]],
-              unparsed: list[tuple[int, str]], notes: list[str], interval: dict[int, int] | None = None) -> Log:
+              unparsed: list[tuple[int, str]], notes: list[str], interval: dict[int, int | None] | None = None) -> Log:
     """A log with one line per numbered step: complete where the steps run on by one; the steps
     between two numbered lines a gap whose outcomes the log does not give; before each unnumbered
     overflow line (MindYOLO's, Colossal-AI's) a gap of clean steps of unknown length. ``interval``:
     for a line that sums its logging interval (Megatron's, keyed by line), how many of the
-    interval's steps were skipped: the interval is a gap with that many overflows."""
+    interval's steps were skipped: the interval is a gap with that many overflows (None: a count
+    the line does not give, the interval's outcomes unknown)."""
     events, complete, last = [], True, None
     for line, step, overflow, scale, next_scale in rows:
         if step is None:
@@ -401,16 +402,19 @@ def _per_step(framework: str, rows: Iterable[tuple[int, int | None, bool, float 
             events += [LogEvent(None, False, None, None, line, span=(0, None)),
                        LogEvent(None, overflow, scale, next_scale, line)]
             continue
-        skipped = (interval or {}).get(line)
+        in_interval = interval is not None and line in interval
+        skipped = interval[line] if in_interval else None
         if last is not None and step <= last:
             complete = False
             notes.append(f"line {line}: step {step} follows step {last}; the steps between are unknown")
             events.append(LogEvent(step - 1, False, None, None, line, span=(0, None), overflows=None))
-        elif skipped is not None and step - (last or 0) > 1:  # an interval: its skipped steps anywhere in it
+        elif in_interval and (step - (last or 0) > 1 or skipped is None):
+            # an interval: its skipped steps anywhere in it (a count the line does not give: its
+            # outcomes unknown, even for one step)
             complete = False
             steps = step - last if last is not None else None
-            span = (steps, steps) if steps is not None else (max(skipped, 1), step)
-            events.append(LogEvent(step, skipped > 0, None, next_scale, line, span=span, overflows=skipped))
+            span = (steps, steps) if steps is not None else (max(skipped or 0, 1), step)
+            events.append(LogEvent(step, bool(skipped), None, next_scale, line, span=span, overflows=skipped))
             last = step
             continue
         elif step > (last if last is not None else 0) + 1:
@@ -428,8 +432,13 @@ def megatron(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     rows, unparsed, notes, skipped = [], [], [], {}
     for i, text in enumerate(lines, start=1):
         if m := _MEGATRON.search(text):
-            skipped[i] = int(m[3] or 0)  # over the logging interval, which the iterations give
-            rows.append((i, int(m[1]), skipped[i] > 0, None, _float(m[2])))
+            # skipped over the logging interval, which the iterations give; a line cut before its
+            # count (a paste, a wrapped terminal) leaves the interval's outcomes unknown
+            skipped[i] = int(m[3]) if m[3] is not None else None
+            if skipped[i] is None:
+                notes.append(f"line {i}: no number of skipped iterations (a cut line?): the interval's outcomes "
+                             "are unknown")
+            rows.append((i, int(m[1]), bool(skipped[i]), None, _float(m[2])))
         elif words.search(text):
             unparsed.append((i, text))
     return _per_step("megatron", rows, unparsed, notes, skipped)

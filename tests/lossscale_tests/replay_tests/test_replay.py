@@ -502,6 +502,24 @@ def test_megatron_interval_logs_bf16_and_the_2019_form(capsys, tmp_path) -> None
     assert [(e.step, e.overflow, e.next_scale) for e in old.events] == [(100, True, 65536.0)] and not old.unparsed
 
 
+def test_a_megatron_line_cut_before_its_skipped_count_leaves_its_interval_open(capsys, tmp_path) -> None:
+    """The shape of a real Megatron-LM log (NVIDIA/nccl#743): at iteration 10, ten skipped and the
+    scale at 2**23 (the first overflow spends the hysteresis); the paste is cut inside the next
+    line, after its scale 2**15 and before its count. The missing count was read as 0, so a fall by
+    2**8 over ten clean steps left no Megatron run reproducing the log; the interval's outcomes are
+    now unknown, said in a note, and the log replays exactly."""
+    cut = _megatron_line(20, 2.0**15, 8)
+    text = _megatron_line(10, 2.0**23, 10) + "\n" + cut[:cut.index("number of skipped") + len("number of skipp")]
+    log = read_log(text + "\n")
+    assert [(e.step, e.span, e.overflows, e.next_scale) for e in log.events] == [
+        (10, (10, 10), 10, 2.0**23), (20, (10, 10), None, 2.0**15)]
+    assert any("line 2: no number of skipped iterations" in n for n in log.notes)
+    path = tmp_path / "cut.log"
+    path.write_text(text + "\n")
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0 and "replayed exactly" in out, (err, out)
+
+
 def test_mindformers_mindyolo_and_colossalai_lines() -> None:
     """MindFormers' ``MFLossMonitor.print_output_info`` (``mindformers/core/callback/callback.py``:
     ``"{ Epoch:[%3d/%3d], step:[%5d/%5d], loss: %5.3f, per_step_time: %dms, lr: %s, overflow cond:
