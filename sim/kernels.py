@@ -1273,9 +1273,9 @@ def matmul_from(a, b, init, out, flags, acc, dst, shift, codes, table_flags, bf1
     ``b`` (K, N): each output's sum starts from its binary32 ``init`` (M, N) and adds the
     exact products along k in ascending order in binary32 (``acc``; :func:`matmul32`), then
     is rounded once into ``dst`` (flat M*N bits; read from ``codes`` and ``table_flags`` by
-    :func:`lookup` with ``shift`` where the caller gives that table). Returns the OR of the flags (INEXACT where
-    the output rounding or an addition of the accumulation lost bits), whether an operand
-    or an initial sum is Inf or NaN, and whether a sum is Inf or NaN (then
+    :func:`lookup` with ``shift`` where the caller gives that table). Returns the OR of the
+    flags (INEXACT where the output rounding or an addition of the accumulation lost bits),
+    whether an operand or an initial sum is Inf or NaN, and whether a sum is Inf or NaN (then
     :func:`matmul32_flags` gives the INVALID and OVERFLOW of the accumulation). One call,
     so that small matmuls cost little besides their arithmetic."""
     m, n = a.shape[0], b.shape[1]
