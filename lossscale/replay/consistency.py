@@ -263,9 +263,26 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
                     continue
             if not any(_matches(log.framework, r, e.next_scale) for r in results):
                 departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
-                                            "the policy's backoff does not give it"))
+                                            _backoff_misses(policy, results, e.next_scale, log.framework)))
         after = e.next_scale if e.next_scale is not None else None
     return departures, compared
+
+
+def _backoff_misses(policy: Policy, results: list[float], logged: float, framework: str) -> str:
+    """Why an overflow's logged scale after it departs: where more backoffs in a row reach it, the
+    lines that would have printed them are not in the log (a paste that dropped them, or several
+    ranks printing scalers out of step), which the log cannot tell apart from a departure."""
+    for r in results:
+        state, more = policy.initial(), 0
+        while more < 64 and r > logged and not _matches(framework, r, logged):
+            try:
+                r, more = float(policy.next(_resync(state, r), False).scale), more + 1
+            except MinimumScaleError:
+                break
+        if more and _matches(framework, r, logged):
+            return (f"the policy's backoff gives it after {more} more overflow{'s' if more > 1 else ''}, whose lines "
+                    f"are not in the log (dropped from a paste, or ranks' scalers out of step?)")
+    return "the policy's backoff does not give it"
 
 
 def _explain(policy: Policy, log: Log, first: Departure) -> str:

@@ -1058,3 +1058,18 @@ def test_overflows_on_consecutive_bar_steps_after_a_counted_gap_replay(capsys, t
     assert summary["consistency"]["consistent"]
     rows = (tmp_path / "r" / "replay.csv").read_text().splitlines()
     assert len(rows) > 3 and "exactly" in out
+
+
+def test_a_fall_by_more_backoffs_than_lines_names_the_missing_lines() -> None:
+    """The shape of a real apex amp log on several GPUs (NVIDIA/apex#715: ``Gradient overflow.
+    Skipping step, loss scaler 0 reducing loss scale to S``, every rank printing, no rank prefix):
+    between two lines the scale falls by 8, which one scaler printing every overflow cannot give.
+    The departure says that two more overflows give it, whose lines are not in the log; a fall
+    that no number of backoffs gives is still said to be none."""
+    line = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {}"
+    check = consistency(read_log("\n".join(line.format(s) for s in (1024.0, 2048.0, 256.0)) + "\n"))
+    first = check.departures[0]
+    assert not check.consistent and first.line == 3 and first.logged == 256.0
+    assert "after 2 more overflows, whose lines are not in the log" in first.explanation, first.explanation
+    odd = consistency(read_log("\n".join(line.format(s) for s in (1024.0, 2048.0, 300.0)) + "\n"))
+    assert odd.departures[0].explanation == "the policy's backoff does not give it"
