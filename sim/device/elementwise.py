@@ -115,8 +115,17 @@ class _Elementwise:
         return out[0] if scalar else out.reshape(shape)
 
     def relu(self, a) -> np.ndarray:
-        """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0)."""
-        return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
+        """max(a, 0), with +0 for -0 and NaN kept: IEEE 754-2019 maximum(a, +0). A long array of a
+        16-bit format reads a table of the maximum kernel's results and flags against +0 for
+        every input (see _table): the same bits and events, without a second operand."""
+        fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
+        if fpu is None or a.size < _TABLE_MIN or a.dtype.itemsize != 2 or fpu.settings[K.MODE] >= K.STOCHASTIC:
+            return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
+        cfg, bits = fpu.settings, a.reshape(-1).view(fpu.uint)
+        codes, table_flags = _table(("relu", cfg.tobytes()), lambda every, out, flags: fpu.kernels["maximum"](
+            every, np.zeros(every.size, np.uint16), out, flags, cfg))
+        return self._flat("maximum", lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), a.size,
+                          fpu.format, a.shape)
 
 
 def _method(op: ops.Op) -> Callable:

@@ -160,3 +160,27 @@ def test_long_binary32_results_read_as_the_routine_rounds(dtype, profile: str, r
     assert np.array_equal(got.view(fmt.uint), want.view(fmt.uint))
     assert long.status == short.status
     assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+@pytest.mark.parametrize("profile", ["atlas-a2", "atlas-training"])
+def test_relu_tables_are_the_maximum_kernels_results(dtype, profile: str) -> None:
+    """A long relu of a 16-bit format reads a table of the maximum kernel's results against +0:
+    over every input, in blocks long enough to read it, the bits, status and register of the
+    kernel itself on halves too short to (-0 to +0, NaNs kept or zeroed by the overflow mode, a
+    signaling NaN's INVALID)."""
+    import ml_dtypes
+
+    from sim.device import elementwise
+
+    dtype = getattr(ml_dtypes, dtype) if isinstance(dtype, str) else dtype
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    block, half = elementwise._TABLE_MIN, elementwise._TABLE_MIN // 2
+    for start in range(0, every.size, block):
+        long, short = Device(profile), Device(profile)
+        x = every[start:start + block]
+        got = long.relu(x)
+        want = np.concatenate([short.relu(x[:half]), short.relu(x[half:])])
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"from {start:#06x}"
+        assert long.status == short.status, f"from {start:#06x}"
+        assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist(), f"from {start:#06x}"
