@@ -10,7 +10,7 @@ import numpy as np
 from . import kernels as K
 from . import ops
 from .checks import integer
-from .formats import BINARY16, Format, format_of
+from .formats import BINARY16, BINARY32, Format, format_of
 from .rounding import Choices, Flag, OverflowMode, Rounding, Tininess, config
 
 __all__: list[str] = []  # Fpu's one public path is sim.Fpu
@@ -143,21 +143,25 @@ def classes32(shift: int) -> np.ndarray:
 NARROWING_MIN = 1 << 16
 
 
-def narrowing32(src_cfg: np.ndarray, cfg: np.ndarray, man_bits: int, uint: type) -> tuple[int, np.ndarray, np.ndarray]:
-    """The conversion kernel from binary32 (``src_cfg``) into a format of ``man_bits`` fraction
-    bits and settings ``cfg`` (a deterministic rounding) as a table: (shift, codes, flags) for
-    ``sim.kernels.lookup``, made on first use. binary16 (2**21 entries) and bfloat16 (2**18):
-    their subnormals' rounding bits lie where their normals' do, binary32's subnormals included
-    (bfloat16 shares binary32's exponent range)."""
-    shift = 23 - (man_bits + 1)
+def narrowing32(n: int, src: Format, src_cfg: np.ndarray, dst: Format,
+                cfg: np.ndarray) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The conversion kernel from ``src`` (settings ``src_cfg``) into ``dst`` (settings ``cfg``)
+    as a table, where it serves ``n`` elements: (shift, codes, flags) for ``sim.kernels.lookup``,
+    made on first use; None unless ``n`` reaches :data:`NARROWING_MIN`, the source is binary32,
+    the destination a 16-bit format and the rounding deterministic. binary16 (2**21 entries) and
+    bfloat16 (2**18): their subnormals' rounding bits lie where their normals' do, binary32's
+    subnormals included (bfloat16 shares binary32's exponent range)."""
+    if n < NARROWING_MIN or src is not BINARY32 or dst.dtype.itemsize != 2 or cfg[K.MODE] >= K.STOCHASTIC:
+        return None
+    shift = 23 - (dst.man_bits + 1)
 
     def make() -> tuple[np.ndarray, np.ndarray]:
         reps = classes32(shift).astype(np.uint32)
-        codes, flags = np.empty(reps.size, uint), np.empty(reps.size, np.uint8)
+        codes, flags = np.empty(reps.size, dst.uint), np.empty(reps.size, np.uint8)
         K.convert(reps, codes, flags, src_cfg, cfg)
         return codes, flags
 
-    codes, flags = tabulated(("narrow32", src_cfg.tobytes(), cfg.tobytes(), man_bits), make)
+    codes, flags = tabulated(("narrow32", src_cfg.tobytes(), cfg.tobytes(), dst.man_bits), make)
     return shift, codes, flags
 
 

@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from .. import kernels as K
-from ..formats import BINARY32, BINARY64, Format, format_of
-from ..fpu import NARROWING_MIN, Fpu, finish, narrowing32, plain
+from ..formats import BINARY64, Format, format_of
+from ..fpu import Fpu, finish, narrowing32, plain
 from ..rounding import OverflowMode, Rounding
 from .elementwise import _TABLE_MIN, _table
 
@@ -84,11 +84,10 @@ class _Casts:
                 result, _, _ = dst.run("convert", (np.ascontiguousarray(v).reshape(-1),), src=BINARY64,
                                        dst=dst.format, cfg=cfg)
                 bits, s = result.value.view(dst.format.uint), result.status
-            elif n >= NARROWING_MIN and src.format is BINARY32 and cfg[K.MODE] < K.STOCHASTIC:
-                # binary32 into binary16 or bfloat16 in a deterministic rounding: read from a table
-                # of the conversion's own results, one per class of input (sim.fpu.narrowing32)
-                shift, codes, table_flags = narrowing32(src.settings, cfg, dst.format.man_bits, dst.format.uint)
-                s = K.lookup(np.ascontiguousarray(v).reshape(-1).view(np.uint32), shift, codes, table_flags, bits, fl)
+            elif (table := narrowing32(n, src.format, src.settings, dst.format, cfg)) is not None:
+                # long binary32 results into binary16 or bfloat16: read from a table of the
+                # conversion's own results, one per class of input
+                s = K.lookup(np.ascontiguousarray(v).reshape(-1).view(np.uint32), *table, bits, fl)
             else:
                 s = K.convert(np.ascontiguousarray(v).reshape(-1).view(src.uint), bits, fl, src.settings, cfg)
             status |= s

@@ -13,7 +13,7 @@ from .. import blockfp8, conv, formats, mx, nvfp4, profiles
 from .. import kernels as K
 from ..checks import integer
 from ..formats import BFLOAT16, Format, format_of
-from ..fpu import NARROWING_MIN, Fpu, narrowing32, plain
+from ..fpu import Fpu, narrowing32, plain
 from ..rounding import OverflowMode, Rounding
 from .elementwise import _F16
 
@@ -38,9 +38,8 @@ def _rounding(acc_fpu: Fpu, out_fpu: Fpu, size: int) -> tuple:
     for long results in a 16-bit format in a deterministic rounding the table of that conversion
     (``sim.fpu.narrowing32``: the same bits and flags, read at half the cost), else none."""
     acc, dst = acc_fpu.settings, out_fpu.settings
-    if size >= NARROWING_MIN and out_fpu.format.dtype.itemsize == 2 and dst[K.MODE] < K.STOCHASTIC:
-        return acc, dst, *narrowing32(acc, dst, out_fpu.format.man_bits, out_fpu.format.uint)
-    return acc, dst, 0, *_NO_TABLE
+    table = narrowing32(size, acc_fpu.format, acc, out_fpu.format, dst)
+    return (acc, dst, *table) if table is not None else (acc, dst, 0, *_NO_TABLE)
 
 
 def matrix_stacks(a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:

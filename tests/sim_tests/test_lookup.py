@@ -184,3 +184,19 @@ def test_relu_tables_are_the_maximum_kernels_results(dtype, profile: str) -> Non
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"from {start:#06x}"
         assert long.status == short.status, f"from {start:#06x}"
         assert long.get_float_status()[:3].tolist() == short.get_float_status()[:3].tolist(), f"from {start:#06x}"
+
+
+def test_a_long_binary32_result_kept_in_binary32_reads_no_table() -> None:
+    """A fused kernel's long binary32 result that stays binary32 (no 16-bit destination) is no
+    narrowing: it goes as it is, as in short pieces (the table was once asked for it, with a
+    negative shift)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(F.NARROWING_MIN + 7).astype(np.float32)
+    x[:3] = [np.inf, -np.inf, np.nan]
+    long, short = Device("atlas-a2"), Device("atlas-a2")
+    got = long.round_results([x], [np.float32])[0]
+    piece = F.NARROWING_MIN // 2
+    want = np.concatenate([short.round_results([x[i:i + piece]], [np.float32])[0] for i in range(0, x.size, piece)])
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), x.view(np.uint32))
+    assert long.status == short.status
