@@ -58,7 +58,14 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     hystereses = list(range(1, max(4, printed) + 1)) if hyst_name else [None]
     inits = sorted({v for a in range(before + 2) for c in range(overflows_before + 1)
                     if (v := _through(logged, grow, back, a, c)) is not None})
-    return [(cls(**_arguments(log.framework, init, 1, h)), steps + 1) for h in hystereses for init in inits]
+    family = []
+    for h in hystereses:
+        for init in inits:
+            try:
+                family.append((cls(**_arguments(log.framework, init, 1, h)), steps + 1))
+            except ValueError:  # a scale the framework cannot hold (past binary32's range): no run starts there
+                continue
+    return family
 
 
 def _through(logged: float, grow: float, back: float, growths: int, backoffs: int) -> float | None:
