@@ -10,12 +10,15 @@ Formats read (the format strings are the frameworks' own; the tests cite file an
   releases); ``step=N, skipped=M`` (``engine.py``, ``_report_progress``); the FP16_Optimizer's
   ``Grad overflow on iteration N`` with ``Reducing``/``Increasing dynamic loss scale from S to T``
   or ``Using static loss scale of: S`` (``runtime/fp16/fused_optimizer.py`` and
-  ``unfused_optimizer.py``, ``_update_scale``) and the older ``Overflow detected. Skipping step.
-  Attempted loss scale: S, reducing to T``;
+  ``unfused_optimizer.py``, ``_update_scale``), the first FP16_Optimizer's ``Using dynamic loss
+  scale of S`` (S before its halving: ``apex/optimizers/fp16_optimizer.py``, ``_update_scale``) and
+  the older ``Overflow detected. Skipping step. Attempted loss scale: S, reducing to T``; ZeRO's
+  ``reducing to S`` that keeps S says the hysteresis took the overflow (or S is at its floor);
 - ``apex``: ``Gradient overflow.  Skipping step, loss scaler K reducing loss scale to T``
   (``apex/amp/handle.py``, ``scale_loss``) and ``fp16_utils``' form without ``loss scaler K``;
   ``OVERFLOW! Skipping step. Attempted loss scale: S, reducing to T``
-  (``apex/fp16_utils/fp16_optimizer.py``, ``FP16_Optimizer.step``);
+  (``apex/fp16_utils/fp16_optimizer.py``, ``FP16_Optimizer.step``; 2018 releases print S alone);
+  amp's scalers of several losses (``loss scaler K``) are checked apart;
 - ``fairseq``: ``NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: T``
   (``fairseq/trainer.py``, ``train_step``; ``WARNING: overflow detected, ...`` of older
   releases) and the progress lines' ``loss_scale`` and ``num_updates`` (simple and JSON bars);
@@ -25,10 +28,15 @@ Formats read (the format strings are the frameworks' own; the tests cite file an
   ``LossCallBack.step_end``, printing ``TrainOneStepWithLossScaleCell``'s outputs); MindFormers'
   ``{ Epoch:[E/n], step:[N/m], ..., overflow cond: B, loss_scale: S`` (``MFLossMonitor``); MindYOLO's
   ``overflow, still update, loss scale adjust to S``;
-- ``colossalai``: ``Found overflow. Skip step`` (an overflow, its scale not printed);
+- ``colossalai``: ``Found overflow. Skip step`` and ShardedOptimizerV2's ``found inf during
+  ShardedOptimV2 step`` (an overflow, its scale not printed);
 - ``csv``: ``step,scale,overflow`` (the scale each step ran at; overflow 0/1 or true/false).
 
-Progress-bar counters (tqdm's ``| N/M [``) give step numbers to the overflow lines between them.
+Megatron-DeepSpeed and GPT-NeoX logs hold DeepSpeed's and Megatron's lines: read as DeepSpeed's
+where it prints overflow lines, else as Megatron's. Progress-bar counters (tqdm's ``| N/M [``) give
+step numbers to the overflow lines between them. Pastes: a line ``...`` (``[...]``, ``<snip>``)
+marks lines left out, whose steps are unknown; a line a terminal wrapped is read as printed (the
+wrap's padding dropped, or its rows joined).
 Whatever the format, a line that speaks of an overflow or a loss scale and is not read is counted
 in ``Log.unparsed`` with its number. A verdict is "consistent" only where at least one logged scale
 was compared; a constant scale with no overflow (a bf16 run) is said to be one.

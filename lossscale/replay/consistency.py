@@ -234,14 +234,18 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
 def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     """For a log that does not place every step: each overflow's own update (from the logged scale
     before it, where printed), and that some number of growths by the policy's factor leads from
-    one overflow's scale after to the next one's."""
+    one overflow's scale after (the log's, or where it prints only the scale before, the policy's
+    update of that) to the next one's, each loss scaler's lines apart where the log names several."""
     factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
-    departures, compared, after = [], 0, None
+    departures, compared = [], 0
+    afters: dict[str | None, float | None] = {}  # each loss scaler's scale after its last overflow
     for e in log.events:
         if not e.overflow:
             unseen = e.gap and e.overflows != 0 and e.next_scale is None  # overflows the log does not print
-            after = e.next_scale if e.next_scale is not None else None if unseen else after
+            if e.next_scale is not None or unseen:
+                afters = {None: e.next_scale}
             continue
+        after = afters.get(e.scaler)
         starts = [e.scale] if e.scale is not None else (
             [after * factor**k for k in range(0, 64)] if after is not None else [])
         if e.scale is not None and after is not None:
@@ -250,21 +254,24 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
             if ratio < -1e-9 or abs(ratio - round(ratio)) > 1e-6 and not _matches(log.framework, after, e.scale):
                 departures.append(Departure(e.line, e.step, "before", e.scale, after,
                                             f"no number of growths by {factor:g} leads from {_show(after)} to it"))
-        if e.next_scale is not None and starts:
-            compared += 1
+        results = []
+        if starts and (e.next_scale is not None or e.scale is not None):
             state = policy.initial()
             if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
                 state = state._replace(cur_hysteresis=e.hysteresis)
-            results = []
             for s in starts:
                 try:
                     results.append(float(policy.next(_resync(state, s), False).scale))
                 except MinimumScaleError:
                     continue
+        if e.next_scale is not None and starts:
+            compared += 1
             if not any(_matches(log.framework, r, e.next_scale) for r in results):
                 departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
                                             _backoff_misses(policy, results, e.next_scale, log.framework)))
-        after = e.next_scale if e.next_scale is not None else None
+        # the scale after: the log's; where it prints only the scale the step ran at, the policy's update of it
+        afters[e.scaler] = (e.next_scale if e.next_scale is not None else
+                            results[0] if e.scale is not None and results else None)
     return departures, compared
 
 

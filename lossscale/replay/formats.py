@@ -12,7 +12,7 @@ import numpy as np
 
 from ..policy.frameworks import ApexPolicy, DeepSpeedPolicy, FairseqPolicy, MegatronPolicy, MindSporePolicy
 from . import parsers
-from .log import _COLOSSAL, Log, LogFormat, LogPolicy
+from .log import _COLOSSAL, _DS_STEP, Log, LogFormat, LogPolicy
 
 
 def _words(own: str) -> re.Pattern[str]:
@@ -21,7 +21,11 @@ def _words(own: str) -> re.Pattern[str]:
 
 
 def _deepspeed_hystereses(log: Log) -> tuple[list[int], str]:
-    """DeepSpeed prints its hysteresis on an overflow line (``DynamicLossScaler.update_scale``)."""
+    """DeepSpeed prints its hysteresis on an overflow line (``DynamicLossScaler.update_scale``); ZeRO's
+    ``Attempted loss scale: S, reducing to S`` does not (the hysteresis took the overflow): 1 to 4 tried."""
+    if any(e.overflow and e.hysteresis is None and e.scale is not None and e.scale == e.next_scale and e.scale > 1
+           for e in log.events):
+        return [1, 2, 3, 4], "the best of 1 to 4 (overflows that kept the scale, their hysteresis not printed)"
     first = next((e for e in log.events if e.overflow and e.scale is not None), None)
     if first is None:
         return [1], "1 (no overflow line)"
@@ -76,7 +80,7 @@ LOG_FORMATS: dict[str, LogFormat] = {f.name: f for f in (
               _words(r"overflow is|loss scale is|overflow cond|loss_scale"), parsers.mindspore,
               LogPolicy(MindSporePolicy, "init_loss_scale", "scale_window",
                         prints=lambda replayed, logged: _binary32(replayed) == _binary32(logged), value=_binary32)),
-    LogFormat("colossalai", _COLOSSAL, _words(r"overflow"), parsers.colossalai),
+    LogFormat("colossalai", _COLOSSAL, _words(r"overflow|found inf"), parsers.colossalai),
     LogFormat("csv", None, None, parsers.read_csv),
 )}
 
@@ -88,6 +92,12 @@ def _detect(lines: Sequence[str]) -> str:
     found = {name: n for name, n in counts.items() if n}
     if len(found) == 1:
         return next(iter(found))
+    if set(found) == {"deepspeed", "megatron"}:
+        # Megatron-DeepSpeed and GPT-NeoX print both: DeepSpeed's engine reports (step=N, skipped=M) beside
+        # Megatron's iteration lines, and DeepSpeed's overflow lines where its fp16 optimizer keeps the scale.
+        # Its overflow lines say most; without them, Megatron's lines carry the scale.
+        sign = LOG_FORMATS["deepspeed"].sign
+        return "deepspeed" if any(sign.search(line) and not _DS_STEP.search(line) for line in lines) else "megatron"
     if not found:
         raise ValueError(f"no known log format found (no overflow or loss-scale line of {', '.join(LOG_FORMATS)}; "
                          f"a csv log starts with the header step,scale,overflow)")
@@ -97,8 +107,9 @@ def _detect(lines: Sequence[str]) -> str:
 
 def read_log(source: str | Path, format: str = "auto") -> Log:
     """The log at a path, or log text (a string holding a newline, or naming no file), parsed in
-    ``format`` (``auto``: the one format whose lines appear; ValueError naming the formats known
-    where none or several do)."""
+    ``format`` (``auto``: the one format whose lines appear, Megatron-DeepSpeed's DeepSpeed and
+    Megatron lines read as one of them; ValueError naming the formats known where none or several
+    do)."""
     if isinstance(source, Path) or ("\n" not in source and Path(source).is_file()):
         try:
             text = Path(source).read_text(errors="replace")

@@ -41,6 +41,9 @@ class LogEvent:
     #: How many events just before a gap are among its steps, in their order but with the gap's
     #: steps anywhere around them (the overflow lines between two step counters).
     among: int = 0
+    #: The loss scaler that printed the line, where the log names several (apex amp's ``loss scaler K``
+    #: with one scaler per loss): each keeps its own scale. None where the log has one.
+    scaler: str | None = None
 
     @property
     def gap(self) -> bool:
@@ -82,6 +85,9 @@ _DS_STEP = re.compile(r"\bstep=(\d+), skipped=(\d+)")
 _DS_ITER = re.compile(r"Grad overflow on iteration:? (\d+)")
 _DS_FROM = re.compile(r"(Reducing|Increasing) dynamic loss scale from " + _NUM + r" to " + _NUM)
 _DS_STATIC = re.compile(r"Using static loss scale of:? " + _NUM)
+# the same function's dynamic form (apex/optimizers/fp16_optimizer.py and DeepSpeed's first FP16_Optimizer):
+# S is the scale the step ran at, printed before it is divided
+_DS_DYNAMIC = re.compile(r"Using dynamic loss scale of:? " + _NUM)
 _DS_QUIET = re.compile(r"No Grad overflow for \d+ iterations")  # said before an Increasing line
 _DS_DETECTED = re.compile(r"Overflow detected\. Skipping step\. Attempted loss scale: " + _NUM +
                           r", reducing to " + _NUM)
@@ -92,7 +98,7 @@ _APEX = re.compile(r"Gradient overflow\.\s+Skipping step, (?:loss scaler (\d+) )
 
 # apex/fp16_utils/fp16_optimizer.py, FP16_Optimizer.step (and the copies of it in NVIDIA's examples)
 _APEX_FP16 = re.compile(r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempted loss scale: " + _NUM +
-                        r", reducing to " + _NUM)
+                        r"(?:, reducing to " + _NUM + r")?")  # (releases of 2018 print S alone)
 
 
 _FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected, (?:ignoring gradient, )?"
@@ -119,7 +125,10 @@ _MINDYOLO = re.compile(r"overflow, still update, loss scale adjust to " + _NUM)
 
 
 # Colossal-AI's naive AMP optimizer: an overflow, the scale not printed
-_COLOSSAL = re.compile(r"Found overflow\. Skip step")
+# Colossal-AI: its low-level ZeRO optimizer's "Found overflow. Skip step" and ShardedOptimizerV2.step's
+# "found inf during ShardedOptimV2 step" (zero/sharded_optim/sharded_optim_v2.py), read by its rest where
+# a rich console wraps "found" onto the line before
+_COLOSSAL = re.compile(r"Found overflow\. Skip step|(?:found )?inf during ShardedOptimV2 step")
 _MINDSPORE = re.compile(r"step: (\d+), loss is .*?, overflow is \[?(True|False)\]?, loss scale is \[?" + _NUM + r"\]?")
 
 

@@ -17,6 +17,7 @@ from .log import (
     _COLOSSAL,
     _DS_BARE,
     _DS_DETECTED,
+    _DS_DYNAMIC,
     _DS_FROM,
     _DS_HYST,
     _DS_ITER,
@@ -36,6 +37,7 @@ from .log import (
     LogEvent,
     _float,
 )
+from .paste import _Paste
 
 
 class _Builder:
@@ -58,6 +60,7 @@ class _Builder:
         self.interval = 1  # the most steps between two counters
         self.complete = True
         self.maybe_copies: set[int] = set()  # overflow lines identical to the one before: copies, or not
+        self.elided: set[int] = set()  # where a paste left lines out (``...``): how many overflow lines came before
 
     def overflow(self, event: LogEvent) -> None:
         self.pending.append(event)
@@ -68,6 +71,7 @@ class _Builder:
             self.last = 0
             return
         pending, self.pending, self.kind = self.pending, [], kind
+        self.elided.clear()  # the counter counts the steps left out
         last = self.last if self.last is not None else (0 if n == 1 else None)
         before = self.skipped_before
         counted = skipped - before if skipped is not None and before is not None else None
@@ -167,13 +171,17 @@ class _Builder:
         if self.last is None:  # no counters: nothing numbers the steps, nor counts the clean ones between
             self.complete = False
             previous: LogEvent | None = None
-            for e in pending:
+            for k, e in enumerate(pending):
+                # the steps between two lines are clean (every overflow prints its line), unless the paste
+                # left lines out there: then the log says nothing of their outcomes
+                outcomes = None if k in self.elided else 0
                 if previous is not None and previous.step is not None and e.step is not None:
-                    between = e.step - previous.step - 1  # numbered overflow lines: the clean steps between
+                    between = e.step - previous.step - 1  # numbered overflow lines: the steps between
                     if between > 0:
-                        self.events.append(LogEvent(e.step - 1, False, None, None, e.line, span=(between, between)))
+                        self.events.append(LogEvent(e.step - 1, False, None, None, e.line, span=(between, between),
+                                                    overflows=outcomes))
                 else:
-                    self.events.append(LogEvent(None, False, None, None, e.line, span=(0, None)))
+                    self.events.append(LogEvent(None, False, None, None, e.line, span=(0, None), overflows=outcomes))
                 self.events.append(e)
                 previous = e
         elif pending:  # overflow lines after the last counter: within one counter interval of it
@@ -247,7 +255,9 @@ class _Copies:
         message, rank, e = _PREFIX.sub("", text).strip(), _rank(text), b.pending[-1]
         # a real overflow after another changes the scale it prints (or its hysteresis), so an identical
         # line is a copy where the first one changed it, or where the two name different ranks
-        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or e.hysteresis != 1)
+        # (a line that keeps the scale, its hysteresis unknown, may be a reduction at the floor: it may repeat)
+        changed = e.next_scale is not None and (e.scale is None or e.next_scale != e.scale or
+                                                e.hysteresis not in (None, 1))
         last = self.last_message
         same = last is not None and message == last[0]
         if same and self.printing > 1 and rank is None:  # R ranks print each overflow: R identical lines, one
@@ -274,7 +284,8 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
     line just before it, prefixes aside and no counter between, is another rank printing the same
     step's overflow: one overflow, the copies noted. Where the log shows R ranks printing each
     overflow (the same line under R rank prefixes), identical lines naming no rank are read in
-    groups of R, one overflow each."""
+    groups of R, one overflow each. A line that carries the format's words but reads as none of its
+    lines is tried as a terminal wrapped it (:func:`_unwrapped`) before it is counted unparsed."""
     b = _Builder(framework)
     totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
     training = max(totals) if totals else None
@@ -282,12 +293,16 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
     ranks = _Copies(b, handle, _ranks_printing(lines, words))
     read = ranks.read
 
+    paste = _Paste(b, read, lambda text: handle(_Builder(framework), 0, text), lines, words)
     for i, text in enumerate(lines, start=1):
-        for part in text.split("\r"):  # a bar redrawn in place leaves its frames on one line
+        if i <= paste.skip:
+            continue
+        parts = text.split("\r")  # a bar redrawn in place leaves its frames on one line
+        for part in parts:
             bar = _BAR.search(part)
             if not (bar and "%" in part[:bar.start()]):
-                if not read(i, part) and words.search(part):
-                    b.unparsed.append((i, part))
+                if not read(i, part):
+                    paste.unread(i, part, len(parts) == 1)
                 continue
             head, close = part[:bar.start()], part.find("]", bar.end())
             tail = part[close + 1:] if close >= 0 else ""
@@ -306,6 +321,7 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
     if other_bars:
         b.notes.append(f"progress bars of {', '.join(map(str, sorted(other_bars)))} steps are not the training "
                        f"bar ({training} steps) and count no step")
+    b.notes.extend(paste.notes())
     if ranks.copies:
         b.notes.append(f"{ranks.copies} overflow lines repeat the line before them (several ranks printing, told "
                        f"apart by their prefixes and that no step counter came between): each read as one overflow")
@@ -323,14 +339,19 @@ def deepspeed(lines: Sequence[str], words: re.Pattern[str]) -> Log:
             step = None if grow or iteration[0] is None else iteration[0] + 1
             b.overflow(LogEvent(step, not grow, _float(m[2]), _float(m[3]), i, None if grow else 1))
             iteration[0] = None
-        elif m := _DS_STATIC.search(text):  # a static scale: the overflow's step is skipped, the scale kept
+        elif m := _DS_STATIC.search(text) or _DS_DYNAMIC.search(text):
+            # the overflow's step skipped: a static scale kept, a dynamic one's next the log does not print
             step = None if iteration[0] is None else iteration[0] + 1
-            b.overflow(LogEvent(step, True, _float(m[1]), _float(m[1]), i))
+            static = m.re is _DS_STATIC
+            b.overflow(LogEvent(step, True, _float(m[1]), _float(m[1]) if static else None, i, None if static else 1))
             iteration[0] = None
         elif _DS_QUIET.search(text):
             pass
-        elif m := _DS_REDUCE.search(text) or _DS_DETECTED.search(text):  # a reduction: the hysteresis was 1
-            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i, 1))
+        elif m := _DS_REDUCE.search(text) or _DS_DETECTED.search(text):
+            # a reduction says the hysteresis was 1; ZeRO's line prints the same scale where the hysteresis
+            # took the overflow instead (or the scale is at its floor): the hysteresis unknown
+            scale, after = _float(m[1]), _float(m[2])
+            b.overflow(LogEvent(None, True, scale, after, i, 1 if after < scale else None))
         elif m := _DS_HYST.search(text):
             b.overflow(LogEvent(None, True, _float(m[1]), _float(m[1]), i, int(m[2])))
         elif _DS_BARE.search(text):
@@ -349,17 +370,18 @@ def apex(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     def handle(b: _Builder, i: int, text: str) -> bool:
         if m := _APEX.search(text):
             ids.add(m[1] or "0")
-            b.overflow(LogEvent(None, True, None, _float(m[2]), i))
+            b.overflow(LogEvent(None, True, None, _float(m[2]), i, scaler=m[1] or "0"))
             return True
         if m := _APEX_FP16.search(text):
-            b.overflow(LogEvent(None, True, _float(m[1]), _float(m[2]), i))
+            b.overflow(LogEvent(None, True, _float(m[1]), None if m[2] is None else _float(m[2]), i))
             return True
         return False
     log = _scan(lines, "apex", words, handle)
     if len(ids) > 1:
-        log = replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}): their lines are read "
-                                  f"as one sequence"), complete=False)
-    return log
+        return replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}), one per loss: each "
+                                   f"one's scales are checked as its own sequence, the steps read as one sequence of "
+                                   f"lines"), complete=False)
+    return replace(log, events=tuple(replace(e, scaler=None) for e in log.events))
 
 
 def fairseq(lines: Sequence[str], words: re.Pattern[str]) -> Log:

@@ -1073,3 +1073,152 @@ def test_a_fall_by_more_backoffs_than_lines_names_the_missing_lines() -> None:
     assert "after 2 more overflows, whose lines are not in the log" in first.explanation, first.explanation
     odd = consistency(read_log("\n".join(line.format(s) for s in (1024.0, 2048.0, 300.0)) + "\n"))
     assert odd.departures[0].explanation == "the policy's backoff does not give it"
+
+
+def _wrapped(text: str, width: int, pad: int | None) -> str:
+    """``text`` as a terminal ``width`` columns wide shows it, pasted: each line longer than the
+    terminal cut into rows of ``width`` characters, the rows on lines of their own (``pad`` None) or
+    joined on one line by ``pad`` spaces (a paste that kept the rows' padding: NVIDIA's and
+    DeepSpeed's users paste such lines, ``Attempted loss scal      e: 8192``)."""
+    out = []
+    for line in text.splitlines():
+        rows = [line[k:k + width] for k in range(0, len(line), width)] or [""]
+        out += rows if pad is None else [(" " * pad).join(rows)]
+    return "\n".join(out) + "\n"
+
+
+def _read_as(log) -> list[tuple]:
+    return [(e.step, e.overflow, e.scale, e.next_scale, e.hysteresis, e.span, e.overflows, e.among)
+            for e in log.events]
+
+
+@pytest.mark.parametrize("pad", [None, 2, 9, 33])
+@pytest.mark.parametrize("width", [40, 57, 80, 100])
+def test_lines_a_terminal_wrapped_read_as_printed(width, pad) -> None:
+    """Issue 32, item 3: a terminal's wrap, as pasted, leaves every event as the log printed it. The
+    logs: DeepSpeed's own lines (the installed ``DynamicLossScaler.update_scale``: reductions and
+    hysteresis lines) with the engine's step reports, and apex's ``scale_loss`` lines (two spaces
+    after its full stop), each wrapped at ``width`` columns, the rows on lines of their own or kept
+    on one line with the padding between them; the wraps are noted, nothing is left unread."""
+    ds = deepspeed_log([False, True, True, False, True, False, False, True, True, True], **DS)
+    apex = apex_log(SEQ, ApexPolicy(init_scale=2.0**16, scale_window=4))
+    for text in (ds, apex):
+        plain = read_log(text)
+        log = read_log(_wrapped(text, width, pad))
+        assert _read_as(log) == _read_as(plain) and not log.unparsed
+        assert any("a terminal wrapped" in n for n in log.notes) == (max(map(len, text.splitlines())) > width)
+        assert consistency(log).consistent == consistency(plain).consistent
+
+
+def test_a_cut_line_does_not_take_the_next_line_for_its_rest() -> None:
+    """A line cut short (a paste's end, a crash) is unparsed, never completed by the full line after
+    it: a line of a format's own is no continuation."""
+    full = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"
+    log = read_log(full[:60] + "\n" + full + "\n")
+    assert [e.line for e in log.events if not e.gap] == [2] and [n for n, _ in log.unparsed] == [1]
+
+
+def test_the_first_fp16_optimizers_dynamic_line_and_fp16_utils_line_without_its_next_scale() -> None:
+    """Two older printers of the same steps. ``apex/optimizers/fp16_optimizer.py`` (DeepSpeed's first
+    FP16_Optimizer copied it), ``_update_scale``: ``print("\\nGrad overflow on iteration", cur_iter)``
+    then ``print("Using dynamic loss scale of", cur_scale)`` before it halves the scale (floor 1),
+    beside a tqdm bar (NVIDIA/apex#289); and the 2018 ``apex/fp16_utils/fp16_optimizer.py``,
+    ``FP16_Optimizer.step``: ``"OVERFLOW! Skipping step. Attempted loss scale: {}"`` with no next
+    scale (NVIDIA/tacotron2#112). Each overflow is read with the scale it ran at, and the next
+    one's scale is checked against the policy's own halving of it: a second halving in one line
+    departs."""
+    bar = "  {p}% {n}/184 [00:0{n}<01:34,  1.93it/s, loss=4.215]"
+    ds = [bar.format(p=0, n=0)]
+    for it, scale in [(0, "65536"), (1, "32768.0"), (2, "16384.0"), (8, "8192.0")]:
+        ds += ["", f"Grad overflow on iteration {it}", f"Using dynamic loss scale of {scale}",
+               bar.format(p=1, n=it + 1)]
+    log = read_log("\n".join(ds) + "\n")
+    assert log.framework == "deepspeed" and not log.unparsed
+    assert [(e.step, e.scale) for e in log.events if e.overflow] == [(1, 65536), (2, 32768), (3, 16384), (9, 8192)]
+    check = consistency(log)
+    assert check.consistent and check.compared == 3, check.verdict()
+    line = "OVERFLOW! Skipping step. Attempted loss scale: {}"
+    halving = read_log("\n".join(line.format(s) for s in ("4294967296", "2147483648.0", "1073741824.0")) + "\n")
+    assert [(e.scale, e.next_scale) for e in halving.events if e.overflow] == [(2**32, None), (2**31, None),
+                                                                             (2**30, None)]
+    assert consistency(halving).consistent and consistency(halving).compared == 2
+    jump = consistency(read_log("\n".join(line.format(s) for s in ("4294967296", "1073741824.0")) + "\n"))
+    assert not jump.consistent and jump.departures[0].line == 2
+
+
+def test_lines_a_paste_left_out_leave_their_steps_unknown() -> None:
+    """A paste that leaves lines out says so with a line of its own (``...``, ``[...]``, ``<snip>``:
+    NVIDIA/tacotron2#112): the steps there may hold overflows, so the scale may fall by any number
+    of halvings across it, and the replay says nothing of those steps. Without the mark, the same
+    fall is a departure."""
+    line = "OVERFLOW! Skipping step. Attempted loss scale: {}"
+    for mark in ("...", "  …", "[...]", "<snip>", "---- snip ----"):
+        text = "\n".join([line.format(2.0**32), mark, line.format(2.0**18), line.format(2.0**17)]) + "\n"
+        log = read_log(text)
+        assert any("left out of the paste" in n for n in log.notes), mark
+        assert [e.overflows for e in log.events if e.gap] == [0, None, 0], mark
+        assert consistency(log).consistent, mark
+        assert all(d.decision == "unknown" for d in counterfactual(log, TorchPolicy())[2:4])
+    plain = consistency(read_log("\n".join([line.format(2.0**32), line.format(2.0**18)]) + "\n"))
+    assert not plain.consistent
+
+
+def test_apex_loss_scalers_of_several_losses_are_checked_apart() -> None:
+    """apex amp with ``num_losses`` 3 keeps a scaler per loss and prints its id (``apex/amp/handle.py``,
+    ``scale_loss``; hukkelas/DeepPrivacy#36): scalers 0 and 3 each halve on their own overflows,
+    interleaved. Each id's lines are one sequence, consistent; as one sequence they would not be."""
+    line = "Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
+    order = [(0, 32768.0), (3, 32768.0), (3, 16384.0), (3, 8192.0), (0, 16384.0), (3, 4096.0), (0, 8192.0)]
+    log = read_log("\n".join(line.format(k, s) for k, s in order) + "\n")
+    assert [e.scaler for e in log.events if e.overflow] == [str(k) for k, _ in order]
+    check = consistency(log)
+    assert check.consistent and check.compared == len(order) - 2, check.verdict()
+    assert any("several loss scalers (0, 3)" in n for n in log.notes)
+    one = read_log("\n".join(line.format(0, s) for _, s in order[:1]) + "\n")
+    assert [e.scaler for e in one.events] == [None, None]
+
+
+def test_zero_overflow_lines_that_keep_the_scale_leave_the_hysteresis_open() -> None:
+    """ZeRO stages 1 and 2 (``deepspeed/runtime/zero/stage_1_and_2.py``, ``step``) print ``Attempted
+    loss scale: S, reducing to T`` after every overflow, T = S where the scaler's hysteresis took
+    the overflow (deepspeedai/DeepSpeed#1773): such a line does not say the hysteresis was 1, the
+    settings tried include a delayed shift above 1, and the log is consistent with one."""
+    fmt = ("[2022-02-15 18:51:45,705] [INFO] [stage_1_and_2.py:1644:step] [deepscale] OVERFLOW! Rank 0 Skipping "
+           "step. Attempted loss scale: {}, reducing to {}")
+    text = "\n".join([fmt.format(4096, 4096), "[Rank 0] step=228, skipped=1, lr=[0.0003], mom=[(0.9, 0.99)]",
+                      fmt.format(4096, "2048.0")]) + "\n"
+    log = read_log(text)
+    assert [e.hysteresis for e in log.events if e.overflow] == [None, 1]
+    check = consistency(log)
+    assert check.consistent and check.policy.delayed_shift >= 2, check.verdict()
+
+
+def test_megatron_deepspeed_logs_and_colossal_ais_sharded_optimizer() -> None:
+    """Megatron-DeepSpeed and GPT-NeoX print DeepSpeed's engine reports beside Megatron's iteration
+    lines (EleutherAI/gpt-neox#947): read as Megatron's where DeepSpeed prints no overflow line, as
+    DeepSpeed's where it does. Colossal-AI's ShardedOptimizerV2 says ``found inf during
+    ShardedOptimV2 step`` (``zero/sharded_optim/sharded_optim_v2.py``, ``step``), which a rich
+    console wraps after ``found`` (hpcaitech/ColossalAI#1375): an overflow either way."""
+    report = "[2023-05-22 21:52:36,066] [INFO] [logging.py:96:log_dist] [Rank 0] step={}, skipped=0, lr=[2.4e-09]"
+    lines = [report.format(1), _megatron_line(1, 4096.0, 0), report.format(2), _megatron_line(2, 4096.0, 0)]
+    assert read_log("\n".join(lines) + "\n").framework == "megatron"
+    overflow = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8192, reducing to 4096"
+    assert read_log("\n".join([overflow, *lines]) + "\n").framework == "deepspeed"
+    rich = ("[09/30/22 02:45:43] WARNING  colossalai - ShardedOptimizerV2 - WARNING: found   \n"
+            "                             inf during ShardedOptimV2 step                     \n")
+    for text in (rich, "WARNING colossalai - ShardedOptimizerV2 - WARNING: found inf during ShardedOptimV2 step\n"):
+        log = read_log(text)
+        assert log.framework == "colossalai" and sum(e.overflow for e in log.events) == 1 and not log.unparsed
+
+
+def test_a_2019_megatron_log_whose_first_scale_lies_far_below_binary32s_top_replays(capsys, tmp_path) -> None:
+    """Megatron's 2019 lines (``| loss scale 64.0 |``, no skipped count; THUDM/Chinese-Transformer-XL#7)
+    every 100 iterations from iteration 400: the runs that could print the first scale include
+    initial scales past binary32's range, which Megatron cannot hold. Those are left out, not
+    raised: the replay exits 0."""
+    row = " iteration {:8d}/    3000 | elapsed time per iteration (ms): 12879.0 | lm loss 6.7E+00 | loss scale {} |"
+    path = tmp_path / "megatron2019.log"
+    path.write_text("\n".join(row.format(it, s) for it, s in [(400, "64.0"), (500, "8.0"), (600, "4.0"),
+                                                             (800, "0.1"), (900, "0.2")]) + "\n")
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0 and "megatron log" in out, err
