@@ -429,6 +429,10 @@ def _read_log(path: Path, fmt: str) -> Any:
     return log
 
 
+#: How many of a log's reading notes the replay command prints (summary.json holds them all).
+_NOTES_SHOWN = 3
+
+
 def cmd_replay(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
@@ -471,6 +475,10 @@ def cmd_replay(args: argparse.Namespace) -> None:
         write_atomic(stage / "replay.png", plot_replay(rows, summary))
     unread = f", {len(log.unparsed)} lines not understood (first: line {log.unparsed[0][0]})" if log.unparsed else ""
     print(f"{args.log}: {log.framework} log, {_steps_text(steps)}{unread}")
+    for note in log.notes[:_NOTES_SHOWN]:  # how the log was read: copies, wraps, lines left out, contradictions
+        print(f"note: {note}")
+    if len(log.notes) > _NOTES_SHOWN:
+        print(f"note: {len(log.notes) - _NOTES_SHOWN} more in summary.json")
     print("\n".join(verdict))
     if policies:
         print(f"replayed exactly: each step as every {log.framework} run that reproduces the log decides it ("

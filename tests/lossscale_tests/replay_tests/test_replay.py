@@ -1222,3 +1222,23 @@ def test_a_2019_megatron_log_whose_first_scale_lies_far_below_binary32s_top_repl
                                                              (800, "0.1"), (900, "0.2")]) + "\n")
     code, out, err = replay(capsys, str(path), "--manager", "torch", "--out", str(tmp_path / "r"))
     assert code == 0 and "megatron log" in out, err
+
+
+def test_the_replay_command_prints_how_it_read_the_log(capsys, tmp_path) -> None:
+    """What the reading decided (lines a paste left out, copies, wraps) changes what the log says:
+    the command prints the first notes and where the rest are, not only summary.json."""
+    line = "OVERFLOW! Skipping step. Attempted loss scale: {}"
+    marks = ["...", "[...]", "<snip>", "…"]
+    text = "\n".join(x for s, m in zip((2.0**32, 2.0**30, 2.0**27, 2.0**20, 2.0**18), [*marks, ""], strict=True)
+                     for x in (line.format(s), m) if x) + "\n"
+    path = tmp_path / "cut.log"
+    path.write_text(text)
+    code, out, err = replay(capsys, str(path), "--out", str(tmp_path / "r"))
+    notes = json.loads((tmp_path / "r" / "summary.json").read_text())["notes"]
+    assert code == 0 and notes and all(f"note: {n}" in out for n in notes[:3]), (out, err)
+    many = "\n".join(["[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4"] +
+                     [f"[Rank 0] step={n}, skipped={n}, lr=[0.1], mom=[0.9]" for n in (5, 9, 14, 20, 30)]) + "\n"
+    path.write_text(many)
+    code, out, err = replay(capsys, str(path), "--out", str(tmp_path / "r2"))
+    notes = json.loads((tmp_path / "r2" / "summary.json").read_text())["notes"]
+    assert code == 0 and len(notes) > 3 and f"note: {len(notes) - 3} more in summary.json" in out, (notes, out)
