@@ -76,9 +76,10 @@ window the log allows was tried and they agree; elsewhere from the log's own num
 Exact replay: where the log prints a scale and every gap but the last has a known or bounded length,
 the bounds above give way to the framework's own run, followed beside the other policy's. Every run
 of the framework's policy that prints the log is tried (each growth window from 1 to one past the
-log's steps, each hysteresis from 1 to 4, each initial scale that growths and backoffs take to the
-first printed scale; the framework's defaults for the rest), through every order of each gap's steps,
-and only the runs that reproduce the whole log are kept (forward through the log, then back). The
+log's steps, each hysteresis from 1 to 4 (more where the log needs it), each initial scale that
+growths and backoffs take to the first printed scale; the framework's defaults for the rest), through
+every order of each gap's steps, and only the runs that reproduce the whole log are kept (forward
+through the log, then back). The
 other policy's step then sees the exact scale S of each such run, and a step is certain exactly when
 every kept run and every outcome the gradients allow agree on it: nothing the log leaves open is
 certain and nothing it decides is left open (:func:`exact_fit` names the runs kept). Windows that

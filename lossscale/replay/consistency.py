@@ -190,7 +190,7 @@ def _windows(log: Log, default: int) -> tuple[list[int], str, bool]:
 def framework_policy(log: Log) -> tuple[Policy | None, dict[str, str]]:
     """The log's own framework policy with arguments inferred from the log, and how each was
     inferred: the initial scale from the first logged scale, the hysteresis from DeepSpeed's
-    hysteresis lines (Megatron's: tried from 1 to 4), the growth window from the first growth; among
+    hysteresis lines (Megatron's: tried from 1 to 4, or more), the growth window from the first growth; among
     the candidates, the one whose replay departs least (and latest)."""
     fits, how, _ = _fits(log)
     return (fits[0] if fits else None), how
@@ -212,13 +212,17 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
     if spec.hystereses is not None:
         values, how[hyst_name] = spec.hystereses(log)
         hysteresis = list(values)
-    best = None
+    best, refused = None, None
     for h in hysteresis:
         for w in windows:
             init = _initial(log.framework, log, w, h)
             if init is None:
                 continue
-            policy = cls(**_arguments(log.framework, init, w, h))
+            try:
+                policy = cls(**_arguments(log.framework, init, w, h))
+            except ValueError:  # a scale the framework cannot hold (0: DeepSpeed prints int(S) below 1)
+                refused = init
+                continue
             departures = _replay(policy, log)[0] if log.complete else _chain(policy, log)[0]
             key = (len(departures), -(departures[0].line if departures else 0))
             if best is None or key < best[0]:
@@ -226,7 +230,9 @@ def _fits(log: Log) -> tuple[list[Policy], dict[str, str], bool]:
             elif key == best[0]:
                 best[1].append(policy)
     if best is None:
-        return [], {"initial scale": "not found (no logged scale)"}, False
+        return [], {"initial scale": "not found (no logged scale)" if refused is None else
+                    f"not found (the logged scales lead to {_show(refused)}, which the framework cannot hold: "
+                    f"scales printed as integers below 1?)"}, False
     how = {init_name: "from the first logged scale", window_name: window_how, **how}
     return best[1], how, pinned
 
@@ -235,7 +241,9 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     """For a log that does not place every step: each overflow's own update (from the logged scale
     before it, where printed), and that some number of growths by the policy's factor leads from
     one overflow's scale after (the log's, or where it prints only the scale before, the policy's
-    update of that) to the next one's, each loss scaler's lines apart where the log names several."""
+    update of that) to the next one's, each loss scaler's lines apart where the log names several.
+    A logging interval that counts k skipped steps (Megatron's) updates the scale k times, and where
+    it holds clean steps too, any number of growths may come between."""
     factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
     departures, compared = [], 0
     afters: dict[str | None, float | None] = {}  # each loss scaler's scale after its last overflow
@@ -246,6 +254,8 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
                 afters = {None: e.next_scale}
             continue
         after = afters.get(e.scaler)
+        k = e.overflows if e.gap and e.overflows else 1  # a logging interval's skipped steps, all in it
+        clean = e.gap and (e.span[1] is None or e.span[1] > k)  # and its clean ones, which may grow the scale
         starts = [e.scale] if e.scale is not None else (
             [after * factor**k for k in range(0, 64)] if after is not None else [])
         if e.scale is not None and after is not None:
@@ -261,12 +271,16 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
                 state = state._replace(cur_hysteresis=e.hysteresis)
             for s in starts:
                 try:
-                    results.append(float(policy.next(_resync(state, s), False).scale))
+                    following = _resync(state, s)
+                    for _ in range(k):
+                        following = policy.next(following, False)
                 except MinimumScaleError:
                     continue
+                results.append(float(following.scale))
         if e.next_scale is not None and starts:
             compared += 1
-            if not any(_matches(log.framework, r, e.next_scale) for r in results):
+            grown = [r * factor**j for r in results for j in range(64)] if clean else results
+            if not any(_matches(log.framework, r, e.next_scale) for r in grown):
                 departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
                                             _backoff_misses(policy, results, e.next_scale, log.framework)))
         # the scale after: the log's; where it prints only the scale the step ran at, the policy's update of it
@@ -344,8 +358,10 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
         fits, inferred, pinned = _fits(log)
         policy = fits[0] if fits else None
     if policy is None:
-        return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked="no logged scale: "
-                           "nothing to check")
+        why = inferred.get("initial scale", "")
+        return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked=(
+            f"no initial scale {why[len('not found '):]}: nothing to check" if "cannot hold" in why else
+            "no logged scale: nothing to check"))
     if log.complete:
         departures, scales, compared = _replay(policy, log)
         # not pinned (windows the log allows were left untried): the log's own scales only

@@ -28,7 +28,7 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     """Every run of the log's framework policy the log may come from, with the framework's
     defaults for what a log never shows (DeepSpeed: ``scale_factor`` 2 and no consecutive
     hysteresis): each growth window from 1 to one past the log's steps (no growth at all), each
-    hysteresis from 1 to 4 (or the most the log prints) where the policy has one, and each
+    hysteresis from 1 to 4 (or the most the log prints or needs) where the policy has one, and each
     initial scale that some number of growths and backoffs takes to the first scale the log
     prints. Each candidate is a policy with the least window and the greatest window it stands
     for (a window's growth is the only difference, and :func:`_graph` splits a window off when it
@@ -55,7 +55,8 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     grow = float(getattr(probe, "scale_factor", getattr(probe, "growth_factor", 2.0)))
     back = float(getattr(probe, "backoff_factor", 1.0 / grow))
     printed = max((e.hysteresis for e in events if e.hysteresis), default=1)
-    hystereses = list(range(1, max(4, printed) + 1)) if hyst_name else [None]
+    inferred = max(spec.hystereses(log)[0]) if spec.hystereses is not None else 1  # (more where the log says so)
+    hystereses = list(range(1, max(4, printed, inferred) + 1)) if hyst_name else [None]
     inits = sorted({v for a in range(before + 2) for c in range(overflows_before + 1)
                     if (v := _through(logged, grow, back, a, c)) is not None})
     family = []

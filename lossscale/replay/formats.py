@@ -32,6 +32,21 @@ def _deepspeed_hystereses(log: Log) -> tuple[list[int], str]:
     return [first.hysteresis or 1], f"from the first overflow line (line {first.line})"
 
 
+def _megatron_hystereses(log: Log) -> tuple[list[int], str]:
+    """Megatron prints no hysteresis (``--hysteresis``, default 2): 1 to 4 tried, and more where the log
+    holds more overflows in a row that keep the scale (a hysteresis of n takes n - 1 of them)."""
+    run = longest = 0
+    previous = None
+    for e in log.events:
+        if e.overflow and not e.gap and e.next_scale is not None:
+            run = run + 1 if e.next_scale == previous else 1
+            longest, previous = max(longest, run), e.next_scale
+        elif e.overflow or e.next_scale is not None:
+            run, previous = 0, e.next_scale
+    most = min(max(4, longest + 1), 64)
+    return list(range(1, most + 1)), f"the best of 1 to {most}"
+
+
 def _fairseq_prints(replayed: float, logged: float) -> bool:
     """fairseq's progress lines print ``{:g}`` of S rounded to 4 places (0.6-0.10: 3 or 0 decimals)."""
     return any(float(format(round(replayed, d), "g")) == logged for d in (4, 3, 0))
@@ -72,7 +87,7 @@ LOG_FORMATS: dict[str, LogFormat] = {f.name: f for f in (
               LogPolicy(MegatronPolicy, "initial_scale", "growth_interval", "hysteresis",
                         fixed={"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5},
                         bounds=lambda init: {"min_scale": min(1.0, init)}, default_window=1000,
-                        hystereses=lambda log: ([1, 2, 3, 4], "the best of 1 to 4"),
+                        hystereses=_megatron_hystereses,
                         prints=lambda replayed, logged: f"{replayed:.1f}" == f"{logged:.1f}")),
     LogFormat("mindspore",
               re.compile(r"overflow is \[?(?:True|False)\]?, loss scale is|overflow cond: (?:True|False), "

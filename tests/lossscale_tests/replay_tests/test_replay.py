@@ -1242,3 +1242,32 @@ def test_the_replay_command_prints_how_it_read_the_log(capsys, tmp_path) -> None
     code, out, err = replay(capsys, str(path), "--out", str(tmp_path / "r2"))
     notes = json.loads((tmp_path / "r2" / "summary.json").read_text())["notes"]
     assert code == 0 and len(notes) > 3 and f"note: {len(notes) - 3} more in summary.json" in out, (notes, out)
+
+
+def test_megatron_intervals_apply_each_skipped_step_and_long_hystereses_are_tried(capsys, tmp_path) -> None:
+    """``training_log`` sums its interval's skipped iterations (NVIDIA/Megatron-LM#60: iterations 1-5
+    and 6-10 all skipped, 2**28 then 2**23): the interval halves five times, not once. Four skipped
+    iterations in a row that keep the scale (Megatron-LM#602, one line per iteration) need a
+    hysteresis of 5, which is tried; a fall that the skipped count cannot give still departs."""
+    intervals = read_log("\n".join([_megatron_line(5, 2.0**28, 5), _megatron_line(10, 2.0**23, 5)]) + "\n")
+    check = consistency(intervals)
+    assert check.consistent and check.compared == 1, check.verdict()
+    too_far = consistency(read_log("\n".join([_megatron_line(5, 2.0**28, 5), _megatron_line(10, 2.0**20, 5)]) + "\n"))
+    assert not too_far.consistent
+    kept = read_log("\n".join(_megatron_line(it, 16384.0, 1) for it in (1, 2, 3, 4)) + "\n")
+    check = consistency(kept)
+    assert check.consistent and check.policy.hysteresis == 5, check.verdict()
+    path = tmp_path / "kept.log"
+    path.write_text("\n".join(_megatron_line(it, 16384.0, 1) for it in (1, 2, 3, 4)) + "\n")
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0 and "replayed exactly" in out and "hysteresis 5" in out, (out, err)
+
+
+def test_a_scale_printed_as_0_is_said_to_be_unreadable_not_raised(capsys, tmp_path) -> None:
+    """DeepSpeed prints ``int(S)``: a scale below 1 prints as 0 (ymcui/Chinese-LLaMA-Alpaca-2#97).
+    No initial scale DeepSpeed can hold leads to 0; the replay says so and exits 0."""
+    path = tmp_path / "zero.log"
+    path.write_text("[2023-08-07 18:35:18,432] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+                    "Skipping step. Attempted loss scale: 0, reducing to 0\n")
+    code, out, err = replay(capsys, str(path), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0 and "cannot hold" in out and "nothing to check" in out, (out, err)
