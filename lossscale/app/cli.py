@@ -397,7 +397,8 @@ def _verdict(check: Any) -> list[str]:
         scope += (f" ({check.fits} settings fit the log equally well; the steps whose scale they disagree on are "
                   f"unknown)")
     if check.consistent:
-        return [f"consistent with {who}: all {check.compared} logged scales reproduced{scope}"]
+        swaps = f" {check.swaps_text()}" if check.swapped else ""
+        return [f"consistent with {who}: all {check.compared} logged scales reproduced{swaps}{scope}"]
     return [f"inconsistent with {who}: {len(check.departures)} of {check.compared} logged scales depart{scope}",
             f"departs at {check.departures[0]}"]
 

@@ -43,7 +43,9 @@ was compared; a constant scale with no overflow (a bf16 run) is said to be one.
 
 Where the log places every step (each step is an event or implied by its counters:
 ``Log.complete``), the policy is replayed step by step; otherwise only each overflow's own update
-and the growth between overflows are checked.
+and the growth between overflows are checked, and a log of overflow lines alone that departs may
+be consistent once pairs of adjacent lines, one the other's own update, are read swapped (processes
+sharing a stream print two out of order): the verdict names the pairs.
 
 Sparse logs: the steps a log does not print one by one are *gaps* (``LogEvent.span``): counted
 where counters give their number (DeepSpeed's ``step=N, skipped=M`` every ``steps_per_print``

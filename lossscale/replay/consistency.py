@@ -11,7 +11,7 @@ from typing import Any
 from ..policy.core import Policy, describe
 from ..policy.frameworks import MinimumScaleError
 from .formats import LOG_FORMATS
-from .log import Log, LogPolicy
+from .log import Log, LogEvent, LogPolicy
 
 
 def _policy(framework: str) -> LogPolicy | None:
@@ -69,6 +69,17 @@ class Consistency:
     fits: int = 1
     #: Why nothing was checked, where nothing was (no policy, no event, no scale compared, a constant scale).
     unchecked: str = ""
+    #: The pairs of adjacent lines (line numbers) read swapped to reproduce a log of overflow lines alone.
+    swapped: tuple[tuple[int, int], ...] = ()
+
+    def swaps_text(self) -> str:
+        """The swapped pairs in words ('' where none)."""
+        if not self.swapped:
+            return ""
+        pairs = ", ".join(f"{a}-{b}" for a, b in self.swapped)
+        return (f"once {len(self.swapped)} pair{'s' if len(self.swapped) > 1 else ''} of adjacent lines "
+                f"{'are' if len(self.swapped) > 1 else 'is'} read swapped (lines {pairs}: several processes printing "
+                f"into one stream?)")
 
     @property
     def consistent(self) -> bool:
@@ -86,7 +97,8 @@ class Consistency:
         head = [f"{self.framework} log, replayed with {type(self.policy).__name__}({args})", f"inferred: {how}",
                 f"checked {scope}: {self.compared} logged scales compared"]
         if not self.departures:
-            return "\n".join(head + ["consistent: the replay reproduces every logged scale"])
+            swaps = f" {self.swaps_text()}" if self.swapped else ""
+            return "\n".join(head + [f"consistent: the replay reproduces every logged scale{swaps}"])
         more = f" ({len(self.departures)} departures in all)" if len(self.departures) > 1 else ""
         return "\n".join(head + [f"INCONSISTENT{more}: first at {self.departures[0]}"])
 
@@ -244,7 +256,6 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     update of that) to the next one's, each loss scaler's lines apart where the log names several.
     A logging interval that counts k skipped steps (Megatron's) updates the scale k times, and where
     it holds clean steps too, any number of growths may come between."""
-    factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
     departures, compared = [], 0
     afters: dict[str | None, float | None] = {}  # each loss scaler's scale after its last overflow
     for e in log.events:
@@ -253,40 +264,83 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
             if e.next_scale is not None or unseen:
                 afters = {None: e.next_scale}
             continue
-        after = afters.get(e.scaler)
-        k = e.overflows if e.gap and e.overflows else 1  # a logging interval's skipped steps, all in it
-        clean = e.gap and (e.span[1] is None or e.span[1] > k)  # and its clean ones, which may grow the scale
-        starts = [e.scale] if e.scale is not None else (
-            [after * factor**k for k in range(0, 64)] if after is not None else [])
-        if e.scale is not None and after is not None:
-            compared += 1
-            ratio = math.log(e.scale / after, factor) if e.scale > 0 and after > 0 else -1
-            if ratio < -1e-9 or abs(ratio - round(ratio)) > 1e-6 and not _matches(log.framework, after, e.scale):
-                departures.append(Departure(e.line, e.step, "before", e.scale, after,
-                                            f"no number of growths by {factor:g} leads from {_show(after)} to it"))
-        results = []
-        if starts and (e.next_scale is not None or e.scale is not None):
-            state = policy.initial()
-            if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
-                state = state._replace(cur_hysteresis=e.hysteresis)
-            for s in starts:
-                try:
-                    following = _resync(state, s)
-                    for _ in range(k):
-                        following = policy.next(following, False)
-                except MinimumScaleError:
-                    continue
-                results.append(float(following.scale))
-        if e.next_scale is not None and starts:
-            compared += 1
-            grown = [r * factor**j for r in results for j in range(64)] if clean else results
-            if not any(_matches(log.framework, r, e.next_scale) for r in grown):
-                departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
-                                            _backoff_misses(policy, results, e.next_scale, log.framework)))
-        # the scale after: the log's; where it prints only the scale the step ran at, the policy's update of it
-        afters[e.scaler] = (e.next_scale if e.next_scale is not None else
-                            results[0] if e.scale is not None and results else None)
+        found, n, afters[e.scaler] = _link(policy, log.framework, afters.get(e.scaler), e)
+        departures += found
+        compared += n
     return departures, compared
+
+
+def _link(policy: Policy, framework: str, after: float | None, e: LogEvent,
+          grown: bool = True) -> tuple[list[Departure], int, float | None]:
+    """One overflow event of :func:`_chain` after the scale ``after`` (None: unknown): its
+    departures, how many scales it compared and the scale after it. ``grown``: whether growths may
+    come between (else the event's own update follows ``after`` directly)."""
+    factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
+    departures, compared = [], 0
+    k = e.overflows if e.gap and e.overflows else 1  # a logging interval's skipped steps, all in it
+    clean = e.gap and (e.span[1] is None or e.span[1] > k)  # and its clean ones, which may grow the scale
+    starts = [e.scale] if e.scale is not None else (
+        [after * factor**j for j in range(0, 64 if grown else 1)] if after is not None else [])
+    if e.scale is not None and after is not None:
+        compared += 1
+        ratio = math.log(e.scale / after, factor) if e.scale > 0 and after > 0 else -1
+        if not grown and not _matches(framework, after, e.scale) or ratio < -1e-9 or \
+                abs(ratio - round(ratio)) > 1e-6 and not _matches(framework, after, e.scale):
+            departures.append(Departure(e.line, e.step, "before", e.scale, after,
+                                        f"no number of growths by {factor:g} leads from {_show(after)} to it"))
+    results = []
+    if starts and (e.next_scale is not None or e.scale is not None):
+        state = policy.initial()
+        if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
+            state = state._replace(cur_hysteresis=e.hysteresis)
+        for s in starts:
+            try:
+                following = _resync(state, s)
+                for _ in range(k):
+                    following = policy.next(following, False)
+            except MinimumScaleError:
+                continue
+            results.append(float(following.scale))
+    if e.next_scale is not None and starts:
+        compared += 1
+        grown = [r * factor**j for r in results for j in range(64)] if clean else results
+        if not any(_matches(framework, r, e.next_scale) for r in grown):
+            departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
+                                        _backoff_misses(policy, results, e.next_scale, framework)))
+    # the scale after: the log's; where it prints only the scale the step ran at, the policy's update of it
+    return departures, compared, (e.next_scale if e.next_scale is not None else
+                                  results[0] if e.scale is not None and results else None)
+
+
+def _swaps(policy: Policy, log: Log) -> list[tuple[int, int]] | None:
+    """For a log of overflow lines alone (one scaler, clean steps of unknown number between them):
+    the fewest pairs of adjacent lines that, read swapped, leave no departure in :func:`_chain`
+    (several processes printing one scaler's lines into one stream can put two out of order), or
+    None where no such reading exists. In a pair read swapped, the line printed first must be the
+    policy's own update of the other's scale, with no growth between."""
+    if any(e.scaler is not None or (not e.overflow and (not e.gap or e.overflows != 0 or e.next_scale is not None))
+           for e in log.events):
+        return None
+    lines = [e for e in log.events if e.overflow]
+    after = [_link(policy, log.framework, None, e)[2] for e in lines]  # a line's scale after: its own
+
+    def fits(previous: int, j: int, grown: bool = True) -> bool:
+        return not _link(policy, log.framework, after[previous] if previous >= 0 else None, lines[j], grown)[0]
+
+    # reached[(placed, last)]: the fewest swaps that place lines[:placed] with lines[last] last, and which
+    reached: dict[tuple[int, int], tuple[int, tuple[tuple[int, int], ...]]] = {(0, -1): (0, ())}
+    for i in range(len(lines)):
+        for (_, last), (cost, swapped) in [item for item in reached.items() if item[0][0] == i]:
+            moves = [((i + 1, i), cost, swapped)] if fits(last, i) else []
+            # a pair read swapped: the line printed first is the update of the one after it, no growth between
+            # (two overflows close together, their lines out of order)
+            if i + 1 < len(lines) and fits(last, i + 1) and fits(i + 1, i, grown=False):
+                moves.append(((i + 2, i), cost + 1, (*swapped, (lines[i].line, lines[i + 1].line))))
+            for key, c, sw in moves:
+                if key not in reached or c < reached[key][0]:
+                    reached[key] = (c, sw)
+    done = [v for (placed, _), v in reached.items() if placed == len(lines)]
+    return list(min(done)[1]) if done else None
 
 
 def _backoff_misses(policy: Policy, results: list[float], logged: float, framework: str) -> str:
@@ -362,6 +416,7 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
         return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked=(
             f"no initial scale {why[len('not found '):]}: nothing to check" if "cannot hold" in why else
             "no logged scale: nothing to check"))
+    swapped = None
     if log.complete:
         departures, scales, compared = _replay(policy, log)
         # not pinned (windows the log allows were left untried): the log's own scales only
@@ -378,8 +433,11 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
                                     _explain(policy, log, departures[0]))
     else:
         departures, compared = _chain(policy, log)
+        swapped = _swaps(policy, log) if departures else None
+        if swapped:  # the log's own lines, two by two out of order, reproduce it
+            departures = []
         scales = [None] * len(log.events)
     unchecked = "" if compared else f"no logged scale could be compared with {type(policy).__name__}: nothing checked"
     return Consistency(log.framework, policy, inferred, compared, tuple(departures), tuple(scales), log.complete,
-                       max(1, len(fits)), unchecked)
+                       max(1, len(fits)), unchecked, tuple(swapped or ()))
 
