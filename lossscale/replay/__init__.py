@@ -18,7 +18,8 @@ Formats read (the format strings are the frameworks' own; the tests cite file an
   (``apex/amp/handle.py``, ``scale_loss``) and ``fp16_utils``' form without ``loss scaler K``;
   ``OVERFLOW! Skipping step. Attempted loss scale: S, reducing to T``
   (``apex/fp16_utils/fp16_optimizer.py``, ``FP16_Optimizer.step``; 2018 releases print S alone);
-  amp's scalers of several losses (``loss scaler K``) are checked apart;
+  amp's scalers of several losses (``loss scaler K``) are checked apart (a step prints its first
+  overflowing loss's line only);
 - ``fairseq``: ``NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: T``
   (``fairseq/trainer.py``, ``train_step``; ``WARNING: overflow detected, ...`` of older
   releases) and the progress lines' ``loss_scale`` and ``num_updates`` (simple and JSON bars);

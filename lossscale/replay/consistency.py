@@ -253,38 +253,46 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     """For a log that does not place every step: each overflow's own update (from the logged scale
     before it, where printed), and that some number of growths by the policy's factor leads from
     one overflow's scale after (the log's, or where it prints only the scale before, the policy's
-    update of that) to the next one's, each loss scaler's lines apart where the log names several.
-    A logging interval that counts k skipped steps (Megatron's) updates the scale k times, and where
+    update of that) to the next one's, each loss scaler's lines apart where the log names several
+    (with as many unprinted backoffs between two of one scaler's lines as other scalers' lines
+    between them). A logging interval that counts k skipped steps (Megatron's) updates the scale k times, and where
     it holds clean steps too, any number of growths may come between."""
     departures, compared = [], 0
     afters: dict[str | None, float | None] = {}  # each loss scaler's scale after its last overflow
+    last: dict[str | None, int] = {}  # where each loss scaler's last line was, among the overflow lines
+    seen = 0  # overflow lines so far
     for e in log.events:
         if not e.overflow:
             unseen = e.gap and e.overflows != 0 and e.next_scale is None  # overflows the log does not print
             if e.next_scale is not None or unseen:
                 afters = {None: e.next_scale}
             continue
-        found, n, afters[e.scaler] = _link(policy, log.framework, afters.get(e.scaler), e)
+        # apex amp prints one line a step, the first overflowing loss's: another scaler's line may stand
+        # for a step in which this scaler overflowed too, unprinted (apex/amp/handle.py, scale_loss)
+        silent = seen - last[e.scaler] - 1 if e.scaler is not None and e.scaler in last else 0
+        last[e.scaler], seen = seen, seen + 1
+        found, n, afters[e.scaler] = _link(policy, log.framework, afters.get(e.scaler), e, silent=silent)
         departures += found
         compared += n
     return departures, compared
 
 
-def _link(policy: Policy, framework: str, after: float | None, e: LogEvent,
-          grown: bool = True) -> tuple[list[Departure], int, float | None]:
+def _link(policy: Policy, framework: str, after: float | None, e: LogEvent, grown: bool = True,
+          silent: int = 0) -> tuple[list[Departure], int, float | None]:
     """One overflow event of :func:`_chain` after the scale ``after`` (None: unknown): its
     departures, how many scales it compared and the scale after it. ``grown``: whether growths may
-    come between (else the event's own update follows ``after`` directly)."""
+    come between (else the event's own update follows ``after`` directly); ``silent``: how many
+    overflows the log may not print may come between too."""
     factor = float(getattr(policy, "scale_factor", getattr(policy, "growth_factor", 2.0)))
     departures, compared = [], 0
     k = e.overflows if e.gap and e.overflows else 1  # a logging interval's skipped steps, all in it
     clean = e.gap and (e.span[1] is None or e.span[1] > k)  # and its clean ones, which may grow the scale
     starts = [e.scale] if e.scale is not None else (
-        [after * factor**j for j in range(0, 64 if grown else 1)] if after is not None else [])
+        [after * factor**j for j in range(-silent, 64 if grown else 1)] if after is not None else [])
     if e.scale is not None and after is not None:
         compared += 1
         ratio = math.log(e.scale / after, factor) if e.scale > 0 and after > 0 else -1
-        if not grown and not _matches(framework, after, e.scale) or ratio < -1e-9 or \
+        if not grown and not _matches(framework, after, e.scale) or ratio < -silent - 1e-9 or \
                 abs(ratio - round(ratio)) > 1e-6 and not _matches(framework, after, e.scale):
             departures.append(Departure(e.line, e.step, "before", e.scale, after,
                                         f"no number of growths by {factor:g} leads from {_show(after)} to it"))

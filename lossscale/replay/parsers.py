@@ -379,8 +379,8 @@ def apex(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     log = _scan(lines, "apex", words, handle)
     if len(ids) > 1:
         return replace(log, notes=(*log.notes, f"several loss scalers ({', '.join(sorted(ids))}), one per loss: each "
-                                   f"one's scales are checked as its own sequence, the steps read as one sequence of "
-                                   f"lines"), complete=False)
+                                   f"one's scales are checked as its own sequence (a step prints the first overflowing "
+                                   f"loss's line only), the steps read as one sequence of lines"), complete=False)
     return replace(log, events=tuple(replace(e, scaler=None) for e in log.events))
 
 
