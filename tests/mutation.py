@@ -78,7 +78,7 @@ IM2COL = _t("test_conv::test_im2col_is_the_strided_view_of_the_padded_input", "t
 
 K, D, DET, FW, AS = "sim/kernels.py", "sim/device/register.py", "lossscale/training/detectors.py", \
     "lossscale/policy/frameworks.py", "lossscale/policy/ascend.py"
-F, S, FP, C = "sim/formats.py", "lossscale/training/simulate.py", "lossscale/training/fp8.py", "sim/conv.py"
+F, S, FP, C = "sim/formats.py", "lossscale/training/simulate.py", "lossscale/training/recipes.py", "sim/conv.py"
 
 
 def _m(name: str, place: str, file: str, original: str, replacement: str, tests: tuple[str, ...]) -> Mutant:
@@ -184,9 +184,12 @@ MUTANTS: tuple[Mutant, ...] = (
        "false_positive=not applied", CLASSIFY),
     _m("s-ranks-always-agree", "classification", S, "ranks_agree=len(set(decisions)) == 1", "ranks_agree=True",
        CLASSIFY),
-    _m("s-skipped-from-detector", "classification", S, "skipped_steps=sum(not r.applied for r in rows)",
-       "skipped_steps=sum(not r.detector_finite for r in rows)", CLASSIFY),
-    # -- the FP8 recipes: lossscale/training/fp8.py -------------------------------------------------
+    _m("s-skipped-from-detector", "classification", "lossscale/training/records.py",  # the counts' columns
+       '_column("the detector saw a finite step (rank 0)")\n    applied: bool = _column("rank 0 applied the step '
+       '(every step, with a manager that checks nothing)",\n                            {"skipped_steps": False})',
+       '_column("the detector saw a finite step (rank 0)", {"skipped_steps": False})\n    applied: bool = '
+       '_column("rank 0 applied the step (every step, with a manager that checks nothing)")', CLASSIFY),
+    # -- the FP8 recipes: lossscale/training/recipes.py ---------------------------------------------
     _m("fp8-margin-sign", "fp8", FP, "F32(2.0**-margin)", "F32(2.0**margin)", FP8),
     _m("fp8-history-roll", "fp8", FP, "(F32(0.0), *history[2:], history[0])", "(history[0], *history[2:], F32(0.0))",
        FP8),
@@ -248,8 +251,8 @@ MUTANTS: tuple[Mutant, ...] = (
        SUMS),
     _m("k-matmul-table-drops-inexact", "arithmetic", K, "return lookup(bits, shift, codes, table_flags, out, flags)",
        "return lookup(bits, shift, codes, table_flags, out, flags) & ~INEXACT", LONG),
-    _m("f-narrowing-table-without-guard-bit", "converters", "sim/fpu.py", "shift = 23 - (man_bits + 1)",
-       "shift = 23 - man_bits", LONG),
+    _m("f-narrowing-table-without-guard-bit", "converters", "sim/fpu.py", "shift = 23 - (dst.man_bits + 1)",
+       "shift = 23 - dst.man_bits", LONG),
     _m("c-im2col-first-inside-output-off", "arithmetic", C, "lo = min(ow, max(0, (st - 1 - off) // st))",
        "lo = min(ow, max(0, -off // st))", IM2COL),
     _m("c-flipped-kernel-not-reversed", "arithmetic", C, "dst[d + r] = src[s + r_n - np.uint64(1) - r]",
