@@ -258,7 +258,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("c-flipped-kernel-not-reversed", "arithmetic", C, "dst[d + r] = src[s + r_n - np.uint64(1) - r]",
        "dst[d + r] = src[s + r]", _t("test_conv")),
     _m("d-cast-table-keyed-without-destination", "converters", "sim/device/casts.py",
-       '_table(("convert", src_cfg.tobytes(), cfg.tobytes())', '_table(("convert", src_cfg.tobytes())',
+       '"cast", ("convert", src_cfg.tobytes(), cfg.tobytes())', '"cast", ("convert", src_cfg.tobytes())',
        _t("test_lookup::test_cast_tables_are_the_kernels_results")),
 )
 

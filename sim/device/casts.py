@@ -11,7 +11,7 @@ from .. import kernels as K
 from ..formats import BINARY64, Format, format_of
 from ..fpu import Fpu, finish, narrowing32, plain
 from ..rounding import OverflowMode, Rounding
-from .elementwise import _TABLE_MIN, _table
+from .elementwise import _TABLE_MIN
 
 _SCALARS_KEPT = 4096  # the most values Device.scalar keeps (then it starts again)
 
@@ -53,10 +53,8 @@ class _Casts:
             if x.size >= _TABLE_MIN and x.dtype.itemsize == 2:
                 # A 16-bit source in the device's (deterministic) rounding: the conversion of every
                 # input, as a table (see _table).
-                codes, table_flags = _table(("convert", src_cfg.tobytes(), cfg.tobytes()), lambda every, out, flags:
-                                            K.convert(every, out, flags, src_cfg, cfg), dst.uint)
-                return self._flat("cast", lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags),
-                                  x.size, dst, x.shape)
+                return self._tabled("cast", ("convert", src_cfg.tobytes(), cfg.tobytes()), lambda every, out, flags:
+                                    K.convert(every, out, flags, src_cfg, cfg), bits, dst, x.shape)
             return self._flat("cast", lambda out, flags: K.convert(bits, out, flags, src_cfg, cfg), x.size, dst,
                               x.shape)
         cfg = fpu.settings_for(dst, None if rounding is None else Rounding.parse(rounding))

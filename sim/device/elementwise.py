@@ -67,6 +67,15 @@ class _Elementwise:
         self._record(call(out, np.empty(n, np.uint8)), op, n)
         return out.view(dst.dtype).reshape(shape)
 
+    def _tabled(self, op: str, key: tuple, run: Callable[[np.ndarray, np.ndarray, np.ndarray], object],
+                bits: np.ndarray, dst: Format, shape: tuple[int, ...]) -> np.ndarray:
+        """``op`` on 16-bit inputs ``bits`` read from the table of the kernel ``run``'s results and
+        flags on every input (:func:`_table`, ``key`` naming the kernel and its settings): one lookup,
+        one record, as the short path runs the kernel itself."""
+        codes, table_flags = _table(key, run, dst.uint)
+        return self._flat(op, lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), bits.size, dst,
+                          shape)
+
     def _elementary(self, op: str, code: int, a) -> np.ndarray:
         """A transcendental or similar one-operand operation (``code``: its kernel's); arrays take
         the short path."""
@@ -75,10 +84,8 @@ class _Elementwise:
             return self._op(op, a)
         bits, cfg = a.reshape(-1).view(fpu.uint), fpu.settings
         if a.size >= _TABLE_MIN and a.dtype.itemsize == 2 and cfg[K.MODE] < K.STOCHASTIC:
-            codes, table_flags = _table(("elementary", code, cfg.tobytes()), lambda every, out, flags: K.elementary(
-                code, every, out, flags, cfg, cfg))
-            return self._flat(op, lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), a.size,
-                              fpu.format, a.shape)
+            return self._tabled(op, ("elementary", code, cfg.tobytes()), lambda every, out, flags: K.elementary(
+                code, every, out, flags, cfg, cfg), bits, fpu.format, a.shape)
         return self._flat(op, lambda out, flags: K.elementary(code, bits, out, flags, cfg, cfg), a.size,
                           fpu.format, a.shape)
 
@@ -121,11 +128,9 @@ class _Elementwise:
         fpu = self._fpus.get(a.dtype) if a.__class__ is np.ndarray else None
         if fpu is None or a.size < _TABLE_MIN or a.dtype.itemsize != 2 or fpu.settings[K.MODE] >= K.STOCHASTIC:
             return self._binary("maximum", a, np.zeros(np.shape(a), self._on(a).format.dtype))
-        cfg, bits = fpu.settings, a.reshape(-1).view(fpu.uint)
-        codes, table_flags = _table(("relu", cfg.tobytes()), lambda every, out, flags: fpu.kernels["maximum"](
-            every, np.zeros(every.size, np.uint16), out, flags, cfg))
-        return self._flat("maximum", lambda out, flags: K.lookup(bits, 0, codes, table_flags, out, flags), a.size,
-                          fpu.format, a.shape)
+        cfg = fpu.settings
+        return self._tabled("maximum", ("relu", cfg.tobytes()), lambda every, out, flags: fpu.kernels["maximum"](
+            every, np.zeros(every.size, np.uint16), out, flags, cfg), a.reshape(-1).view(fpu.uint), fpu.format, a.shape)
 
 
 def _method(op: ops.Op) -> Callable:
