@@ -311,8 +311,8 @@ def _link(policy: Policy, framework: str, after: float | None, e: LogEvent, grow
             results.append(float(following.scale))
     if e.next_scale is not None and starts:
         compared += 1
-        grown = [r * factor**j for r in results for j in range(64)] if clean else results
-        if not any(_matches(framework, r, e.next_scale) for r in grown):
+        reachable = [r * factor**j for r in results for j in range(64)] if clean else results
+        if not any(_matches(framework, r, e.next_scale) for r in reachable):
             departures.append(Departure(e.line, e.step, "after", e.next_scale, results[0] if results else math.nan,
                                         _backoff_misses(policy, results, e.next_scale, framework)))
     # the scale after: the log's; where it prints only the scale the step ran at, the policy's update of it
@@ -422,8 +422,7 @@ def consistency(log: Log, policy: Policy | None = None) -> Consistency:
     if policy is None:
         why = inferred.get("initial scale", "")
         return Consistency(log.framework, None, inferred, 0, (), nothing, log.complete, unchecked=(
-            f"no initial scale {why[len('not found '):]}: nothing to check" if "cannot hold" in why else
-            "no logged scale: nothing to check"))
+            f"initial scale {why}: nothing to check" if "cannot hold" in why else "no logged scale: nothing to check"))
     swapped = None
     if log.complete:
         departures, scales, compared = _replay(policy, log)

@@ -48,11 +48,9 @@ def _unwrapped(read, alone, lines: Sequence[str], i: int, text: str, words: re.P
     if not (own or words.search(text + "".join(window)) or words.search(" ".join([text, *window]))):
         return None  # nothing of the format's in reach
     following: list[str] = []
-    for extra in range(4):
+    for extra in range(len(window) + 1):
         if extra:
-            if i - 1 + extra >= len(lines):
-                return None
-            nxt, row = lines[i - 1 + extra], following[-1] if following else text
+            nxt, row = window[extra - 1], following[-1] if following else text
             # a wrap fills each row but the last to the terminal's width (a trailing space may be lost)
             if len(nxt.rstrip()) > len(row.rstrip()) + 1 or not nxt.strip() or "\r" in nxt or alone(nxt):
                 return None
