@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
+from .. import elementary
+
 aten = torch.ops.aten
 #: The numpy dtype of each torch dtype the device computes in.
 NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
@@ -88,3 +90,13 @@ def _map(fn: Callable, args):
         return {k: one(v) for k, v in args.items()}
     return args.__class__(one(x) for x in args) if args.__class__ in (tuple, list) else tree_map(fn, args)
 
+
+
+def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
+    """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
+    first, numpy's binary32 isnan being fast)."""
+    w = _numpy(wide)
+    if not (np.isnan(w).any() if w.size < 4096 else elementary.specials(w) == 2):
+        return False
+    found = elementary.signaling(_numpy(x))
+    return found is not None and bool(found.any())

@@ -15,7 +15,7 @@ from .. import binary32 as _b32
 from .. import recurrent as _recurrent
 from .. import torch_binary32 as _binary32
 from ..torch_binary32 import attention as _b32_attention
-from .convert import _numpy, _tensor
+from .convert import _numpy, _signaling, _tensor
 
 F = torch.nn.functional
 #: The fused kernels above autograd, as ``mode.routes`` names them (their backward: the name and
@@ -38,14 +38,14 @@ class _FusedFunction(torch.autograd.Function):
         dtype = next(x.dtype for x in xs if isinstance(x, torch.Tensor) and x.dtype in mode.dtypes)
         ctx.tuple = False
 
-        wide = [_wide(x) for x in xs]
+        wide, invalid = _widened(mode, xs)
 
         def kernel():
             out = fn(*wide)
             ctx.tuple = isinstance(out, tuple)
             return list(out) if ctx.tuple else out
 
-        rounded = mode._fused_call(name, kernel, dtype, _floating(wide))
+        rounded = mode._fused_call(name, kernel, dtype, _floating(wide), invalid=invalid)
         return tuple(rounded) if ctx.tuple else rounded[0]
 
     @staticmethod
@@ -55,8 +55,9 @@ class _FusedFunction(torch.autograd.Function):
         differentiable = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.is_floating_point()
                           and ctx.needs_input_grad[i + 3]]
 
-        wide32 = [_wide(x).detach() if isinstance(x, torch.Tensor) else x for x in xs]
-        grads32 = [None if g is None else g.float() for g in grads]
+        detached = [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
+        wide32, invalid = _widened(ctx.mode, detached + list(grads))
+        wide32, grads32 = wide32[:len(xs)], wide32[len(xs):]
 
         def kernel():
             additive = differentiable == [0, 1, 2, 4] and wide32[4] is not None and wide32[4].dtype == torch.float32
@@ -73,7 +74,7 @@ class _FusedFunction(torch.autograd.Function):
                                                 [g for _, g in pairs], allow_unused=True))
 
         rounded = ctx.mode._fused_call(ctx.kernel + "_backward", kernel, [xs[i].dtype for i in differentiable],
-                                       _floating(wide32 + grads32))
+                                       _floating(wide32 + grads32), invalid=invalid)
         result: list[Any] = [None] * (3 + len(xs))
         for i, g in zip(differentiable, rounded, strict=True):
             result[i + 3] = g
@@ -88,6 +89,14 @@ def _floating(xs) -> list[torch.Tensor]:
 def _wide(x):
     """A floating tensor of ours as binary32 (exact); anything else as it is."""
     return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _widened(mode, xs) -> tuple[list, bool]:
+    """xs with our floating tensors widened to binary32, natively (exact, and part of the fused
+    kernel that reads them: not a device conversion of its own); also whether any held a
+    signaling NaN, which widening quiets and the kernel still met (IEEE 754 section 7.2: INVALID)."""
+    wide = mode._passthrough(lambda: [_wide(x) for x in xs], kernel=True)
+    return wide, any(_signaling(x, w) for x, w in zip(xs, wide, strict=True) if w is not x)
 
 
 def _attention(q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
@@ -240,7 +249,7 @@ class _Recurrent(torch.autograd.Function):
     def forward(ctx, mode, kind: str, config: dict, *xs):
         ctx.set_materialize_grads(False)
         ctx.mode, ctx.kind, ctx.dtype = mode, kind, xs[0].dtype
-        wide = [_wide(x).detach() for x in xs]
+        wide, invalid = _widened(mode, [x.detach() for x in xs])
         states = 2 if kind == "lstm" else 1
 
         def kernel():
@@ -250,11 +259,11 @@ class _Recurrent(torch.autograd.Function):
             return [_tensor(o) for o in outs], flags
 
         ctx.wide = wide
-        return tuple(mode._fused_call("aten." + kind, kernel, ctx.dtype, wide, numpy=True))
+        return tuple(mode._fused_call("aten." + kind, kernel, ctx.dtype, wide, numpy=True, invalid=invalid))
 
     @staticmethod
     def backward(ctx, *grads):
-        grads32 = [None if g is None else g.float() for g in grads]
+        grads32, invalid = _widened(ctx.mode, list(grads))
         wanted = ctx.needs_input_grad[3:]
 
         def kernel():
@@ -262,7 +271,7 @@ class _Recurrent(torch.autograd.Function):
             return [_tensor(g) if g is not None and need else None for g, need in zip(gs, wanted, strict=True)], flags
 
         rounded = ctx.mode._fused_call(f"aten.{ctx.kind}_backward", kernel, ctx.dtype,
-                                       _floating(ctx.wide + grads32), numpy=True)
+                                       _floating(ctx.wide + grads32), numpy=True, invalid=invalid)
         return (None, None, None, *rounded)
 
 

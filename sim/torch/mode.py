@@ -14,12 +14,11 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 
-from .. import elementary
 from .. import fused as _fused
 from .. import torch_binary32 as _binary32
 from ..device.core import Device
 from ..kernels import INVALID as _INVALID
-from .convert import _NUMPY, _held, _map, _numpy, _Op, _tensor, aten
+from .convert import _NUMPY, _held, _map, _numpy, _Op, _signaling, _tensor, aten
 from .draws import _UNIFORM, _bernoulli_, _dropout
 from .functions import FUNCTIONS, _call
 from .handlers import _Exact, _Fused, _Unmapped, _write
@@ -268,12 +267,14 @@ class DeviceMode(TorchDispatchMode):
             _busy.depth = depth
 
     def _fused_call(self, name: str, fn: Callable, dtypes: torch.dtype | list[torch.dtype],
-                    operands: list[torch.Tensor], *, numpy: bool = False) -> list[Any]:
+                    operands: list[torch.Tensor], *, numpy: bool = False, invalid: bool = False) -> list[Any]:
         """A fused kernel above autograd: fn() (a tensor or a list) computed in binary32 by
         ``sim.torch_binary32`` from the binary32 ``operands``, each of its results rounded once on
         the device into ``dtypes`` (one dtype: for each), with the events that reached its
         outputs; counted as one ``fused`` route. ``numpy``: fn computes outside any mode (numpy's
-        binary32) and returns (results, the elementwise functions' flags), judged the same way."""
+        binary32) and returns (results, the elementwise functions' flags), judged the same way.
+        ``invalid``: the kernel met a signaling NaN among its operands (see ``widened``), which
+        their widening quieted."""
         dev, label = self.device, self._label()
 
         def kernel():
@@ -282,6 +283,7 @@ class DeviceMode(TorchDispatchMode):
                 events = _binary32.judge(outs, operands, flags)
             else:
                 outs, events = _binary32.run(fn, operands)
+            events |= _INVALID if invalid else 0
             outs = outs if isinstance(outs, list) else [outs]
             each = dtypes if isinstance(dtypes, list) else [dtypes] * len(outs)
             kept = [(i, o, d) for i, (o, d) in enumerate(zip(outs, each, strict=True)) if o is not None]
@@ -363,16 +365,6 @@ _UNMARKED: dict[Any, Callable] = {
     aten.batch_norm_update_stats: lambda input, running_mean, running_var, *rest, **kw:
         [t for t in (running_mean, running_var) if isinstance(t, torch.Tensor)],
 }
-
-
-def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
-    """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
-    first, numpy's binary32 isnan being fast)."""
-    w = _numpy(wide)
-    if not (np.isnan(w).any() if w.size < 4096 else elementary.specials(w) == 2):
-        return False
-    found = elementary.signaling(_numpy(x))
-    return found is not None and bool(found.any())
 
 
 def _written(func, args, kwargs) -> list[torch.Tensor]:

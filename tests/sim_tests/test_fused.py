@@ -210,6 +210,26 @@ def test_fused_overflow_inside_reaches_the_register():
     assert dev.get_float_status().any() and y.abs().max() == 65504
 
 
+@pytest.mark.parametrize("kernel", ["attention", "lstm"])
+def test_fused_kernels_read_their_operands_and_a_signaling_nan_is_invalid(kernel):
+    """A fused kernel above autograd widens its operands itself (no device conversion of its own,
+    forward or backward); a signaling NaN among them, which widening quiets, is still an
+    operation on a signaling NaN: INVALID (IEEE 754 section 7.2), and only then."""
+    torch.manual_seed(5)
+    lstm = nn.LSTM(4, 4, batch_first=True).half()
+    for bits, invalid in ((0x3C00, 0), (0x7E00, 0), (0x7D00, 1)):  # 1.0, a quiet NaN, a signaling NaN
+        x = torch.randn(1, 2, 3, 4).half()
+        x.view(torch.int16)[0, 0, 0, 0] = bits
+        x.requires_grad_()
+        dev = sim.Device("atlas-training")
+        with DeviceMode(dev, strict=True) as mode:
+            y = F.scaled_dot_product_attention(x, x, x) if kernel == "attention" else lstm(x[0])[0]
+            y.float().sum().backward()
+        assert dev.get_float_status()[1] == invalid, bits
+        # the conversions are the loss's own: its .float() and that one's gradient back to float16
+        assert mode.routes["aten._to_copy.default", "device"] == 2
+
+
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
 def test_fused_rnn_is_one_kernel_and_its_gradient_overflow_reaches_the_register(cls):
     """nn.LSTM / nn.GRU are one fused kernel forward and one backward (strict accepts them); a loss
