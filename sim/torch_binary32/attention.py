@@ -42,7 +42,7 @@ def _scores(q: np.ndarray, k: np.ndarray, mask, is_causal: bool, scale: float) -
 def _softmax_np(mode, x: np.ndarray) -> np.ndarray:
     """_softmax_op along the last axis of a numpy array: exp(x - max) / its tree sum."""
     with np.errstate(all="ignore"):
-        x_max = np.max(x, -1, keepdims=True) if x.shape[-1] else np.full((*x.shape[:-1], 1), -np.inf, np.float32)
+        x_max = x.max(-1, keepdims=True) if x.shape[-1] else np.full((*x.shape[:-1], 1), -np.inf, np.float32)
         e = _cr_np(mode, "exp", x - x_max)
         return e / binary32.sum(e, -1, True)
 
@@ -52,7 +52,7 @@ def _softmax_and_logsumexp(mode, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     two shift by the same maximum, so they share exp(x - max) and its tree sum (the same values
     and flags as computing each)."""
     with np.errstate(all="ignore"):
-        x_max = np.max(x, -1, keepdims=True) if x.shape[-1] else None
+        x_max = x.max(-1, keepdims=True) if x.shape[-1] else None
     if x_max is None or np.isinf(x_max).any():
         return _softmax_np(mode, x), _logsumexp_np(mode, x)
     with np.errstate(all="ignore"):
@@ -64,7 +64,7 @@ def _softmax_and_logsumexp(mode, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def _logsumexp_np(mode, x: np.ndarray) -> np.ndarray:
     """_logsumexp along the last axis of a numpy array: max + log(tree sum of exp(x - max))."""
     with np.errstate(all="ignore"):
-        m = np.max(x, -1, keepdims=True)
+        m = x.max(-1, keepdims=True)
         m = np.where(np.isinf(m), np.float32(0), m)
         r = _cr_np(mode, "log", binary32.sum(_cr_np(mode, "exp", x - m), -1, True)) + m
     return r[..., 0]

@@ -30,7 +30,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _t(a) -> torch.Tensor:
     """numpy values as a tensor, 0-d kept 0-d."""
     a = np.asarray(a)
-    if a.flags.c_contiguous and a.ndim > 1:  # torch's strides (numpy's may differ along unit dimensions)
+    if a.flags.c_contiguous and a.ndim > 1 and (1 in a.shape or not a.size):  # numpy's strides differ there
         return torch.from_numpy(a if a.flags.writeable else a.copy()).reshape(-1).view(a.shape)
     if a.flags.writeable and all(st > 0 for st in a.strides):
         return torch.from_numpy(a)  # numpy's layout kept: an elementwise result's follows its operands'

@@ -122,14 +122,18 @@ def _native_layer_norm(mode, x, normalized_shape, weight, bias, eps):
         return NotImplemented
     nd = len(normalized_shape)
     shape = tuple(normalized_shape)
-    torch._check(nd >= 1, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
-                 f"least one element, but got normalized_shape = {normalized_shape}")
-    torch._check(weight is None or tuple(weight.shape) == shape, lambda: "Expected weight to be of same shape as "
-                 f"normalized_shape, but got weight of shape {weight.shape} and normalized_shape = {normalized_shape}")
-    torch._check(bias is None or tuple(bias.shape) == shape, lambda: "Expected bias to be of same shape as "
-                 f"normalized_shape, but got bias of shape {bias.shape} and normalized_shape = {normalized_shape}")
-    torch._check(x.ndim >= nd and tuple(x.shape[x.ndim - nd:]) == shape, lambda: f"Given normalized_shape="
-                 f"{normalized_shape}, expected input with shape {normalized_shape}, but got input of size {x.shape}")
+    if not (nd >= 1 and (weight is None or weight.shape == shape) and (bias is None or bias.shape == shape)
+            and x.ndim >= nd and x.shape[x.ndim - nd:] == shape):  # torch's checks, in its order, when one fails
+        torch._check(nd >= 1, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing "
+                     f"at least one element, but got normalized_shape = {normalized_shape}")
+        torch._check(weight is None or tuple(weight.shape) == shape, lambda: "Expected weight to be of same shape as "
+                     f"normalized_shape, but got weight of shape {weight.shape} and normalized_shape = "
+                     f"{normalized_shape}")
+        torch._check(bias is None or tuple(bias.shape) == shape, lambda: "Expected bias to be of same shape as "
+                     f"normalized_shape, but got bias of shape {bias.shape} and normalized_shape = {normalized_shape}")
+        torch._check(x.ndim >= nd and tuple(x.shape[x.ndim - nd:]) == shape, lambda: f"Given normalized_shape="
+                     f"{normalized_shape}, expected input with shape {normalized_shape}, but got input of size "
+                     f"{x.shape}")
     a = np.ascontiguousarray(_np(x))
     inner = math.prod(shape)
     two = (a.size // inner if inner else 0, inner)
@@ -181,7 +185,10 @@ def _softmax_op(mode, x, dim, half_to_float):
     if x.dtype != _F32 or half_to_float:
         return NotImplemented
     a = _np(x).reshape(x.shape or (1,))
-    out = np.moveaxis(_softmax_np(mode, np.moveaxis(a, dim % a.ndim, -1)), -1, dim % a.ndim)
+    axis = dim % a.ndim
+    if axis == a.ndim - 1:  # the usual case, without numpy's moveaxis (slow for small arrays)
+        return _t(_softmax_np(mode, a).reshape(x.shape))
+    out = np.moveaxis(_softmax_np(mode, np.moveaxis(a, axis, -1)), -1, axis)
     return _t(np.ascontiguousarray(out).reshape(x.shape))
 
 
