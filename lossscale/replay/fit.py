@@ -57,8 +57,9 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
     printed = max((e.hysteresis for e in events if e.hysteresis), default=1)
     inferred = max(spec.hystereses(log)[0]) if spec.hystereses is not None else 1  # (more where the log says so)
     hystereses = list(range(1, max(4, printed, inferred) + 1)) if hyst_name else [None]
-    inits = sorted({v for a in range(before + 2) for c in range(overflows_before + 1)
-                    if (v := _through(logged, grow, back, a, c)) is not None})
+    inits = _initials(logged, grow, back, before + 1, overflows_before)
+    if inits is None:
+        return None
     family = []
     for h in hystereses:
         for init in inits:
@@ -67,6 +68,31 @@ def _family(log: Log) -> list[tuple[Policy, int]] | None:
             except ValueError:  # a scale the framework cannot hold (past binary32's range): no run starts there
                 continue
     return family
+
+
+#: The most (growths, backoffs) pairs :func:`_initials` tries one by one: a log placing more steps
+#: before its first printed scale (a progress bar at step 34081, say) bounds the initial scale too
+#: little to follow the framework's runs, unless the factors are a power of two and its inverse.
+_MOST_PAIRS = 100_000
+
+
+def _initials(logged: float, grow: float, back: float, growths: int, backoffs: int) -> list[float] | None:
+    """The initial scales (positive binary64 numbers, ascending) that at most ``growths`` growths
+    and at most ``backoffs`` backoffs take to ``logged``. Where ``grow`` is a power of two and
+    ``back`` its inverse (every framework's defaults), the scales are ``logged`` times each power
+    of ``grow`` between ``grow**-growths`` and ``grow**backoffs``, found by exponent however many
+    steps the log places; otherwise the pairs are tried one by one, and None past ``_MOST_PAIRS``."""
+    power = math.frexp(grow)
+    if power[0] == 0.5 and back * grow == 1.0:
+        shift = power[1] - 1  # grow == 2**shift
+        low = max(-growths, math.ceil((-1074 - math.frexp(logged)[1]) / shift) - 1)
+        high = min(backoffs, (1024 - math.frexp(logged)[1]) // shift)  # ldexp raises past binary64
+        values = (math.ldexp(logged, n * shift) for n in range(low, high + 1))
+        return sorted({v for v in values if 0 < v < math.inf})
+    if (growths + 1) * (backoffs + 1) > _MOST_PAIRS:
+        return None
+    return sorted({v for a in range(growths + 1) for c in range(backoffs + 1)
+                   if (v := _through(logged, grow, back, a, c)) is not None})
 
 
 def _through(logged: float, grow: float, back: float, growths: int, backoffs: int) -> float | None:

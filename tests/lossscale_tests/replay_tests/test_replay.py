@@ -844,6 +844,55 @@ def test_a_gap_of_more_than_1024_steps_replays(capsys, tmp_path, monkeypatch) ->
     assert summary["consistency"]["consistent"]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.floats(2.0**-1074, 2.0**1023, allow_subnormal=True), st.sampled_from([2.0, 4.0, 3.0]),
+       st.integers(0, 1200), st.integers(0, 1200))
+@example(65536.0, 2.0, 1100, 0).via("the first scale printed after 1,100 steps")
+@example(2.0**-1070, 2.0, 3, 1100).via("near the least subnormal")
+def test_initial_scales_by_exponent_are_those_of_every_count_of_growths_and_backoffs(logged, grow, growths,
+                                                                                       backoffs) -> None:
+    """The initial scales at most n growths and m backoffs take to a printed scale: for a power of
+    two and its inverse, found by exponent (fast however many steps a log places), they are the
+    positive binary64 numbers logged * grow**k for -n <= k <= m, each rounded once (exact
+    rationals), which holds every value of the pairs (a, c); other factors enumerate the pairs."""
+    from fractions import Fraction
+
+    from lossscale.replay.fit import _MOST_PAIRS, _initials, _through
+
+    found = _initials(logged, grow, 1 / grow, growths, backoffs)
+    if grow == 3.0:
+        pairs = sorted({v for a in range(growths + 1) for c in range(backoffs + 1)
+                        if (v := _through(logged, grow, 1 / grow, a, c)) is not None}) \
+            if (growths + 1) * (backoffs + 1) <= _MOST_PAIRS else None
+        assert found == pairs
+        return
+    exact = set()
+    for k in range(-growths, backoffs + 1):
+        try:
+            v = float(Fraction(logged) * Fraction(grow) ** k)
+        except OverflowError:
+            continue
+        if v > 0:
+            exact.add(v)
+    assert found == sorted(exact)
+    some = [(a, c) for a in {0, min(1, growths), growths // 2, growths} for c in {0, min(1, backoffs), backoffs // 2,
+                                                                               backoffs}]
+    assert {v for a, c in some if (v := _through(logged, grow, 1 / grow, a, c)) is not None} <= exact
+
+
+def test_a_progress_bar_far_into_the_run_replays_on_the_bounds(capsys, tmp_path) -> None:
+    """A bar at step 34,081 and one apex overflow line (a Horovod run's paste): the initial scales
+    that many steps allow were enumerated pair by pair, 34,082 x 34,082 of them, and the command
+    ran for hours; now it replays on the bounds."""
+    bar = " 11%|#1        | 34081/300000 [9:57:53<76:49:37,  1.04s/it]"
+    line = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 4096.0"
+    (tmp_path / "far.log").write_text(f"{bar}\n{line}\n")
+    code, out, err = replay(capsys, str(tmp_path / "far.log"), "--manager", "torch", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert not summary["replay"]["exact"]
+
+
 @pytest.mark.parametrize("lines, skipped, overflows", [
     (["B", "B", "B", "B"], 2, 2),  # two overflows, each printed by two ranks
     (["B", "B", "S"], 2, 2),  # the run of two is one overflow: the scaled line is the other
