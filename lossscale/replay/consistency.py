@@ -299,8 +299,13 @@ def _link(policy: Policy, framework: str, after: float | None, e: LogEvent, grow
     results = []
     if starts and (e.next_scale is not None or e.scale is not None):
         state = policy.initial()
-        if e.hysteresis is not None and hasattr(state, "cur_hysteresis"):
-            state = state._replace(cur_hysteresis=e.hysteresis)
+        if hasattr(state, "cur_hysteresis"):
+            if e.hysteresis is not None:
+                state = state._replace(cur_hysteresis=e.hysteresis)
+            elif not e.gap and e.scale is not None and e.next_scale is not None and e.next_scale < e.scale:
+                # a line that reduces the scale: its hysteresis was spent (DeepSpeed prints the
+                # hysteresis instead where it takes the overflow), whatever steps the log leaves out before
+                state = state._replace(cur_hysteresis=1)
         for s in starts:
             try:
                 following = _resync(state, s)

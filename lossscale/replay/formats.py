@@ -21,15 +21,22 @@ def _words(own: str) -> re.Pattern[str]:
 
 
 def _deepspeed_hystereses(log: Log) -> tuple[list[int], str]:
-    """DeepSpeed prints its hysteresis on an overflow line (``DynamicLossScaler.update_scale``); ZeRO's
-    ``Attempted loss scale: S, reducing to S`` does not (the hysteresis took the overflow): 1 to 4 tried."""
+    """DeepSpeed prints its hysteresis on an overflow line that keeps the scale
+    (``DynamicLossScaler.update_scale``: ``but hysteresis is h``, h at most ``delayed_shift``, to which
+    a growth restores it), none on one that reduces it (the hysteresis was spent, or 1); ZeRO's
+    ``Attempted loss scale: S, reducing to S`` does not print it either (the hysteresis took the
+    overflow): from the largest printed (or 1) to 4 tried."""
+    printed = [e for e in log.events if e.overflow and e.hysteresis is not None]
+    least = max((e.hysteresis for e in printed), default=1)
     if any(e.overflow and e.hysteresis is None and e.scale is not None and e.scale == e.next_scale and e.scale > 1
            for e in log.events):
-        return [1, 2, 3, 4], "the best of 1 to 4 (overflows that kept the scale, their hysteresis not printed)"
-    first = next((e for e in log.events if e.overflow and e.scale is not None), None)
-    if first is None:
-        return [1], "1 (no overflow line)"
-    return [first.hysteresis or 1], f"from the first overflow line (line {first.line})"
+        return list(range(least, max(4, least) + 1)), (
+            f"the best of {least} to {max(4, least)} (overflows that kept the scale, their hysteresis not printed)")
+    if not printed:
+        return [1], "1 (no overflow line prints one)"
+    return list(range(least, max(4, least) + 1)), (
+        f"the best of {least} to {max(4, least)} (at least the largest printed, line "
+        f"{next(e.line for e in printed if e.hysteresis == least)})")
 
 
 def _megatron_hystereses(log: Log) -> tuple[list[int], str]:

@@ -1249,6 +1249,20 @@ def test_zero_overflow_lines_that_keep_the_scale_leave_the_hysteresis_open() -> 
     assert check.consistent and check.policy.delayed_shift >= 2, check.verdict()
 
 
+def test_a_paste_that_begins_with_the_hysteresis_spent_is_consistent_with_it() -> None:
+    """DeepSpeed's ``DynamicLossScaler.update_scale`` with ``delayed_shift`` 2 prints ``but hysteresis
+    is 2`` for the first overflow after a growth and ``reducing to`` for the next; a paste that begins
+    after the first of a pair and leaves out the step lines (deepspeedai/DeepSpeed's MoE example on
+    Ascend) shows ``reducing to``, then ``hysteresis is 2``, then ``reducing to``. A reducing line
+    says its hysteresis was spent, so the log is consistent with a delayed shift of 2 (and not of 1:
+    a hysteresis line needs one above 1)."""
+    text = deepspeed_log([True, True] + [False] * 6 + [True, True], **DS)
+    lines = [line for line in text.splitlines() if "OVERFLOW" in line][1:]
+    assert ["hysteresis is 2" in line for line in lines] == [False, True, False]
+    check = consistency(read_log("\n".join(lines) + "\n"))
+    assert check.consistent and check.policy.delayed_shift >= 2, check.verdict()
+
+
 def test_megatron_deepspeed_logs_and_colossal_ais_sharded_optimizer() -> None:
     """Megatron-DeepSpeed and GPT-NeoX print DeepSpeed's engine reports beside Megatron's iteration
     lines (EleutherAI/gpt-neox#947): read as Megatron's where DeepSpeed prints no overflow line, as
