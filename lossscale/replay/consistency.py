@@ -261,7 +261,14 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
     afters: dict[str | None, float | None] = {}  # each loss scaler's scale after its last overflow
     last: dict[str | None, int] = {}  # where each loss scaler's last line was, among the overflow lines
     seen = 0  # overflow lines so far
-    for e in log.events:
+    # overflow lines among the steps of a gap holding overflows the log does not print (a counter's
+    # skipped count above the lines, or lines a paste left out): that many may come before each
+    hidden: dict[int, int] = {}
+    for j, g in enumerate(log.events):
+        if g.gap and g.among and g.overflows != 0:
+            most = _UNPRINTED if g.overflows is None or g.span[1] is None else min(g.span[1], _UNPRINTED)
+            hidden.update({i: most if g.overflows is None else min(g.overflows, most) for i in range(j - g.among, j)})
+    for i, e in enumerate(log.events):
         if not e.overflow:
             unseen = e.gap and e.overflows != 0 and e.next_scale is None  # overflows the log does not print
             if e.next_scale is not None or unseen:
@@ -270,11 +277,17 @@ def _chain(policy: Policy, log: Log) -> tuple[list[Departure], int]:
         # apex amp prints one line a step, the first overflowing loss's: another scaler's line may stand
         # for a step in which this scaler overflowed too, unprinted (apex/amp/handle.py, scale_loss)
         silent = seen - last[e.scaler] - 1 if e.scaler is not None and e.scaler in last else 0
+        silent = max(silent, hidden.get(i, 0))
         last[e.scaler], seen = seen, seen + 1
         found, n, afters[e.scaler] = _link(policy, log.framework, afters.get(e.scaler), e, silent=silent)
         departures += found
         compared += n
     return departures, compared
+
+
+#: The most overflows the sparse check lets a gap hide between two lines where the log bounds them
+#: no better: more backoffs than binary32's exponents span (2**127 to 2**-149) take any scale to any.
+_UNPRINTED = 300
 
 
 def _link(policy: Policy, framework: str, after: float | None, e: LogEvent, grown: bool = True,

@@ -71,35 +71,38 @@ class _Builder:
             self.last = 0
             return
         pending, self.pending, self.kind = self.pending, [], kind
-        self.elided.clear()  # the counter counts the steps left out
+        # the counter counts the steps a paste left out, not their outcomes (a skipped count does)
+        elided, self.elided = bool(self.elided), set()
         last = self.last if self.last is not None else (0 if n == 1 else None)
         before = self.skipped_before
         counted = skipped - before if skipped is not None and before is not None else None
+        unknown = elided and counted is None and kind != "clean"
         if counted is not None and counted != len(pending) and self.last is not None:
             self.notes.append(f"line {line}: skipped={skipped} counts {counted} overflows since the last report; the "
                               f"log shows {len(pending)}")
         if last is not None and n == last and not pending:
             return  # the same counter again (a bar redrawn)
         if last is not None and n == last + 1 and (kind == "clean" or len(pending) <= 1) and \
-                counted in (None, len(pending)):
+                counted in (None, len(pending)) and not (unknown and not pending):
             if kind == "all" and pending:
                 self.events.append(replace(pending[0], step=n))
             else:
                 self.events.extend(pending)
                 self.events.append(LogEvent(n, False, None, next_scale, line))
         elif last is None:  # the first counter, after step 1 (printing every k steps, or a pasted tail)
-            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before)
+            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before, unknown)
         else:  # the steps since the last counter: the overflow lines among clean steps the log does not print
-            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before)
+            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before, unknown)
         self.skipped_before = skipped if skipped is not None else self.skipped_before
         self.interval = max(self.interval, n - (self.last or 0))  # the first counter's window: from step 1
         self.last = n
 
     def _window(self, pending: list[LogEvent], n: int, steps: int | None, line: int, kind: str,
-                next_scale: float | None, skipped: int | None, before: int | None) -> None:
+                next_scale: float | None, skipped: int | None, before: int | None, unknown: bool = False) -> None:
         """The steps up to counter ``n`` (``steps`` of them; None: from an unknown start): the
         pending overflow lines in their order, with the clean steps (and, where the counter's
-        skipped count is higher, unprinted overflows) around them as one gap."""
+        skipped count is higher, unprinted overflows) around them as one gap; ``unknown``: a paste
+        left lines out among them, so the gap's outcomes are unknown."""
         self.complete = False
         k = len(pending)
         counted = skipped - before if skipped is not None and before is not None else None
@@ -126,6 +129,11 @@ class _Builder:
         low = high = n if steps is None else steps  # the first counter's window: from the run's first step
         if low - k < anonymous or high - k < anonymous:
             return self._unknown(pending, n, line, next_scale, "more overflows than steps since the last counter")
+        if unknown and high > k:
+            self.events.extend(pending)
+            self.events.append(LogEvent(n, False, None, next_scale, line, span=(low - k, high - k), overflows=None,
+                                        among=k))
+            return
         if low == high == k + anonymous and not anonymous:  # every step is an overflow line: each placed
             self.events.extend(replace(e, step=n - k + 1 + i) for i, e in enumerate(pending))
             return
@@ -187,7 +195,12 @@ class _Builder:
         elif pending:  # overflow lines after the last counter: within one counter interval of it
             k, every = len(pending), self.kind == "all"
             room = self.interval - k if every else self.interval - 1
-            if room < 0:
+            if self.elided:  # a paste left lines out after the counter: how many steps, and their outcomes, unknown
+                self.events.extend(pending)
+                self.events.append(LogEvent(None, False, None, None, pending[-1].line, span=(0, None),
+                                            overflows=None, among=k))
+                self.complete = False
+            elif room < 0:
                 self.notes.append(f"{k} overflow lines after the last counter, which comes every {self.interval} "
                                   f"steps: their steps are left unknown")
                 self.events.append(LogEvent(None, False, None, None, pending[0].line, span=(0, None)))

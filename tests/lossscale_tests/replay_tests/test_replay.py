@@ -1212,6 +1212,33 @@ def test_lines_a_paste_left_out_leave_their_steps_unknown() -> None:
     assert not plain.consistent
 
 
+def test_a_paste_that_leaves_lines_out_between_step_counters_leaves_their_outcomes_unknown() -> None:
+    """A progress bar counts the steps a paste left out, not their outcomes (the Hugging Face
+    DeepSpeed docs' ZeRO paste: ``[...]`` between the bar at step 1 and the bar at step 27, across
+    which the scale falls from 131072 to 1): the window's other steps are of unknown outcome, and
+    its lines are not compared as if nothing came between them; after the last bar, a ``[...]``
+    leaves the rest unknown too. A skipped count (DeepSpeed's engine report) does count the
+    outcomes: the same fall across lines it counts departs."""
+    fmt = ("[2021-01-10 15:06:26,218] [INFO] [stage2.py:1397:step] [deepscale] OVERFLOW! Rank 0 Skipping step. "
+           "Attempted loss scale: {}, reducing to {}")
+    bar = "{:3d}%|{}| {}/189 [00:{:02d}<01:26,  2.17it/s]"
+    lines = [bar.format(0, " " * 10, 0, 0), fmt.format(262144, 262144), bar.format(1, "▌" + " " * 9, 1, 0),
+             fmt.format(262144, "131072.0"), " [...]", fmt.format(1, 1), bar.format(14, "█" + " " * 9, 27, 12),
+             fmt.format(1, 1), bar.format(15, "█" + " " * 9, 28, 12), "[...]", fmt.format(1, 1)]
+    log = read_log("\n".join(lines) + "\n")
+    assert not log.unparsed
+    windows = [e for e in log.events if e.gap]
+    assert [(w.span, w.overflows, w.among) for w in windows] == [((24, 24), None, 2), ((0, None), None, 1)]
+    check = consistency(log)
+    assert check.consistent, check.verdict()
+    decided = counterfactual(log, TorchPolicy())
+    assert decided[[i for i, e in enumerate(log.events) if e.gap][0]].decision == "unknown"
+    report = "[Rank 0] step={}, skipped={}, lr=[0.001], mom=[(0.9, 0.999)]"
+    counted = [report.format(1, 1), fmt.format(262144, "131072.0"), " [...]", fmt.format(1, 1),
+               report.format(27, 3)]
+    assert not consistency(read_log("\n".join(counted) + "\n")).consistent
+
+
 def test_apex_loss_scalers_of_several_losses_are_checked_apart() -> None:
     """apex amp with ``num_losses`` 3 keeps a scaler per loss and prints its id (``apex/amp/handle.py``,
     ``scale_loss``; hukkelas/DeepPrivacy#36): scalers 0 and 3 each halve on their own overflows,
