@@ -144,7 +144,9 @@ def _replay(policy: Policy, log: Log) -> tuple[list[Departure], list[float | Non
 def _initial(framework: str, log: Log, window: int | None, hysteresis: int | None) -> float | None:
     """The initial scale that makes the replay meet the first logged scale: the policy run from a
     reference scale up to it, the ratio taken (each rule multiplies the scale by factors that do not
-    depend on it, away from its floor and cap)."""
+    depend on it, away from its floor and cap). A gap of known steps and overflows (a Megatron
+    interval line counting its skipped iterations) runs as its overflows, then its clean steps; after
+    a gap the log bounds less, the first logged scale itself."""
     ref, spec = 2.0**64, _policy(framework)
     policy = spec.cls(**_arguments(framework, ref, window, hysteresis))
     policy = replace(policy, **spec.bounds(2.0**100))  # no cap met on the way from the reference
@@ -152,7 +154,16 @@ def _initial(framework: str, log: Log, window: int | None, hysteresis: int | Non
     for e in log.events:
         if e.scale is not None:
             return e.scale * ref / float(state.scale)
-        state = policy.next(state, not e.overflow)
+        if not e.gap:
+            state = policy.next(state, not e.overflow)
+        elif e.overflows is not None and e.span[0] == e.span[1] and not e.among:
+            for finite in [False] * e.overflows + [True] * (e.span[0] - e.overflows):
+                state = policy.next(state, finite)
+        elif e.next_scale is not None:
+            return e.next_scale
+        else:
+            state = policy.initial()  # what the gap did is unknown: the next logged scale starts the run
+            ref = float(state.scale)
         if e.next_scale is not None:
             return e.next_scale * ref / float(state.scale)
     return None

@@ -1349,6 +1349,9 @@ def test_megatron_intervals_apply_each_skipped_step_and_long_hystereses_are_trie
     intervals = read_log("\n".join([_megatron_line(5, 2.0**28, 5), _megatron_line(10, 2.0**23, 5)]) + "\n")
     check = consistency(intervals)
     assert check.consistent and check.compared == 1, check.verdict()
+    # the initial scale it names runs to the first line's: 5 overflows, the first h - 1 taken by the hysteresis
+    h = check.policy.hysteresis
+    assert check.policy.initial_scale * 0.5 ** (5 - (h - 1)) == 2.0**28, check.verdict()
     too_far = consistency(read_log("\n".join([_megatron_line(5, 2.0**28, 5), _megatron_line(10, 2.0**20, 5)]) + "\n"))
     assert not too_far.consistent
     kept = read_log("\n".join(_megatron_line(it, 16384.0, 1) for it in (1, 2, 3, 4)) + "\n")
