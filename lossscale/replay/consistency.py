@@ -153,19 +153,19 @@ def _initial(framework: str, log: Log, window: int | None, hysteresis: int | Non
     state = policy.initial()
     for e in log.events:
         if e.scale is not None:
-            return e.scale * ref / float(state.scale)
+            return spec.value(e.scale) * ref / float(state.scale)
         if not e.gap:
             state = policy.next(state, not e.overflow)
         elif e.overflows is not None and e.span[0] == e.span[1] and not e.among:
             for finite in [False] * e.overflows + [True] * (e.span[0] - e.overflows):
                 state = policy.next(state, finite)
         elif e.next_scale is not None:
-            return e.next_scale
+            return spec.value(e.next_scale)
         else:
             state = policy.initial()  # what the gap did is unknown: the next logged scale starts the run
             ref = float(state.scale)
         if e.next_scale is not None:
-            return e.next_scale * ref / float(state.scale)
+            return spec.value(e.next_scale) * ref / float(state.scale)
     return None
 
 
