@@ -250,6 +250,7 @@ class _Copies:
     def __init__(self, b: _Builder, handle, printing: int) -> None:
         self.b, self.handle, self.printing = b, handle, printing
         self.copies, self.group = 0, 0  # copies taken back; the last overflow line's lines in a row
+        self.named = 0  # copies whose line names its rank
         self.last_message: tuple[str, str | None] | None = None  # the last overflow line's message and rank
 
     def counted(self) -> None:
@@ -280,6 +281,7 @@ class _Copies:
         if copy:
             b.pending.pop()
             self.copies += 1
+            self.named += rank is not None
             self.group += 1
         else:
             if same:  # a copy, or the same line again
@@ -336,8 +338,11 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
                        f"bar ({training} steps) and count no step")
     b.notes.extend(paste.notes())
     if ranks.copies:
-        b.notes.append(f"{ranks.copies} overflow lines repeat the line before them (several ranks printing, told "
-                       f"apart by their prefixes and that no step counter came between): each read as one overflow")
+        how = ("their rank prefixes differ" if ranks.named == ranks.copies else
+               "no step counter came between; no rank prefix tells, and a run whose scale grew back between "
+               "two of them would print the same")
+        b.notes.append(f"{ranks.copies} overflow lines repeat the line before them, read as copies from several "
+                       f"ranks printing ({how}): each run of them is one overflow")
     return b.build()
 
 

@@ -969,9 +969,12 @@ def test_several_ranks_printing_one_overflow() -> None:
     log = read_log(apex)
     assert [e.next_scale for e in log.events if not e.gap] == [32768.0, 16384.0]
     assert any("2 overflow lines repeat" in n for n in log.notes) and consistency(log).consistent
+    # no prefix names the ranks: the note says what else the lines could be
+    assert any("no rank prefix tells" in n and "grew back" in n for n in log.notes), log.notes
     ranks = "\n".join(f"[Rank {r}] Overflow detected. Skipping step. Attempted loss scale: 65536, reducing to 32768"
                       for r in range(4)) + "\n"
     assert sum(e.overflow for e in read_log(ranks).events) == 1
+    assert any("their rank prefixes differ" in n for n in read_log(ranks).notes)
     bare = "[deepspeed] OVERFLOW! Skipping step. Gradients are non-finite, weights were not updated.\n" * 2
     assert sum(e.overflow for e in read_log(bare).events) == 2
     floor = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1\n" * 2
