@@ -227,6 +227,11 @@ def _rank(text: str) -> str | None:
     return next((g for g in m.groups() if g is not None), None) if m else None
 
 
+#: The epoch a progress bar's description names (``Epoch: 29. Loss: 3.3:  76%|...``, ``epoch 3``): a
+#: training loop that draws one bar per epoch restarts it at 0, its steps counted on from the epoch.
+_EPOCH = re.compile(r"\b[Ee]poch\b[\s:=#\[]*(\d+)")
+
+
 def _ranks_printing(lines: Sequence[str], words: re.Pattern[str]) -> int:
     """How many ranks print each overflow line, where the log shows it: the most lines in a row that
     repeat one message under distinct rank prefixes (1 where none do). The frameworks print an
@@ -295,7 +300,8 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
     line); lines it did not read that carry the format's words are unparsed. tqdm bars count steps
     in every format: the training bar only (the one with the most steps; a rollout or evaluation
     bar is not a step counter), read in its place on the line (a message pasted after a bar on the
-    same line follows it); a bar that goes backwards is noted. A line identical to the overflow
+    same line follows it); a bar that goes backwards is noted, but for one drawn per epoch, whose
+    description names the epoch: its steps count on from the first epoch's. A line identical to the overflow
     line just before it, prefixes aside and no counter between, is another rank printing the same
     step's overflow: one overflow, the copies noted. Where the log shows R ranks printing each
     overflow (the same line under R rank prefixes), identical lines naming no rank are read in
@@ -305,6 +311,7 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
     totals = [int(m[2]) for text in lines for m in _BAR.finditer(text)]
     training = max(totals) if totals else None
     other_bars: set[int] = set()
+    first: int | None = None  # the epoch of the first bar that names one
     ranks = _Copies(b, handle, _ranks_printing(lines, words))
     read = ranks.read
 
@@ -323,6 +330,9 @@ def _scan(lines: Sequence[str], framework: str, words: re.Pattern[str], handle) 
             tail = part[close + 1:] if close >= 0 else ""
             read(i, head)
             n, total = int(bar[1]), int(bar[2])
+            if total == training and (epoch := _EPOCH.search(head)):  # a bar per epoch: counted on across them
+                first = int(epoch[1]) if first is None else first
+                n += (int(epoch[1]) - first) * total
             if total != training:
                 other_bars.add(total)
             elif b.last is not None and n < b.last:

@@ -8,8 +8,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-#: A line that stands for lines a paste left out: ``...``, ``…``, ``[...]``, ``<snip>``.
-_ELISION = re.compile(r"\s*(?:\.{3,}|…+|[\[(<]\s*(?:\.{3,}|…|snip(?:ped)?)\s*[\])>]|-*\s*snip(?:ped)?\s*-*)\s*",
+#: A line that stands for lines a paste left out: ``...``, ``…``, ``[...]``, ``<snip>``, or a lone ``.`` (a
+#: column of them, the vertical ellipsis).
+_ELISION = re.compile(r"\s*(?:\.{3,}|…+|[.⋮]|[\[(<]\s*(?:\.{3,}|…|snip(?:ped)?)\s*[\])>]|-*\s*snip(?:ped)?\s*-*)\s*",
                       re.IGNORECASE)
 #: How many unread lines carrying a format's words are tried as wrapped ones, at most (a log in another
 #: format has many).

@@ -1242,6 +1242,23 @@ def test_a_paste_that_leaves_lines_out_between_step_counters_leaves_their_outcom
     assert not consistency(read_log("\n".join(counted) + "\n")).consistent
 
 
+def test_a_bar_drawn_per_epoch_counts_on_and_a_column_of_dots_is_an_elision() -> None:
+    """A training loop that draws one tqdm bar per epoch (``Epoch: 29. Loss: 3.3:  76%|...| 263/348``,
+    an apex amp paste from openalpr) restarts it at 0: the steps count on from the first epoch's bar
+    (the overflow at epoch 29's step 263 is step 28 * 348 + 264), not a restart; the lone ``.``
+    lines of the paste are lines left out, so the epochs they cover have steps of unknown outcome."""
+    bar = "Epoch: {}. Loss: 3.1:  {:3d}%|{}| {}/348 [00:41<00:00,  8.40it/s]"
+    overflow = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 65536.0"
+    lines = [bar.format(1, 100, "#" * 10, 348), bar.format(2, 100, "#" * 10, 348), ".", ".",
+             bar.format(29, 76, "#" * 7 + " " * 3, 263) + overflow, bar.format(29, 100, "#" * 10, 348)]
+    log = read_log("\n".join(lines) + "\n")
+    assert not any("goes back" in n for n in log.notes) and any("left out" in n for n in log.notes)
+    counters = [(e.step, e.span, e.overflows) for e in log.events if e.gap]
+    at = 28 * 348 + 263
+    assert counters == [(348, (0, 348), None), (696, (348, 348), 0), (at, (at - 696,) * 2, None),
+                        (29 * 348, (84, 84), 0)], counters
+
+
 def test_apex_loss_scalers_of_several_losses_are_checked_apart() -> None:
     """apex amp with ``num_losses`` 3 keeps a scaler per loss and prints its id (``apex/amp/handle.py``,
     ``scale_loss``; hukkelas/DeepPrivacy#36): scalers 0 and 3 each halve on their own overflows,
