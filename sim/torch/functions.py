@@ -55,8 +55,7 @@ class _FusedFunction(torch.autograd.Function):
         differentiable = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.is_floating_point()
                           and ctx.needs_input_grad[i + 3]]
 
-        detached = [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
-        wide32, invalid = _widened(ctx.mode, detached + list(grads))
+        wide32, invalid = _widened(ctx.mode, [*xs, *grads], detach=True)
         wide32, grads32 = wide32[:len(xs)], wide32[len(xs):]
 
         def kernel():
@@ -91,12 +90,15 @@ def _wide(x):
     return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _widened(mode, xs) -> tuple[list, bool]:
-    """xs with our floating tensors widened to binary32, natively (exact, and part of the fused
-    kernel that reads them: not a device conversion of its own); also whether any held a
-    signaling NaN, which widening quiets and the kernel still met (IEEE 754 section 7.2: INVALID)."""
-    wide = mode._passthrough(lambda: [_wide(x) for x in xs], kernel=True)
-    return wide, any(_signaling(x, w) for x, w in zip(xs, wide, strict=True) if w is not x)
+def _widened(mode, xs, detach: bool = False) -> tuple[list, bool]:
+    """xs with our floating tensors widened to binary32 (and every tensor detached, ``detach``),
+    natively (exact, and part of the fused kernel that reads them: not a device conversion of its
+    own); also whether any held a signaling NaN, which widening quiets and the kernel still met
+    (IEEE 754 section 7.2: INVALID)."""
+    wide = mode._passthrough(lambda: [_wide(x.detach() if detach and isinstance(x, torch.Tensor) else x)
+                                      for x in xs], kernel=True)
+    return wide, any(_signaling(x, w) for x, w in zip(xs, wide, strict=True)
+                     if isinstance(w, torch.Tensor) and w.dtype != x.dtype)
 
 
 def _attention(q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
@@ -249,7 +251,7 @@ class _Recurrent(torch.autograd.Function):
     def forward(ctx, mode, kind: str, config: dict, *xs):
         ctx.set_materialize_grads(False)
         ctx.mode, ctx.kind, ctx.dtype = mode, kind, xs[0].dtype
-        wide, invalid = _widened(mode, [x.detach() for x in xs])
+        wide, invalid = _widened(mode, xs, detach=True)
         states = 2 if kind == "lstm" else 1
 
         def kernel():
