@@ -110,6 +110,8 @@ _FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected,
 _FS_SCALE = re.compile(r"\bloss_scale[= ]" + _NUM + r"\b")
 _FS_UPDATES = re.compile(r"\bnum_updates[= ](\d+)\b")
 _FS_JSON = re.compile(r"(\{.*\"(?:train_)?loss_scale\".*\})")
+# the lines of fairseq's logging module (its hydra releases, 0.10 on): "2023-06-13 17:33:01 | INFO | train_inner |"
+_FS_LOGGING = re.compile(r"\|\s*[A-Z]+\s*\|\s*(?:train_inner|train)\s*\|")
 _MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.* loss scale:? " + _NUM + r" \|(?:.* number of skipped "
                        r"iterations:?\s*(\d+) \|)?")  # the 2019 form has no colons
 

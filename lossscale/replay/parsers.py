@@ -26,6 +26,7 @@ from .log import (
     _DS_STATIC,
     _DS_STEP,
     _FS_JSON,
+    _FS_LOGGING,
     _FS_OVERFLOW,
     _FS_SCALE,
     _FS_UPDATES,
@@ -66,7 +67,11 @@ class _Builder:
         self.pending.append(event)
 
     def counter(self, n: int, line: int, kind: str, next_scale: float | None = None,
-                skipped: int | None = None) -> None:
+                skipped: int | None = None, held: bool = False) -> None:
+        """Step counter ``n`` (``kind``: "all" counts every step, "clean" the applied updates);
+        ``next_scale``: a scale the counter's line prints, the scale after step n where the
+        interval is one step or ``held`` (a line printing the scale it holds, not a mean over its
+        interval)."""
         if n == 0 and self.last is None:  # a bar's first frame, before any step
             self.last = 0
             return
@@ -90,15 +95,16 @@ class _Builder:
                 self.events.extend(pending)
                 self.events.append(LogEvent(n, False, None, next_scale, line))
         elif last is None:  # the first counter, after step 1 (printing every k steps, or a pasted tail)
-            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before, unknown)
+            self._window(pending, n, None, line, kind, next_scale, skipped, self.skipped_before, unknown, held)
         else:  # the steps since the last counter: the overflow lines among clean steps the log does not print
-            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before, unknown)
+            self._window(pending, n, n - last, line, kind, next_scale, skipped, self.skipped_before, unknown, held)
         self.skipped_before = skipped if skipped is not None else self.skipped_before
         self.interval = max(self.interval, n - (self.last or 0))  # the first counter's window: from step 1
         self.last = n
 
     def _window(self, pending: list[LogEvent], n: int, steps: int | None, line: int, kind: str,
-                next_scale: float | None, skipped: int | None, before: int | None, unknown: bool = False) -> None:
+                next_scale: float | None, skipped: int | None, before: int | None, unknown: bool = False,
+                held: bool = False) -> None:
         """The steps up to counter ``n`` (``steps`` of them; None: from an unknown start): the
         pending overflow lines in their order, with the clean steps (and, where the counter's
         skipped count is higher, unprinted overflows) around them as one gap; ``unknown``: a paste
@@ -112,8 +118,10 @@ class _Builder:
             self.events.extend(pending)
             if clean != 0:
                 self.events.append(gap)
-            # fairseq's loss_scale is the mean over the logging interval: the scale only for an interval of one
-            self.events.append(LogEvent(n, False, None, next_scale if clean == 0 else None, line))
+            # fairseq 0.9's loss_scale is the mean over the logging interval: the scale only for an interval of
+            # one; from 0.10 (fairseq/trainer.py, train_step: log_scalar("loss_scale", ..., weight=0)) the
+            # scale it holds
+            self.events.append(LogEvent(n, False, None, next_scale if clean == 0 or held else None, line))
             return
         if counted is not None and 0 < counted < k:
             pending = self._copies(pending, counted, line)
@@ -417,13 +425,24 @@ def fairseq(lines: Sequence[str], words: re.Pattern[str]) -> Log:
         if m := _FS_OVERFLOW.search(text):
             b.overflow(LogEvent(None, True, None, _float(m[1]), i))
         elif (m := _FS_UPDATES.search(text)) and (scale := _FS_SCALE.search(text)):
-            b.counter(int(m[1]), i, "clean", next_scale=_float(scale[1]))
+            value = _float(scale[1])
+            b.counter(int(m[1]), i, "clean", next_scale=value,
+                      held=bool(_FS_LOGGING.search(text)) and _prints_a_power_of_two(value))
         elif (m := _FS_JSON.search(text)) and _fairseq_json(b, i, m[1]):
             pass
         else:
             return False
         return True
     return _scan(lines, "fairseq", words, handle)
+
+
+def _prints_a_power_of_two(value: float) -> bool:
+    """Whether fairseq's progress line prints a power of two as ``value`` (``{:g}`` of the scale
+    rounded to 4 places: 2**20 prints as 1.04858e+06)."""
+    if not value > 0 or not math.isfinite(value):
+        return False
+    k = round(math.log2(value))
+    return any(float(format(round(2.0**j, 4), "g")) == value for j in (k - 1, k, k + 1))
 
 
 def _fairseq_json(b: _Builder, i: int, text: str) -> bool:

@@ -983,9 +983,13 @@ def test_several_ranks_printing_one_overflow() -> None:
 
 def test_fairseq_in_its_own_field_order_and_its_older_forms() -> None:
     """Issue 32, item 7: ``SimpleProgressBar.log`` prints the stats in fairseq's order
-    (``num_updates`` before ``loss_scale``), every ``log_interval`` updates, the loss scale the
-    interval's mean (not a scale: never compared); 0.9/0.10's ``NOTE: overflow detected, setting
-    loss scale to: S``; 0.6's pipe-separated epoch summary; the JSON end-of-epoch ``train_`` keys."""
+    (``num_updates`` before ``loss_scale``), every ``log_interval`` updates; up to 0.9 the loss scale
+    is the interval's mean (not a scale: never compared), and from 0.10, whose lines come through
+    its logging module (``| INFO | train_inner |``), the scale the trainer holds
+    (``fairseq/trainer.py``, ``train_step``: ``log_scalar("loss_scale", ..., weight=0)``, so the
+    meter's latest value; a number no power of two prints as is still read as a mean, as a master
+    checkout of early 2020 printed); 0.9/0.10's ``NOTE: overflow detected, setting loss scale to:
+    S``; 0.6's pipe-separated epoch summary; the JSON end-of-epoch ``train_`` keys."""
     def progress(n: int, scale: str) -> str:
         return (f"2020-01-01 00:00:00 | INFO | train_inner | epoch 001:  {n:5d} / 500 loss=7.123, nll_loss=7.0, "
                 f"ppl=128.5, wps=1000, ups=1, wpb=1000, bsz=8, num_updates={n}, lr=0.0001, gnorm=1.2, "
@@ -995,8 +999,14 @@ def test_fairseq_in_its_own_field_order_and_its_older_forms() -> None:
     log = read_log(text)
     assert log.framework == "fairseq" and not log.unparsed
     placed = [(e.step, e.overflow, e.next_scale) for e in log.events if not e.gap]
-    assert placed == [(10, False, None), (None, True, 32.0), (20, False, None), (30, False, None)]
-    assert not consistency(log).departures  # 40.5, a mean over the interval, is no scale to depart from
+    assert placed == [(10, False, 64.0), (None, True, 32.0), (20, False, None), (30, False, 32.0)]
+    check = consistency(log)  # 40.5, a mean over the interval, is no scale to depart from
+    assert check.consistent and check.compared == 1, check.verdict()
+    means = "\n".join(f"| epoch 001:  {n:5d} / 500 loss=7.123, num_updates={n}, lr=0.0001, loss_scale=64, wall=100"
+                      for n in (10, 20)) + "\n"
+    assert [e.next_scale for e in read_log(means, format="fairseq").events if not e.gap] == [None, None]
+    mega = progress(40, "1.04858e+06").replace("2020-01-01", "2021-01-01")
+    assert [e.next_scale for e in read_log(mega + "\n").events if not e.gap] == [1.04858e6]
     old = read_log("| epoch 001 | loss 7.123 | nll_loss 7.0 | ppl 138.5 | wps 1000 | num_updates 10198 | lr 0.0005 | "
                    "gnorm 1.2 | clip 0.0 | oom 0 | loss_scale 0.500 | wall 100 | train_wall 90\n", format="fairseq")
     assert [e.step for e in old.events if not e.gap] == [10198] and not old.unparsed
