@@ -91,7 +91,10 @@ def _both32(*ts) -> bool:
 # the same values as the decomposition evaluated in the mode, without re-dispatching each step.
 # Binary32 operands only (another dtype: NotImplemented, so the decomposition itself).
 def _all32(*ts) -> bool:
-    return all(t is None or (t.dtype == _F32 and t.device.type == "cpu") for t in ts)
+    for t in ts:
+        if t is not None and not (t.dtype == _F32 and t.is_cpu):
+            return False
+    return True
 
 
 def _to_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
