@@ -83,7 +83,7 @@ LOG_FORMATS: dict[str, LogFormat] = {f.name: f for f in (
               LogPolicy(ApexPolicy, "init_scale", "scale_window",
                         bounds=lambda init: {"max_loss_scale": max(2.0**24, init)})),
     LogFormat("fairseq",
-              re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected|\bloss_scale[= ]\d|"
+              re.compile(r"(?:NOTE: (?:gradient )?|WARNING: |AMP: )overflow detected|\bloss_scale[= ]\d|"
                          r"\"(?:train_)?loss_scale\""),
               _words(r"overflow detected|loss_scale"), parsers.fairseq,
               LogPolicy(FairseqPolicy, "init_scale", "scale_window", prints=_fairseq_prints)),

@@ -101,8 +101,10 @@ _APEX_FP16 = re.compile(r"(?<!\] )(?<!Rank \d )OVERFLOW! Skipping step\. Attempt
                         r"(?:, reducing to " + _NUM + r")?")  # (releases of 2018 print S alone)
 
 
-_FS_OVERFLOW = re.compile(r"(?:NOTE: (?:gradient )?|WARNING: )overflow detected, (?:ignoring gradient, )?"
-                          r"setting loss scale to: " + _NUM)
+_FS_OVERFLOW = re.compile(r"(?:(?:NOTE: (?:gradient )?|WARNING: )overflow detected, (?:ignoring gradient, )?"
+                          r"setting loss scale to: "
+                          # --amp (fairseq/optim/amp_optimizer.py, clip_grad_norm): "setting scale to " f"to {s}"
+                          r"|AMP: overflow detected, setting scale to (?:to )?)" + _NUM)
 
 
 # progress lines: key=value pairs (SimpleProgressBar) in fairseq's order, num_updates before loss_scale,

@@ -1005,6 +1005,11 @@ def test_fairseq_in_its_own_field_order_and_its_older_forms() -> None:
     means = "\n".join(f"| epoch 001:  {n:5d} / 500 loss=7.123, num_updates={n}, lr=0.0001, loss_scale=64, wall=100"
                       for n in (10, 20)) + "\n"
     assert [e.next_scale for e in read_log(means, format="fairseq").events if not e.gap] == [None, None]
+    # --amp: fairseq/optim/amp_optimizer.py's clip_grad_norm logs the next scale ("to " twice, as printed)
+    amp = read_log("2021-05-01 10:00:00 | INFO | fairseq.optim.amp_optimizer | AMP: overflow detected, setting "
+                   "scale to to 64.0\n" + progress(50, "64") + "\n")
+    assert amp.framework == "fairseq" and [(e.overflow, e.next_scale) for e in amp.events if not e.gap] == [
+        (True, 64.0), (False, 64.0)] and not amp.unparsed
     mega = progress(40, "1.04858e+06").replace("2020-01-01", "2021-01-01")
     assert [e.next_scale for e in read_log(mega + "\n").events if not e.gap] == [1.04858e6]
     old = read_log("| epoch 001 | loss 7.123 | nll_loss 7.0 | ppl 138.5 | wps 1000 | num_updates 10198 | lr 0.0005 | "
