@@ -34,6 +34,7 @@ from .log import (
     _MINDFORMERS,
     _MINDSPORE,
     _MINDYOLO,
+    _NUM,
     Log,
     LogEvent,
     _float,
@@ -400,10 +401,20 @@ def deepspeed(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     return _scan(lines, "deepspeed", words, handle)
 
 
+#: apex amp's start-up banner (apex/amp/frontend.py, ``initialize``: ``"{:22} : {}".format(k, v)`` for each
+#: property): ``loss_scale             : dynamic``, or the static scale.
+_APEX_BANNER = re.compile(r"^\s*(?:Defaults for this optimization level are:\s*|Processing user overrides.*:\s*)?"
+                          r"loss_scale\s+:\s+(dynamic|" + _NUM[1:-1] + r")\s*$")
+
+
 def apex(lines: Sequence[str], words: re.Pattern[str]) -> Log:
     ids: set[str] = set()
 
     def handle(b: _Builder, i: int, text: str) -> bool:
+        if m := _APEX_BANNER.match(text):
+            if m[1] != "dynamic" and not any("static loss scale" in n for n in b.notes):
+                b.notes.append(f"line {i}: apex amp's banner gives a static loss scale of {m[1]}")
+            return True
         if m := _APEX.search(text):
             ids.add(m[1] or "0")
             b.overflow(LogEvent(None, True, None, _float(m[2]), i, scaler=m[1] or "0"))

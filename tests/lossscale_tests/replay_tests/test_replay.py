@@ -1274,6 +1274,21 @@ def test_a_bar_drawn_per_epoch_counts_on_and_a_column_of_dots_is_an_elision() ->
                         (29 * 348, (84, 84), 0)], counters
 
 
+def test_apex_amps_banner_is_read_not_counted_as_a_line_not_understood() -> None:
+    """``amp.initialize`` prints each property as ``"{:22} : {}"`` (apex/amp/frontend.py): the
+    ``loss_scale             : dynamic`` of the defaults and of the overrides is read, not shown as a
+    line not understood; a static scale there is noted."""
+    banner = ["Selected optimization level O1:  Insert automatic casts around Pytorch functions and Tensor methods.",
+              "Defaults for this optimization level are:", "enabled                : True",
+              "loss_scale             : dynamic", "Processing user overrides (additional kwargs that are not None)...",
+              "After processing overrides, optimization options are:", "loss_scale             : dynamic"]
+    line = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0"
+    log = read_log("\n".join([*banner, line]) + "\n")
+    assert log.framework == "apex" and not log.unparsed and sum(e.overflow for e in log.events) == 1
+    static = read_log("\n".join([*banner[:3], "loss_scale             : 128.0", line]) + "\n")
+    assert not static.unparsed and any("static loss scale of 128.0" in n for n in static.notes)
+
+
 def test_apex_loss_scalers_of_several_losses_are_checked_apart() -> None:
     """apex amp with ``num_losses`` 3 keeps a scaler per loss and prints its id (``apex/amp/handle.py``,
     ``scale_loss``; hukkelas/DeepPrivacy#36): scalers 0 and 3 each halve on their own overflows,
