@@ -92,19 +92,6 @@ def _map(fn: Callable, args):
 
 
 
-def _widen(x: torch.Tensor) -> torch.Tensor:
-    """A float16, bfloat16 or float32 tensor as binary32 (exact; float32 itself), laid out as
-    ``x.float()`` lays it out: through numpy where x is contiguous (a fraction of torch's cost for
-    a small tensor). A NaN's payload may differ from torch's widening (torch's quiets a signaling
-    NaN, and its one-element path drops the payload, so its own differs with the length): no
-    result rounded on the device depends on it, the rounding making every NaN its canonical one."""
-    if x.dtype == torch.float32:
-        return x
-    if x.is_contiguous():
-        return torch.from_numpy(_numpy(x).astype(np.float32))
-    return x.float()
-
-
 def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
     """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
     first, numpy's binary32 isnan being fast)."""

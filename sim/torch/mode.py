@@ -18,7 +18,7 @@ from .. import fused as _fused
 from .. import torch_binary32 as _binary32
 from ..device.core import Device
 from ..kernels import INVALID as _INVALID
-from .convert import _NUMPY, _held, _map, _numpy, _Op, _signaling, _tensor, _widen, aten
+from .convert import _NUMPY, _held, _map, _numpy, _Op, _signaling, _tensor, aten
 from .draws import _UNIFORM, _bernoulli_, _dropout
 from .functions import FUNCTIONS, _call
 from .handlers import _Exact, _Fused, _Unmapped, _write
@@ -310,19 +310,19 @@ class DeviceMode(TorchDispatchMode):
         noise) is written back, rounded on the device, as torch's kernel writes it."""
         dtypes = _result_dtypes(func, args, kwargs, self.dtypes)
         copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        targets = _written(func, args, kwargs)
 
         def wide(x):  # our tensors as float32, and dtype arguments naming ours (input_dtype=...) too
             if isinstance(x, torch.Tensor) and x.dtype in self.dtypes:
                 pair = copies.get(id(x))
-                if pair is None:  # a tensor the kernel writes is widened by torch: the kernel may resize it
-                    pair = copies[id(x)] = (x, x.float() if any(x is t for t in targets) else _widen(x))
+                if pair is None:
+                    pair = copies[id(x)] = (x, x.float())
                 return pair[1]
             return torch.float32 if isinstance(x, torch.dtype) and x in self.dtypes else x
 
         out, events = _binary32.evaluate(func, _map(wide, args), _map(wide, kwargs))
-        # Widening may quiet a signaling NaN; the operation still met it. Only the operands it reads: a
-        # tensor it writes may be uninitialised (bernoulli_ into empty_like, out=).
+        targets = _written(func, args, kwargs)
+        # Widening quiets a signaling NaN (x.float()); the operation still met it. Only the operands it
+        # reads: a tensor it writes may be uninitialised (bernoulli_ into empty_like, out=).
         if any(_signaling(x, w) for x, w in copies.values() if not any(x is t for t in targets)):
             events |= _INVALID
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
