@@ -84,9 +84,9 @@ def _initials(logged: float, grow: float, back: float, growths: int, backoffs: i
     steps the log places; otherwise the pairs are tried one by one, and None past ``_MOST_PAIRS``."""
     power = math.frexp(grow)
     if power[0] == 0.5 and back * grow == 1.0:
-        shift = power[1] - 1  # grow == 2**shift
-        low = max(-growths, math.ceil((-1074 - math.frexp(logged)[1]) / shift) - 1)
-        high = min(backoffs, (1024 - math.frexp(logged)[1]) // shift)  # ldexp raises past binary64
+        shift, exponent = power[1] - 1, math.frexp(logged)[1]  # grow == 2**shift
+        low = max(-growths, math.ceil((-1074 - exponent) / shift) - 1)
+        high = min(backoffs, (1024 - exponent) // shift)  # ldexp raises past binary64
         values = (math.ldexp(logged, n * shift) for n in range(low, high + 1))
         return sorted({v for v in values if 0 < v < math.inf})
     if (growths + 1) * (backoffs + 1) > _MOST_PAIRS:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..policy.frameworks import ApexPolicy, DeepSpeedPolicy, FairseqPolicy, MegatronPolicy, MindSporePolicy
 from . import parsers
-from .log import _COLOSSAL, _DS_STEP, Log, LogFormat, LogPolicy
+from .log import _COLOSSAL, _DS_STEP, Log, LogFormat, LogPolicy, _fairseq_shows
 
 
 def _words(own: str) -> re.Pattern[str]:
@@ -28,15 +28,14 @@ def _deepspeed_hystereses(log: Log) -> tuple[list[int], str]:
     overflow): from the largest printed (or 1) to 4 tried."""
     printed = [e for e in log.events if e.overflow and e.hysteresis is not None]
     least = max((e.hysteresis for e in printed), default=1)
+    tried, best = list(range(least, max(4, least) + 1)), f"the best of {least} to {max(4, least)}"
     if any(e.overflow and e.hysteresis is None and e.scale is not None and e.scale == e.next_scale and e.scale > 1
            for e in log.events):
-        return list(range(least, max(4, least) + 1)), (
-            f"the best of {least} to {max(4, least)} (overflows that kept the scale, their hysteresis not printed)")
+        return tried, f"{best} (overflows that kept the scale, their hysteresis not printed)"
     if not printed:
         return [1], "1 (no overflow line prints one)"
-    return list(range(least, max(4, least) + 1)), (
-        f"the best of {least} to {max(4, least)} (at least the largest printed, line "
-        f"{next(e.line for e in printed if e.hysteresis == least)})")
+    where = next(e.line for e in printed if e.hysteresis == least)
+    return tried, f"{best} (at least the largest printed, line {where})"
 
 
 def _megatron_hystereses(log: Log) -> tuple[list[int], str]:
@@ -52,11 +51,6 @@ def _megatron_hystereses(log: Log) -> tuple[list[int], str]:
             run, previous = 0, e.next_scale
     most = min(max(4, longest + 1), 64)
     return list(range(1, most + 1)), f"the best of 1 to {most}"
-
-
-def _fairseq_prints(replayed: float, logged: float) -> bool:
-    """fairseq's progress lines print ``{:g}`` of S rounded to 4 places (0.6-0.10: 3 or 0 decimals)."""
-    return any(float(format(round(replayed, d), "g")) == logged for d in (4, 3, 0))
 
 
 def _binary32(value: float) -> float:
@@ -86,7 +80,7 @@ LOG_FORMATS: dict[str, LogFormat] = {f.name: f for f in (
               re.compile(r"(?:NOTE: (?:gradient )?|WARNING: |AMP: )overflow detected|\bloss_scale[= ]\d|"
                          r"\"(?:train_)?loss_scale\""),
               _words(r"overflow detected|loss_scale"), parsers.fairseq,
-              LogPolicy(FairseqPolicy, "init_scale", "scale_window", prints=_fairseq_prints)),
+              LogPolicy(FairseqPolicy, "init_scale", "scale_window", prints=_fairseq_shows)),
     LogFormat("megatron", re.compile(r"iteration\s+\d+/\s*\d+ \|.* loss scale:? "),
               _words(r"iteration\s+\d+/|loss scale:|skipped iterations"), parsers.megatron,
               # Megatron prints {:.1f}; its --loss-scale-window defaults to 1000

@@ -186,3 +186,9 @@ class LogFormat:
 def _float(text: str) -> float:
     return float(text)
 
+
+def _fairseq_shows(scale: float, logged: float, places: tuple[int, ...] = (4, 3, 0)) -> bool:
+    """Whether a fairseq progress line prints ``scale`` as ``logged``: ``{:g}`` of it rounded to 4
+    places (0.10 on; 0.6-0.9: 3 or 0), so 2**20 prints as 1.04858e+06."""
+    return any(float(format(round(scale, d), "g")) == logged for d in places)
+

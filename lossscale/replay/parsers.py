@@ -37,6 +37,7 @@ from .log import (
     _NUM,
     Log,
     LogEvent,
+    _fairseq_shows,
     _float,
 )
 from .paste import _Paste
@@ -448,12 +449,11 @@ def fairseq(lines: Sequence[str], words: re.Pattern[str]) -> Log:
 
 
 def _prints_a_power_of_two(value: float) -> bool:
-    """Whether fairseq's progress line prints a power of two as ``value`` (``{:g}`` of the scale
-    rounded to 4 places: 2**20 prints as 1.04858e+06)."""
+    """Whether a fairseq 0.10 progress line (4 places) prints a power of two as ``value``."""
     if not value > 0 or not math.isfinite(value):
         return False
     k = round(math.log2(value))
-    return any(float(format(round(2.0**j, 4), "g")) == value for j in (k - 1, k, k + 1))
+    return any(_fairseq_shows(2.0**j, value, (4,)) for j in (k - 1, k, k + 1))
 
 
 def _fairseq_json(b: _Builder, i: int, text: str) -> bool:
