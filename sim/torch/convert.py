@@ -91,7 +91,6 @@ def _map(fn: Callable, args):
     return args.__class__(one(x) for x in args) if args.__class__ in (tuple, list) else tree_map(fn, args)
 
 
-
 def _signaling(x: torch.Tensor, wide: torch.Tensor) -> bool:
     """Whether x holds a signaling NaN (``wide``: x widened to binary32, where NaNs are looked for
     first, numpy's binary32 isnan being fast)."""

@@ -273,8 +273,8 @@ class DeviceMode(TorchDispatchMode):
         the device into ``dtypes`` (one dtype: for each), with the events that reached its
         outputs; counted as one ``fused`` route. ``numpy``: fn computes outside any mode (numpy's
         binary32) and returns (results, the elementwise functions' flags), judged the same way.
-        ``invalid``: the kernel met a signaling NaN among its operands (see ``widened``), which
-        their widening quieted."""
+        ``invalid``: the kernel met a signaling NaN among its operands, which their widening
+        quieted (``functions._widened``)."""
         dev, label = self.device, self._label()
 
         def kernel():

@@ -122,18 +122,17 @@ def _native_layer_norm(mode, x, normalized_shape, weight, bias, eps):
         return NotImplemented
     nd = len(normalized_shape)
     shape = tuple(normalized_shape)
-    if not (nd >= 1 and (weight is None or weight.shape == shape) and (bias is None or bias.shape == shape)
-            and x.ndim >= nd and x.shape[x.ndim - nd:] == shape):  # torch's checks, in its order, when one fails
-        torch._check(nd >= 1, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing "
+    ok = (nd >= 1, weight is None or weight.shape == shape, bias is None or bias.shape == shape,
+          x.ndim >= nd and x.shape[x.ndim - nd:] == shape)
+    if not all(ok):  # torch's checks and messages, in its order (its _check only where one fails: it is slow)
+        torch._check(ok[0], lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing "
                      f"at least one element, but got normalized_shape = {normalized_shape}")
-        torch._check(weight is None or tuple(weight.shape) == shape, lambda: "Expected weight to be of same shape as "
-                     f"normalized_shape, but got weight of shape {weight.shape} and normalized_shape = "
-                     f"{normalized_shape}")
-        torch._check(bias is None or tuple(bias.shape) == shape, lambda: "Expected bias to be of same shape as "
-                     f"normalized_shape, but got bias of shape {bias.shape} and normalized_shape = {normalized_shape}")
-        torch._check(x.ndim >= nd and tuple(x.shape[x.ndim - nd:]) == shape, lambda: f"Given normalized_shape="
-                     f"{normalized_shape}, expected input with shape {normalized_shape}, but got input of size "
-                     f"{x.shape}")
+        torch._check(ok[1], lambda: "Expected weight to be of same shape as normalized_shape, but got weight of "
+                     f"shape {weight.shape} and normalized_shape = {normalized_shape}")
+        torch._check(ok[2], lambda: "Expected bias to be of same shape as normalized_shape, but got bias of shape "
+                     f"{bias.shape} and normalized_shape = {normalized_shape}")
+        torch._check(ok[3], lambda: f"Given normalized_shape={normalized_shape}, expected input with shape "
+                     f"{normalized_shape}, but got input of size {x.shape}")
     a = np.ascontiguousarray(_np(x))
     inner = math.prod(shape)
     two = (a.size // inner if inner else 0, inner)
